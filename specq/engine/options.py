@@ -1,0 +1,173 @@
+"""Every knob of the engine, documented in one place.
+
+`EngineOptions` are fixed when models are loaded (one per worker process); `RunParams` are chosen per
+job. The CLI's long options and the API's `params` keys are these field names (`--max-tokens` is
+`max_tokens`), so one validation serves both.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from .errors import InputError
+
+Mode = Literal["baseline", "specprefill"]
+Positions = Literal["original", "compressed"]
+Scorer = Literal["windowed", "sliding", "full"]
+Draft = Literal["none", "ngram", "model", "auto"]
+
+
+@dataclass
+class EngineOptions:
+    """How models are loaded and their contexts built (defaults are for GPU use)."""
+
+    #: target model: a registry name (pulled on first use) or a path to a GGUF file
+    target: str = "qwen2.5-coder-1.5b-instruct-q4_k_m"
+    #: speculator/drafter model (same tokenizer as the target): registry name or path
+    speculator: str = "qwen2.5-coder-0.5b-instruct-q4_k_m"
+    #: layers offloaded to the GPU; -1 = all (ignored by a CPU-only build)
+    n_gpu_layers: int = -1
+    #: flash attention; scores are recomputed from Q and K, so it can stay on while scoring
+    flash_attn: bool = True
+    #: context size in tokens for the target; 0 = the model's training context (capped at 32768)
+    n_ctx: int = 0
+    #: largest batch handed to llama_decode; prefills are split into batches of at most this size
+    n_batch: int = 4096
+    #: physical micro-batch; 0 = 2048 on a GPU build, 512 on CPU
+    n_ubatch: int = 0
+    #: CPU threads; 0 = all cores
+    n_threads: int = 0
+
+    def resolved_threads(self) -> int:
+        return self.n_threads or (os.cpu_count() or 1)
+
+
+@dataclass
+class RunParams:
+    """What one job asks for. Unknown keys are refused by `RunParams.from_dict`."""
+
+    #: the question asked about the document (placed after it, inside the chat template)
+    question: str = ""
+    #: baseline = prefill every token; specprefill = score, keep the top chunks, prefill those
+    mode: Mode = "baseline"
+    #: original = kept tokens keep their position ids (needs our patched llama.cpp);
+    #: compressed = kept tokens renumbered 0..K-1 (what a stock build can do)
+    positions: Positions = "original"
+    #: fraction of the document's chunks kept by specprefill
+    keep: float = 0.3
+    #: tokens per chunk for selection
+    chunk: int = 32
+    #: cap on kept document tokens (lowest-ranked chunks dropped beyond it); 0 = no cap
+    max_keep: int = 0
+    #: prompts shorter than this run baseline even in specprefill mode; -1 = the engine's default
+    min_tokens: int = -1
+    #: lookahead query rows (the last prompt token + lookahead-1 greedy tokens)
+    lookahead: int = 8
+    #: average-pool kernel along the sequence applied to attention scores (odd; 1 = off)
+    pool: int = 13
+    #: how long prompts are scored: windowed (default), sliding (the seed's), full (one pass)
+    scorer: Scorer = "windowed"
+    #: document tokens per scoring window; 0 = sized from the speculator's context
+    window: int = 0
+    #: tokens to generate at most
+    max_tokens: int = 256
+    #: 0 = greedy; > 0 samples
+    temperature: float = 0.0
+    #: 0 = off
+    top_k: int = 0
+    #: 1.0 = off
+    top_p: float = 1.0
+    #: seed for sampling (and anything random); -1 = from the clock
+    seed: int = -1
+    #: drafter for speculative decoding
+    draft: Draft = "none"
+    #: tokens drafted per verification batch
+    n_draft: int = 4
+    #: skip drafts shorter than this
+    draft_min: int = 1
+    #: model drafts stop once the draft's top probability falls below this; 0 = off
+    p_min: float = 0.0
+    #: n-gram size matched by the ngram drafter
+    ngram: int = 2
+    #: optional system message for the chat template
+    system: str = ""
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any] | None) -> "RunParams":
+        """Build from API/CLI keys; unknown keys or bad values raise InputError with a message."""
+        data = dict(data or {})
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - names)
+        if unknown:
+            raise InputError(f"unknown parameter(s): {', '.join(unknown)} (known: {', '.join(sorted(names))})")
+        kwargs: dict[str, Any] = {}
+        for f in dataclasses.fields(cls):
+            if f.name not in data or data[f.name] is None:
+                continue
+            kwargs[f.name] = _coerce(f.name, f.type, data[f.name])
+        params = cls(**kwargs)
+        params.validate()
+        return params
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def validate(self) -> None:
+        """Raise InputError for the first value out of range."""
+        checks: list[tuple[bool, str]] = [
+            (self.mode in ("baseline", "specprefill"), "mode must be baseline or specprefill"),
+            (self.positions in ("original", "compressed"), "positions must be original or compressed"),
+            (0.0 < self.keep <= 1.0, "keep must be in (0, 1]"),
+            (1 <= self.chunk <= 4096, "chunk must be in [1, 4096]"),
+            (self.max_keep >= 0, "max_keep must be >= 0 (0 = no cap)"),
+            (self.min_tokens >= -1, "min_tokens must be >= 0 (or -1 for the default)"),
+            (1 <= self.lookahead <= 64, "lookahead must be in [1, 64]"),
+            (self.pool >= 1 and self.pool % 2 == 1, "pool must be an odd number >= 1"),
+            (self.scorer in ("windowed", "sliding", "full"), "scorer must be windowed, sliding or full"),
+            (self.window == 0 or self.window >= 64, "window must be 0 (auto) or >= 64 tokens"),
+            (1 <= self.max_tokens <= 32768, "max_tokens must be in [1, 32768]"),
+            (0.0 <= self.temperature <= 10.0, "temperature must be in [0, 10]"),
+            (self.top_k >= 0, "top_k must be >= 0"),
+            (0.0 < self.top_p <= 1.0, "top_p must be in (0, 1]"),
+            (self.seed >= -1, "seed must be >= 0 (or -1 for random)"),
+            (self.draft in ("none", "ngram", "model", "auto"), "draft must be none, ngram, model or auto"),
+            (1 <= self.n_draft <= 64, "n_draft must be in [1, 64]"),
+            (self.draft_min >= 1, "draft_min must be >= 1"),
+            (0.0 <= self.p_min < 1.0, "p_min must be in [0, 1)"),
+            (1 <= self.ngram <= 16, "ngram must be in [1, 16]"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise InputError(message)
+
+
+def _coerce(name: str, type_name: Any, value: Any) -> Any:
+    """Coerce a JSON/CLI value to the field's type, with a message naming the field."""
+    type_name = str(type_name)
+    try:
+        if type_name == "int":
+            if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+                raise ValueError
+            return int(value)
+        if type_name == "float":
+            if isinstance(value, bool):
+                raise ValueError
+            return float(value)
+        if type_name == "bool":
+            if isinstance(value, bool):
+                return value
+            raise ValueError
+        if not isinstance(value, str):
+            raise ValueError
+        return value
+    except (TypeError, ValueError):
+        raise InputError(f"parameter {name} has a bad value: {value!r}") from None
+
+
+ENGINE_OPTION_NAMES = tuple(f.name for f in dataclasses.fields(EngineOptions))
+RUN_PARAM_NAMES = tuple(f.name for f in dataclasses.fields(RunParams))
+
+__all__ = ["EngineOptions", "RunParams", "ENGINE_OPTION_NAMES", "RUN_PARAM_NAMES", "field"]

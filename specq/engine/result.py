@@ -1,0 +1,85 @@
+"""The run result object: one JSON shape used by the CLI, the API, the store and batch results.
+
+Documented field by field in docs/result.md. `timings_ms` keys are phase names; the store keeps them
+as rows (job_id, phase, ms), so a new phase needs no migration.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+#: phases every run reports (0.0 when a phase did not run, e.g. `score` in baseline mode)
+CORE_PHASES = ("tokenize", "score", "select", "sparse_prefill", "ttft", "decode", "total")
+#: sub-phases of `score` reported by specprefill runs
+SCORE_PHASES = ("speculator_prefill", "lookahead", "score_math")
+
+
+@dataclass
+class Usage:
+    prompt_tokens: int = 0
+    kept_tokens: int = 0
+    completion_tokens: int = 0
+
+
+@dataclass
+class SpecInfo:
+    mode: str = "baseline"  # the mode that actually ran (specprefill may fall back to baseline)
+    positions: str = "original"  # the position mode that actually ran
+    keep: float = 1.0
+    lookahead: int = 0
+    windows: int = 0
+    scorer: str = "none"
+
+
+@dataclass
+class EngineInfo:
+    n_gpu_layers: int = 0
+    flash_attn: bool = True
+    n_batch: int = 0
+    n_ubatch: int = 0
+    backend: str = "cpu"
+    target: str = ""
+    speculator: str = ""
+
+
+@dataclass
+class DraftInfo:
+    method: str = "none"
+    drafted: int = 0
+    accepted: int = 0
+    accept_rate: float = 0.0
+    mean_accepted_len: float = 0.0
+    verify_batches: int = 0
+
+
+@dataclass
+class RunResult:
+    text: str = ""
+    finish_reason: str = "stop"  # stop | length
+    usage: Usage = field(default_factory=Usage)
+    timings_ms: dict[str, float] = field(default_factory=lambda: {p: 0.0 for p in CORE_PHASES})
+    spec: SpecInfo = field(default_factory=SpecInfo)
+    engine: EngineInfo = field(default_factory=EngineInfo)
+    draft: DraftInfo = field(default_factory=DraftInfo)
+    #: generated token ids (not part of the JSON object; tests and benchmarks compare them)
+    tokens: list[int] = field(default_factory=list, repr=False)
+    #: kept prompt indices (not part of the JSON object)
+    kept_indices: list[int] = field(default_factory=list, repr=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d.pop("tokens")
+        d.pop("kept_indices")
+        d["timings_ms"] = {k: round(float(v), 3) for k, v in self.timings_ms.items()}
+        return d
+
+    @property
+    def kept_ratio(self) -> float:
+        return self.usage.kept_tokens / self.usage.prompt_tokens if self.usage.prompt_tokens else 0.0
+
+    @property
+    def decode_tokens_per_s(self) -> float:
+        """Emitted tokens / decode wall-clock (llama.cpp's counter misses batch-verified tokens)."""
+        ms = self.timings_ms.get("decode", 0.0)
+        return self.usage.completion_tokens / (ms / 1000.0) if ms > 0 else 0.0
