@@ -61,6 +61,9 @@ def models_pull(
         specs = [m.get_spec(n) for n in (names or m.DEFAULT_PAIR)]
         for spec in specs:
             t0 = time.monotonic()
+            if not force and m.model_status(spec).verified:
+                typer.echo(f"{spec.name}: {m.model_path(spec)} (already present and verified)")
+                continue
             with _models_progress() as bar:
                 task = bar.add_task(spec.name, total=spec.size)
                 path = m.pull_model(spec, force=force, progress=lambda done, total: bar.update(task, completed=done, total=total))

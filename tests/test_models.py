@@ -258,6 +258,8 @@ def test_cli_models_list_pull_verify(index, home, monkeypatch):
     res = runner.invoke(app, ["models", "pull", "cli-model"])
     assert res.exit_code == 0, res.output
     assert "cli-model:" in res.stdout and "verified" in res.stdout
+    res = runner.invoke(app, ["models", "pull", "cli-model"])
+    assert res.exit_code == 0 and "already present and verified" in res.stdout
     line = next(ln for ln in runner.invoke(app, ["models", "list"]).stdout.splitlines() if ln.startswith("cli-model"))
     assert "verified" in line and str(home / "models" / "cli-model.gguf") in line
 
