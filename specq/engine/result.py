@@ -62,6 +62,8 @@ class RunResult:
     spec: SpecInfo = field(default_factory=SpecInfo)
     engine: EngineInfo = field(default_factory=EngineInfo)
     draft: DraftInfo = field(default_factory=DraftInfo)
+    #: things the user should know (a fallback that ran instead of what was asked, …)
+    warnings: list[str] = field(default_factory=list)
     #: generated token ids (not part of the JSON object; tests and benchmarks compare them)
     tokens: list[int] = field(default_factory=list, repr=False)
     #: kept prompt indices (not part of the JSON object)

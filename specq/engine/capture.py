@@ -1,0 +1,135 @@
+"""Reading llama.cpp graph tensors while the speculator runs (the eval callback).
+
+SpecPrefill needs the speculator's post-RoPE queries of the lookahead steps (`Qcur-{il}`, the ROPE
+node of that name) and its K cache (`cache_k_l{il} (view)`). Both exist with flash attention on, so
+attention scores are recomputed from them (scoring.py) and flash attention stays on.
+
+llama-cpp-python has no bindings for ggml tensors, so the struct and the few functions needed are
+declared here with ctypes against ggml.h of the vendored llama.cpp (0.3.36).
+"""
+
+from __future__ import annotations
+
+import llama_cpp  # isort: skip  (before numpy)
+
+import ctypes
+from pathlib import Path
+
+import numpy as np
+
+GGML_MAX_DIMS = 4
+GGML_MAX_OP_PARAMS = 64
+GGML_MAX_SRC = 10
+GGML_MAX_NAME = 64
+GGML_TYPE_F32 = 0
+GGML_TYPE_F16 = 1
+
+
+class GgmlTensor(ctypes.Structure):
+    _fields_ = [
+        ("type", ctypes.c_int),
+        ("buffer", ctypes.c_void_p),
+        ("ne", ctypes.c_int64 * GGML_MAX_DIMS),
+        ("nb", ctypes.c_size_t * GGML_MAX_DIMS),
+        ("op", ctypes.c_int),
+        ("op_params", ctypes.c_int32 * (GGML_MAX_OP_PARAMS // 4)),
+        ("flags", ctypes.c_int32),
+        ("src", ctypes.c_void_p * GGML_MAX_SRC),
+        ("view_src", ctypes.c_void_p),
+        ("view_offs", ctypes.c_size_t),
+        ("data", ctypes.c_void_p),
+        ("name", ctypes.c_char * GGML_MAX_NAME),
+        ("extra", ctypes.c_void_p),
+        ("padding", ctypes.c_char * 8),
+    ]
+
+
+def _load_ggml_base() -> ctypes.CDLL:
+    lib_dir = Path(llama_cpp.__file__).parent / "lib"
+    for name in ("libggml-base.so", "libggml-base.dylib", "ggml-base.dll"):
+        if (lib_dir / name).exists():
+            lib = ctypes.CDLL(str(lib_dir / name))
+            break
+    else:  # pragma: no cover - unusual layouts
+        raise OSError(f"libggml-base not found in {lib_dir}")
+    lib.ggml_backend_tensor_get.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t]
+    lib.ggml_backend_tensor_get.restype = None
+    lib.ggml_op_name.argtypes = [ctypes.c_int]
+    lib.ggml_op_name.restype = ctypes.c_char_p
+    return lib
+
+
+_GGML = _load_ggml_base()
+
+
+def _op_id(name: bytes) -> int:
+    for i in range(256):
+        got = _GGML.ggml_op_name(i)
+        if got == name:
+            return i
+    raise OSError(f"ggml op {name!r} not found")
+
+
+GGML_OP_ROPE = _op_id(b"ROPE")
+
+
+def read_tensor(t: GgmlTensor) -> np.ndarray:
+    """Copy a (possibly device-resident) F32/F16 tensor into numpy, shape (ne[3], ne[2], ne[1], ne[0])."""
+    dtype = {GGML_TYPE_F32: np.float32, GGML_TYPE_F16: np.float16}.get(t.type)
+    if dtype is None:
+        raise TypeError(f"cannot read ggml tensor {t.name!r} of type {t.type}")
+    ne = [int(x) for x in t.ne]
+    nb = [int(x) for x in t.nb]
+    size = max((ne[i] - 1) * nb[i] for i in range(4)) + np.dtype(dtype).itemsize
+    raw = np.empty(size, dtype=np.uint8)
+    _GGML.ggml_backend_tensor_get(ctypes.addressof(t), raw.ctypes.data, 0, size)
+    view = np.ndarray(shape=(ne[3], ne[2], ne[1], ne[0]), dtype=dtype, buffer=raw, strides=(nb[3], nb[2], nb[1], nb[0]))
+    return np.array(view, dtype=np.float32)
+
+
+class QKCapture:
+    """The eval callback. Arm it, run a decode, read `q[il]` / `k[il]`.
+
+    - `arm(q=True)`: keep each layer's post-RoPE query of the decoded tokens: q[il] has shape
+      (n_tokens, n_head, head_dim).
+    - `arm(k=True)`: keep each layer's K cache view: k[il] has shape (n_kv, n_head_kv, head_dim).
+    Disarmed, the callback declines every node at once (its cost is then one Python call per node).
+    """
+
+    def __init__(self) -> None:
+        self.want_q = False
+        self.want_k = False
+        self.q: dict[int, np.ndarray] = {}
+        self.k: dict[int, np.ndarray] = {}
+        self.calls = 0
+        self.callback = llama_cpp.ggml_backend_sched_eval_callback(self._on_node)
+
+    def arm(self, *, q: bool = False, k: bool = False) -> None:
+        self.want_q, self.want_k = q, k
+        self.q, self.k = {}, {}
+
+    def disarm(self) -> None:
+        self.want_q = self.want_k = False
+
+    def _on_node(self, tensor_ptr: int, ask: bool, _user: int) -> bool:
+        self.calls += 1
+        if not (self.want_q or self.want_k):
+            return not ask
+        t = GgmlTensor.from_address(tensor_ptr)
+        name = t.name
+        is_q = self.want_q and name.startswith(b"Qcur-") and t.op == GGML_OP_ROPE
+        is_k = self.want_k and name.startswith(b"cache_k_l")
+        if ask:
+            return bool(is_q or is_k)
+        try:
+            if is_q:
+                il = int(name[5:].split(b" ")[0])
+                a = read_tensor(t)  # (1, n_tokens, n_head, head_dim)
+                self.q[il] = a[0]
+            elif is_k:
+                il = int(name[len(b"cache_k_l"):].split(b" ")[0])
+                a = read_tensor(t)  # (1, n_kv, n_head_kv, head_dim)
+                self.k[il] = a[0]
+        except Exception:  # never let an exception cross into C; scoring checks what it got
+            pass
+        return True

@@ -1,0 +1,344 @@
+"""A thin, checked layer over llama-cpp-python's low-level API: models, contexts, batches, KV cache.
+
+Why not `llama_cpp.Llama`: it cannot prefill at chosen positions, cannot draft with a second model,
+and allocates n_ctx × n_vocab logits. Here every `llama_decode` return code is checked and a failure
+raises DecodeError carrying llama.cpp's own last log line.
+"""
+
+from __future__ import annotations
+
+# llama_cpp before numpy: on the GPU machine, numpy first made model loading segfault.
+import llama_cpp  # isort: skip
+
+import collections
+import ctypes
+import hashlib
+import os
+import threading
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from .errors import DecodeError, ModelError
+
+# --------------------------------------------------------------------------------------------------
+# logging: llama.cpp writes to stderr by default; keep its recent lines to quote in error messages
+
+_LOG_LINES: collections.deque[str] = collections.deque(maxlen=64)
+_LOG_LOCK = threading.Lock()
+_VERBOSE = os.environ.get("SPECQ_LLAMA_LOG", "") not in ("", "0")
+_GGML_LOG_LEVEL_WARN = 3
+
+
+@llama_cpp.llama_log_callback
+def _log_callback(level: int, text: bytes, _user_data: ctypes.c_void_p) -> None:
+    line = (text or b"").decode("utf-8", errors="replace")
+    if _VERBOSE:
+        os.write(2, line.encode())
+    if level >= _GGML_LOG_LEVEL_WARN and line.strip():
+        with _LOG_LOCK:
+            _LOG_LINES.append(line.strip())
+
+
+_BACKEND_READY = False
+
+
+def init_backend() -> None:
+    """Once per process: quiet logging, backend init."""
+    global _BACKEND_READY
+    if _BACKEND_READY:
+        return
+    llama_cpp.llama_log_set(_log_callback, ctypes.c_void_p(0))
+    llama_cpp.llama_backend_init()
+    _BACKEND_READY = True
+
+
+def last_log_line() -> str:
+    with _LOG_LOCK:
+        return _LOG_LINES[-1] if _LOG_LINES else ""
+
+
+def clear_log() -> None:
+    with _LOG_LOCK:
+        _LOG_LINES.clear()
+
+
+def backend_name() -> str:
+    """'cuda', 'metal', … when the build can offload, else 'cpu'."""
+    if not llama_cpp.llama_supports_gpu_offload():
+        return "cpu"
+    lib_dir = Path(llama_cpp.__file__).parent / "lib"
+    for name in ("cuda", "metal", "vulkan", "hip", "sycl"):
+        if any(lib_dir.glob(f"*ggml-{name}*")):
+            return name
+    return "gpu"
+
+
+def library_version() -> str:
+    return getattr(llama_cpp, "__version__", "unknown")
+
+
+# --------------------------------------------------------------------------------------------------
+
+
+class Model:
+    """A loaded GGUF model and its vocabulary."""
+
+    def __init__(self, path: str | Path, *, n_gpu_layers: int = -1) -> None:
+        init_backend()
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise ModelError(f"model file not found: {self.path}")
+        params = llama_cpp.llama_model_default_params()
+        params.n_gpu_layers = n_gpu_layers if n_gpu_layers >= 0 else 999
+        self.n_gpu_layers = n_gpu_layers if llama_cpp.llama_supports_gpu_offload() else 0
+        clear_log()
+        self.ptr = llama_cpp.llama_model_load_from_file(str(self.path).encode(), params)
+        if not self.ptr:
+            raise ModelError(f"llama.cpp could not load {self.path}: {last_log_line() or 'not a GGUF model?'}")
+        self.vocab = llama_cpp.llama_model_get_vocab(self.ptr)
+        self.n_vocab = int(llama_cpp.llama_vocab_n_tokens(self.vocab))
+        self.n_ctx_train = int(llama_cpp.llama_model_n_ctx_train(self.ptr))
+        self.n_layer = int(llama_cpp.llama_model_n_layer(self.ptr))
+        self.n_head = int(llama_cpp.llama_model_n_head(self.ptr))
+        self.n_head_kv = int(llama_cpp.llama_model_n_head_kv(self.ptr))
+        self.n_embd = int(llama_cpp.llama_model_n_embd(self.ptr))
+        self.add_bos = bool(llama_cpp.llama_vocab_get_add_bos(self.vocab))
+        tmpl = llama_cpp.llama_model_chat_template(self.ptr, None)
+        self.chat_template: bytes | None = tmpl or None
+        self._vocab_sig: str | None = None
+
+    # -- tokens ------------------------------------------------------------------------------------
+    def tokenize(self, text: str, *, add_special: bool = False, parse_special: bool = False) -> list[int]:
+        data = text.encode("utf-8")
+        n_max = len(data) + 8
+        buf = (llama_cpp.llama_token * n_max)()
+        n = llama_cpp.llama_tokenize(self.vocab, data, len(data), buf, n_max, add_special, parse_special)
+        if n < 0:  # buffer too small: -n is the size needed
+            n_max = -n
+            buf = (llama_cpp.llama_token * n_max)()
+            n = llama_cpp.llama_tokenize(self.vocab, data, len(data), buf, n_max, add_special, parse_special)
+        if n < 0:
+            raise ModelError("tokenization failed")
+        return list(buf[:n])
+
+    def token_bytes(self, token: int, *, special: bool = False) -> bytes:
+        buf = ctypes.create_string_buffer(64)
+        n = llama_cpp.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, special)
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = llama_cpp.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, special)
+        return buf.raw[: max(n, 0)]
+
+    def detokenize(self, tokens: Sequence[int]) -> str:
+        return b"".join(self.token_bytes(t) for t in tokens).decode("utf-8", errors="replace")
+
+    def is_eog(self, token: int) -> bool:
+        return bool(llama_cpp.llama_vocab_is_eog(self.vocab, token))
+
+    def vocab_signature(self) -> str:
+        """A hash of every token's text: two models with equal signatures share token ids."""
+        if self._vocab_sig is None:
+            h = hashlib.sha256(str(self.n_vocab).encode())
+            for t in range(self.n_vocab):
+                h.update(llama_cpp.llama_vocab_get_text(self.vocab, t) or b"")
+                h.update(b"\x00")
+            self._vocab_sig = h.hexdigest()
+        return self._vocab_sig
+
+    def apply_chat_template(self, messages: list[tuple[str, str]], *, add_assistant: bool = True) -> str | None:
+        """Render messages with the model's template (llama.cpp's built-in renderer); None if it has none."""
+        if not self.chat_template:
+            return None
+        keep = [(r.encode(), c.encode()) for r, c in messages]
+        chat = (llama_cpp.llama_chat_message * len(keep))()
+        for i, (r, c) in enumerate(keep):
+            chat[i].role = r
+            chat[i].content = c
+        size = sum(len(c) for _, c in keep) * 2 + 1024
+        for _ in range(2):
+            buf = ctypes.create_string_buffer(size)
+            n = llama_cpp.llama_chat_apply_template(self.chat_template, chat, len(keep), add_assistant, buf, size)
+            if n < 0:
+                return None  # template not supported by llama.cpp's built-in renderer
+            if n <= size:
+                return buf.raw[:n].decode("utf-8", errors="replace")
+            size = n + 1
+        return None
+
+    def close(self) -> None:
+        if getattr(self, "ptr", None):
+            llama_cpp.llama_model_free(self.ptr)
+            self.ptr = None
+
+    def __del__(self) -> None:  # pragma: no cover - best effort
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+class Context:
+    """A llama context with one reusable batch, checked decoding and KV cache editing."""
+
+    def __init__(
+        self,
+        model: Model,
+        *,
+        n_ctx: int,
+        n_batch: int = 2048,
+        n_ubatch: int = 512,
+        n_threads: int = 0,
+        flash_attn: bool = True,
+        n_seq_max: int = 1,
+        cb_eval: object | None = None,
+    ) -> None:
+        self.model = model
+        self.n_ctx = int(n_ctx)
+        self.n_batch = max(1, min(int(n_batch), self.n_ctx))
+        self.n_ubatch = max(1, min(int(n_ubatch), self.n_batch))
+        self.n_seq_max = n_seq_max
+        self.flash_attn = flash_attn
+        threads = n_threads or (os.cpu_count() or 1)
+        params = llama_cpp.llama_context_default_params()
+        params.n_ctx = self.n_ctx
+        params.n_batch = self.n_batch
+        params.n_ubatch = self.n_ubatch
+        params.n_seq_max = n_seq_max
+        params.n_threads = threads
+        params.n_threads_batch = threads
+        params.flash_attn_type = (
+            llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash_attn else llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
+        )
+        params.no_perf = False
+        self._cb_eval = cb_eval  # keep the ctypes callback alive as long as the context
+        if cb_eval is not None:
+            params.cb_eval = cb_eval
+            params.cb_eval_user_data = None
+        clear_log()
+        self.ptr = llama_cpp.llama_init_from_model(model.ptr, params)
+        if not self.ptr:
+            raise ModelError(f"could not create a llama context (n_ctx {self.n_ctx}): {last_log_line()}")
+        self.mem = llama_cpp.llama_get_memory(self.ptr)
+        self._batch = llama_cpp.llama_batch_init(self.n_batch, 0, n_seq_max)
+        b = self._batch
+        self._tok = np.ctypeslib.as_array(b.token, shape=(self.n_batch,))
+        self._pos = np.ctypeslib.as_array(b.pos, shape=(self.n_batch,))
+        self._nseq = np.ctypeslib.as_array(b.n_seq_id, shape=(self.n_batch,))
+        self._logits = np.ctypeslib.as_array(ctypes.cast(b.logits, ctypes.POINTER(ctypes.c_int8)), shape=(self.n_batch,))
+        self._seq_rows = [np.ctypeslib.as_array(b.seq_id[i], shape=(n_seq_max,)) for i in range(self.n_batch)]
+        self._out_rows = 0  # how many logits rows the last decode produced
+
+    # -- decoding ----------------------------------------------------------------------------------
+    def decode(
+        self,
+        tokens: Sequence[int],
+        positions: Sequence[int],
+        *,
+        seq_ids: Sequence[int] | int = 0,
+        logits: str | Sequence[bool] = "last",
+    ) -> None:
+        """Decode tokens at the given positions (split into batches of at most n_batch).
+
+        logits: "last" (only the very last token), "all", "none", or a per-token mask. After the call,
+        `logits_row(i)` reads the i-th output row of the final batch.
+        """
+        n = len(tokens)
+        if n != len(positions):
+            raise ValueError("tokens and positions differ in length")
+        if n == 0:
+            return
+        toks = np.asarray(tokens, dtype=np.int32)
+        pos = np.asarray(positions, dtype=np.int32)
+        seqs = np.full(n, seq_ids, dtype=np.int32) if isinstance(seq_ids, int) else np.asarray(seq_ids, dtype=np.int32)
+        if isinstance(logits, str):
+            mask = np.zeros(n, dtype=np.int8)
+            if logits == "last":
+                mask[-1] = 1
+            elif logits == "all":
+                mask[:] = 1
+            elif logits != "none":
+                raise ValueError(f"bad logits spec {logits!r}")
+        else:
+            mask = np.asarray(logits, dtype=np.int8)
+        for start in range(0, n, self.n_batch):
+            end = min(start + self.n_batch, n)
+            self._decode_one(toks[start:end], pos[start:end], seqs[start:end], mask[start:end])
+
+    def _decode_one(self, toks: np.ndarray, pos: np.ndarray, seqs: np.ndarray, mask: np.ndarray) -> None:
+        m = len(toks)
+        self._tok[:m] = toks
+        self._pos[:m] = pos
+        self._nseq[:m] = 1
+        self._logits[:m] = mask
+        for i in range(m):
+            self._seq_rows[i][0] = seqs[i]
+        self._batch.n_tokens = m
+        clear_log()
+        rc = llama_cpp.llama_decode(self.ptr, self._batch)
+        if rc != 0:
+            why = {1: "no KV cache slot (context full)", 2: "aborted"}.get(rc, "error")
+            detail = last_log_line()
+            raise DecodeError(f"llama_decode returned {rc} ({why})" + (f": {detail}" if detail else ""))
+        self._out_rows = int(mask.sum())
+
+    def logits_row(self, i: int = -1) -> np.ndarray:
+        """A copy of the logits of output row i of the last decode (negative counts from the end)."""
+        if i < 0:
+            i += self._out_rows
+        ptr = llama_cpp.llama_get_logits_ith(self.ptr, i)
+        if not ptr:
+            raise DecodeError(f"no logits for output row {i}")
+        return np.ctypeslib.as_array(ptr, shape=(self.model.n_vocab,)).copy()
+
+    # -- KV cache ----------------------------------------------------------------------------------
+    def clear(self) -> None:
+        llama_cpp.llama_memory_clear(self.mem, True)
+
+    def seq_rm(self, seq_id: int, p0: int, p1: int = -1) -> None:
+        """Remove cells of seq_id with positions in [p0, p1) (p1 = -1: to the end)."""
+        if not llama_cpp.llama_memory_seq_rm(self.mem, seq_id, p0, p1):
+            raise DecodeError(f"could not remove positions [{p0}, {p1}) of sequence {seq_id} from the KV cache")
+
+    def seq_pos_max(self, seq_id: int = 0) -> int:
+        return int(llama_cpp.llama_memory_seq_pos_max(self.mem, seq_id))
+
+    def close(self) -> None:
+        if getattr(self, "ptr", None):
+            llama_cpp.llama_batch_free(self._batch)
+            llama_cpp.llama_free(self.ptr)
+            self.ptr = None
+
+    def __del__(self) -> None:  # pragma: no cover - best effort
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+# --------------------------------------------------------------------------------------------------
+
+_GAPS_SUPPORTED: bool | None = None
+
+
+def supports_position_gaps(model: Model) -> bool:
+    """Probe (once per process) whether this llama.cpp accepts forward jumps in positions.
+
+    Our patched build does; a stock wheel refuses with "positions are not continuous".
+    """
+    global _GAPS_SUPPORTED
+    if _GAPS_SUPPORTED is None:
+        ctx = Context(model, n_ctx=64, n_batch=8, n_ubatch=8, n_threads=1)
+        try:
+            t = model.tokenize("ab") or [0, 0]
+            ok = True
+            try:
+                ctx.decode([t[0], t[-1]], [0, 2], logits="none")  # a gap inside one batch
+                ctx.decode([t[0]], [7], logits="none")  # a jump past the cache's last position
+            except DecodeError:
+                ok = False
+            _GAPS_SUPPORTED = ok and ctx.seq_pos_max(0) == 7
+        finally:
+            ctx.close()
+    return _GAPS_SUPPORTED

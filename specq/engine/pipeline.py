@@ -1,0 +1,232 @@
+"""The engine: models loaded once, then runs of tokenize → score → select → sparse prefill → decode.
+
+`Engine.run()` is the single entry point for the CLI, the worker and the benchmarks. Its progress
+callback is called between phases, per scoring window and per decoded token; raising RunCancelled
+(or any exception) from it stops the run there.
+"""
+
+from __future__ import annotations
+
+from .llama import Context, Model, backend_name, supports_position_gaps  # isort: skip  (llama_cpp first)
+
+import time
+from pathlib import Path
+from typing import Callable
+
+from .decode import generate
+from .errors import InputError, ModelError
+from .options import EngineOptions, RunParams
+from .prefill import sparse_prefill
+from .prompt import Prompt, build_prompt
+from .result import CORE_PHASES, DraftInfo, EngineInfo, RunResult, SpecInfo, Usage
+from .sampling import Sampler
+
+Progress = Callable[[str, int, int], None]
+
+#: prompts shorter than this run baseline in specprefill mode (scoring costs more than it saves);
+#: measured break-even on a 2-core CPU with the real pair, see docs/benchmarks.md
+DEFAULT_MIN_TOKENS = 1024
+#: the target's context when the model's training context is larger
+MAX_DEFAULT_CTX = 32768
+
+
+def _ms(t0: float) -> float:
+    return (time.perf_counter() - t0) * 1000.0
+
+
+class Engine:
+    """Loads the target (and, on first need, the speculator) once; `run()` many times."""
+
+    def __init__(self, options: EngineOptions | None = None, *, pull_progress: Callable[[int, int], None] | None = None) -> None:
+        from .models import resolve_model
+
+        self.options = opts = options or EngineOptions()
+        self._pull_progress = pull_progress
+        self.target_path = Path(resolve_model(opts.target, progress=pull_progress))
+        self.target = Model(self.target_path, n_gpu_layers=opts.n_gpu_layers)
+        self.n_ctx = opts.n_ctx or min(self.target.n_ctx_train or MAX_DEFAULT_CTX, MAX_DEFAULT_CTX)
+        backend = backend_name()
+        self.n_ubatch = opts.n_ubatch or (2048 if backend != "cpu" else 512)
+        self.ctx = Context(
+            self.target,
+            n_ctx=self.n_ctx,
+            n_batch=opts.n_batch,
+            n_ubatch=self.n_ubatch,
+            n_threads=opts.resolved_threads(),
+            flash_attn=opts.flash_attn,
+        )
+        self.gaps_supported = supports_position_gaps(self.target)
+        self.info = EngineInfo(
+            n_gpu_layers=self.target.n_gpu_layers,
+            flash_attn=opts.flash_attn,
+            n_batch=self.ctx.n_batch,
+            n_ubatch=self.ctx.n_ubatch,
+            backend=backend,
+            target=self.target_path.name,
+            speculator="",
+        )
+        self._speculator: Model | None = None
+        self._scorer = None
+        self._drafters: dict = {}
+
+    # -- models ------------------------------------------------------------------------------------
+    @property
+    def speculator(self) -> Model:
+        """The speculator, loaded on first use; refused if its vocabulary differs from the target's."""
+        if self._speculator is None:
+            from .models import resolve_model
+
+            path = Path(resolve_model(self.options.speculator, progress=self._pull_progress))
+            spec = Model(path, n_gpu_layers=self.options.n_gpu_layers)
+            if spec.n_vocab != self.target.n_vocab or spec.vocab_signature() != self.target.vocab_signature():
+                spec.close()
+                raise ModelError(
+                    f"speculator {path.name} has a different vocabulary from target {self.target_path.name} "
+                    f"({spec.n_vocab} vs {self.target.n_vocab} tokens): they must share one tokenizer"
+                )
+            self._speculator = spec
+            self.info.speculator = path.name
+        return self._speculator
+
+    def warm_up(self) -> None:
+        """Load the speculator and run one tiny job so the first real job pays no setup cost."""
+        _ = self.speculator
+        self.run("warm up", RunParams(question="ok", max_tokens=2))
+
+    # -- running -----------------------------------------------------------------------------------
+    def tokenize_prompt(self, document: str, params: RunParams) -> Prompt:
+        prompt = build_prompt(self.target, document, params.question, params.system)
+        if prompt.n + params.max_tokens > self.n_ctx:
+            raise InputError(
+                f"prompt is {prompt.n} tokens; with max_tokens {params.max_tokens} it exceeds the target's "
+                f"context of {self.n_ctx} tokens"
+            )
+        return prompt
+
+    def run(self, document: str, params: RunParams | None = None, progress: Progress | None = None) -> RunResult:
+        params = params or RunParams()
+        params.validate()
+        report = progress or (lambda phase, done, total: None)
+        t_start = time.perf_counter()
+        timings = {p: 0.0 for p in CORE_PHASES}
+        warnings: list[str] = []
+
+        report("tokenize", 0, 1)
+        t0 = time.perf_counter()
+        prompt = self.tokenize_prompt(document, params)
+        timings["tokenize"] = _ms(t0)
+
+        positions = params.positions
+        if positions == "original" and not self.gaps_supported:
+            positions = "compressed"
+            warnings.append(
+                "this llama.cpp build refuses position gaps (stock wheel?): ran with compressed positions; "
+                "build ours with scripts/build-llama.sh"
+            )
+
+        min_tokens = DEFAULT_MIN_TOKENS if params.min_tokens < 0 else params.min_tokens
+        mode = params.mode
+        if mode == "specprefill" and prompt.n < min_tokens:
+            mode = "baseline"
+            warnings.append(f"prompt has {prompt.n} tokens < min_tokens {min_tokens}: ran baseline")
+
+        spec = SpecInfo(mode=mode, positions=positions, keep=1.0, lookahead=0, windows=0, scorer="none")
+        if mode == "specprefill":
+            kept = self._select(prompt, params, timings, spec, report)
+        else:
+            kept = list(range(prompt.n))
+
+        report("sparse_prefill", 0, 1)
+        t0 = time.perf_counter()
+        pre = sparse_prefill(self.ctx, prompt.tokens, kept, positions)
+        timings["sparse_prefill"] = _ms(t0)
+
+        sampler = Sampler(params.temperature, params.top_k, params.top_p, params.seed)
+        drafter = self._drafter(params, prompt)
+        t_decode = time.perf_counter()
+        first: list[float] = []
+
+        def on_token(done: int, total: int) -> None:
+            if not first:
+                first.append(time.perf_counter())
+            report("decode", done, total)
+
+        gen = generate(
+            self.ctx,
+            prompt.tokens,
+            pre.logits,
+            pre.next_pos,
+            max_tokens=params.max_tokens,
+            sampler=sampler,
+            drafter=drafter,
+            n_draft=params.n_draft,
+            draft_min=params.draft_min,
+            progress=on_token,
+        )
+        t_end = time.perf_counter()
+        timings["ttft"] = ((first[0] if first else t_end) - t_start) * 1000.0
+        timings["decode"] = (t_end - t_decode) * 1000.0
+        timings["total"] = (t_end - t_start) * 1000.0
+
+        d = gen.draft.as_dict()
+        return RunResult(
+            text=self.target.detokenize(gen.tokens),
+            finish_reason=gen.finish_reason,
+            usage=Usage(prompt_tokens=prompt.n, kept_tokens=len(kept), completion_tokens=len(gen.tokens)),
+            timings_ms=timings,
+            spec=spec,
+            engine=EngineInfo(**vars(self.info)),
+            draft=DraftInfo(**d),
+            warnings=warnings,
+            tokens=gen.tokens,
+            kept_indices=kept,
+        )
+
+    # -- phases filled by the scoring and speculative-decoding modules --------------------------------
+    def scorer(self):
+        """The SpecPrefill scorer (speculator context with the capture callback), built on first use."""
+        if self._scorer is None:
+            from .scoring import SpecPrefillScorer
+
+            spec = self.speculator
+            opts = self.options
+            n_ctx = min(spec.n_ctx_train or MAX_DEFAULT_CTX, max(self.n_ctx, 4096), MAX_DEFAULT_CTX)
+            self._scorer = SpecPrefillScorer(
+                spec, n_ctx=n_ctx, n_batch=opts.n_batch, n_ubatch=self.n_ubatch,
+                n_threads=opts.resolved_threads(), flash_attn=opts.flash_attn,
+            )
+        return self._scorer
+
+    def _select(self, prompt: Prompt, params: RunParams, timings: dict, spec: SpecInfo, report: Progress) -> list[int]:
+        """Score the prompt with the speculator and pick the kept indices (phases `score`, `select`)."""
+        from .selection import select_kept
+
+        t0 = time.perf_counter()
+        scored = self.scorer().score(
+            prompt, scorer=params.scorer, lookahead=params.lookahead, pool=params.pool, window=params.window,
+            progress=lambda done, total: report("score", done, total),
+        )
+        timings["score"] = _ms(t0)
+        timings.update(scored.timings_ms)
+        report("select", 0, 1)
+        t0 = time.perf_counter()
+        kept = select_kept(
+            scored.scores, doc_start=prompt.doc_start, n_prompt=prompt.n, protected=prompt.protected_indices(),
+            keep=params.keep, chunk=params.chunk, max_keep=params.max_keep,
+        )
+        timings["select"] = _ms(t0)
+        spec.keep, spec.lookahead, spec.windows, spec.scorer = params.keep, params.lookahead, scored.windows, params.scorer
+        return kept
+
+    def _drafter(self, params: RunParams, prompt: Prompt):
+        if params.draft == "none":
+            return None
+        raise InputError(f"draft {params.draft} is not available yet")
+
+    def close(self) -> None:
+        self.ctx.close()
+        self.target.close()
+        if self._scorer is not None:
+            self._scorer.close()
+        if self._speculator is not None:
+            self._speculator.close()

@@ -1,0 +1,43 @@
+"""Sparse prefill: the target reads only the kept prompt tokens.
+
+`original` positions: each kept token keeps its position id in the full prompt (gaps where tokens
+were dropped), so RoPE sees the document's real geometry and decoding continues at N. This needs our
+patched llama.cpp (stock builds refuse gaps). `compressed`: kept tokens are renumbered 0..K-1 and
+decoding continues at K — what a stock build can run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from .llama import Context
+
+
+@dataclass
+class PrefillResult:
+    next_pos: int  # where decoding continues
+    n_kept: int
+    logits: np.ndarray  # the target's logits after the last prompt token
+
+
+def sparse_prefill(ctx: Context, tokens: Sequence[int], kept: Sequence[int], positions: str = "original") -> PrefillResult:
+    """Prefill tokens[kept] into an empty cache; `kept` must be sorted, unique, and end at len(tokens)-1."""
+    n = len(tokens)
+    idx = np.asarray(kept, dtype=np.int64)
+    if idx.size == 0 or idx[-1] != n - 1:
+        raise ValueError("the kept indices must include the last prompt token")
+    if idx.size > 1 and np.any(np.diff(idx) <= 0):
+        raise ValueError("the kept indices must be sorted and unique")
+    toks = np.asarray(tokens, dtype=np.int32)[idx]
+    if positions == "original":
+        pos, next_pos = idx.astype(np.int32), n
+    elif positions == "compressed":
+        pos, next_pos = np.arange(idx.size, dtype=np.int32), int(idx.size)
+    else:
+        raise ValueError(f"unknown positions mode {positions!r}")
+    ctx.clear()
+    ctx.decode(toks, pos, logits="last")
+    return PrefillResult(next_pos=next_pos, n_kept=int(idx.size), logits=ctx.logits_row(-1))

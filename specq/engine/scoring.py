@@ -1,0 +1,219 @@
+"""SpecPrefill scoring: how much the speculator's lookahead queries attend to each prompt token.
+
+For one window of tokens the speculator prefills all but the last token (no capture), then decodes
+`lookahead` steps one token at a time — the last prompt token, then its own greedy continuation —
+capturing each layer's post-RoPE query; on the first step it also captures each layer's K cache.
+Scores are recomputed from those (flash attention stays on):
+
+    softmax(q·Kᵀ/√d) over the window's prompt keys, in float32, per (layer, head, lookahead row)
+    → average-pool along the sequence (kernel `pool`, same padding)
+    → max over layers × heads → mean over lookahead rows.
+
+GQA: the query heads that share a KV head are grouped, and all lookahead rows are batched, so each
+(layer, kv-head) is one matrix product.
+
+Windows. `windowed` (default): window = [template head][document slice][question + template tail],
+slices of equal size tile the document without overlap, so every window's lookahead asks the
+question; only slice tokens are scored. `full`: one window holding the whole document. `sliding`:
+the seed tool's scheme, kept for comparison — windows of the bare prompt with 50% overlap, each token
+taking its score from the window in which it lies most central.
+
+Normalisation: a window's scores are multiplied by the number of keys its softmax ran over, so that
+uniform attention scores 1.0 in every window; a short window (whose softmax mass is spread over
+fewer keys) then does not outweigh the others.
+"""
+
+from __future__ import annotations
+
+from .capture import QKCapture  # isort: skip  (llama_cpp before numpy)
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import numpy as np
+
+from .errors import EngineError
+from .llama import Context, Model
+from .prompt import Prompt
+
+#: document tokens per window when the caller leaves it to us (see docs/benchmarks.md)
+DEFAULT_WINDOW = 4096
+#: window length of the `sliding` scorer (the seed's ~2,000 tokens)
+SLIDING_WINDOW = 2048
+
+
+@dataclass
+class ScoreResult:
+    scores: np.ndarray  # one score per document token
+    windows: int
+    timings_ms: dict[str, float] = field(default_factory=dict)
+    capture_calls: int = 0
+
+
+def avg_pool(x: np.ndarray, kernel: int) -> np.ndarray:
+    """Average-pool the last axis with stride 1 and zero 'same' padding (divides by `kernel`)."""
+    if kernel <= 1:
+        return x
+    pad = kernel // 2
+    c = np.cumsum(np.pad(x, [(0, 0)] * (x.ndim - 1) + [(pad + 1, pad)]), axis=-1, dtype=np.float32)
+    return (c[..., kernel:] - c[..., :-kernel]) / np.float32(kernel)
+
+
+def attention_scores(q_rows: Sequence[dict[int, np.ndarray]], k: dict[int, np.ndarray], n_keys: int, pool: int) -> np.ndarray:
+    """Token importance over keys [0, n_keys) from lookahead queries.
+
+    q_rows[s][il]: (n_head, head_dim) post-RoPE query of lookahead row s in layer il.
+    k[il]: (n_kv, n_head_kv, head_dim) K cache of layer il (cell i = position i).
+    """
+    layers = sorted(k)
+    if not layers or not q_rows:
+        raise EngineError("scoring captured no attention tensors from the speculator")
+    best: np.ndarray | None = None
+    for il in layers:
+        K = k[il][:n_keys]  # (n, g, d)
+        n_kv_heads, d = K.shape[1], K.shape[2]
+        Q = np.stack([row[il] for row in q_rows])  # (S, h, d)
+        S, h = Q.shape[0], Q.shape[1]
+        r = h // n_kv_heads
+        Qg = Q.reshape(S, n_kv_heads, r, d).transpose(1, 0, 2, 3).reshape(n_kv_heads, S * r, d)
+        logits = np.matmul(Qg, K.transpose(1, 2, 0)) * np.float32(1.0 / math.sqrt(d))  # (g, S*r, n)
+        logits -= logits.max(axis=-1, keepdims=True)
+        np.exp(logits, out=logits)
+        logits /= logits.sum(axis=-1, keepdims=True)
+        pooled = avg_pool(logits, pool)
+        per_row = pooled.reshape(n_kv_heads, S, r, -1).max(axis=(0, 2))  # (S, n)
+        best = per_row if best is None else np.maximum(best, per_row)
+    return best.mean(axis=0)
+
+
+class SpecPrefillScorer:
+    """Owns the speculator context with the capture callback; `score()` per prompt."""
+
+    def __init__(self, model: Model, *, n_ctx: int, n_batch: int, n_ubatch: int, n_threads: int, flash_attn: bool) -> None:
+        self.model = model
+        self.capture = QKCapture()
+        self.ctx = Context(
+            model, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch, n_threads=n_threads,
+            flash_attn=flash_attn, cb_eval=self.capture.callback,
+        )
+        self.n_ctx = self.ctx.n_ctx
+        #: the tokens the speculator's cache holds after the last scoring window (lookahead removed)
+        self.cached_tokens: list[int] = []
+
+    def window_tokens(self, prompt: Prompt, lookahead: int, window: int = 0) -> int:
+        """Document tokens per window for the windowed scorer."""
+        room = self.n_ctx - len(prompt.head) - len(prompt.tail) - lookahead - 1
+        if room < 64:
+            raise EngineError(f"the speculator's context ({self.n_ctx}) is too small for this prompt's template and question")
+        return max(64, min(window or DEFAULT_WINDOW, room))
+
+    def score(
+        self,
+        prompt: Prompt,
+        *,
+        scorer: str = "windowed",
+        lookahead: int = 8,
+        pool: int = 13,
+        window: int = 0,
+        progress: Callable[[int, int], None] | None = None,
+    ) -> ScoreResult:
+        timings = {"speculator_prefill": 0.0, "lookahead": 0.0, "score_math": 0.0}
+        calls0 = self.capture.calls
+        doc = prompt.document
+        n_doc = len(doc)
+        if scorer in ("windowed", "full"):
+            if scorer == "full":
+                size = n_doc
+                if len(prompt.tokens) + lookahead > self.n_ctx:
+                    raise EngineError(
+                        f"scorer full needs {len(prompt.tokens) + lookahead} tokens of speculator context "
+                        f"(has {self.n_ctx}): use the windowed scorer"
+                    )
+            else:
+                size = self.window_tokens(prompt, lookahead, window)
+            n_windows = max(1, math.ceil(n_doc / size))
+            size = math.ceil(n_doc / n_windows) if n_doc else 0  # equal slices: no tiny last window
+            scores = np.zeros(n_doc, dtype=np.float32)
+            for w in range(n_windows):
+                if progress:
+                    progress(w, n_windows)
+                a, b = w * size, min(n_doc, (w + 1) * size)
+                tokens = prompt.head + doc[a:b] + prompt.tail
+                s = self._score_window(tokens, lookahead, pool, timings)
+                h = len(prompt.head)
+                scores[a:b] = s[h : h + (b - a)]
+            if progress:
+                progress(n_windows, n_windows)
+            return ScoreResult(scores, n_windows, timings, self.capture.calls - calls0)
+        if scorer == "sliding":
+            tokens = prompt.tokens
+            n = len(tokens)
+            size = max(64, min(window or SLIDING_WINDOW, self.n_ctx - lookahead - 1))
+            stride = max(1, size // 2)
+            starts = list(range(0, max(1, n - size) + 1, stride))
+            if starts[-1] + size < n:
+                starts.append(n - size)
+            full = np.zeros(n, dtype=np.float32)
+            best_dist = np.full(n, np.inf)
+            for w, start in enumerate(starts):
+                if progress:
+                    progress(w, len(starts))
+                end = min(n, start + size)
+                s = self._score_window(tokens[start:end], lookahead, pool, timings)
+                centre = (start + end - 1) / 2.0
+                idx = np.arange(start, end)
+                dist = np.abs(idx - centre)
+                better = dist < best_dist[start:end]
+                full[start:end][better] = s[better]
+                best_dist[start:end][better] = dist[better]
+            if progress:
+                progress(len(starts), len(starts))
+            return ScoreResult(full[prompt.doc_start : prompt.doc_end].copy(), len(starts), timings, self.capture.calls - calls0)
+        raise EngineError(f"unknown scorer {scorer!r}")
+
+    def _score_window(self, tokens: Sequence[int], lookahead: int, pool: int, timings: dict[str, float]) -> np.ndarray:
+        """Scores (× number of keys) for every token of one window."""
+        n = len(tokens)
+        ctx, cap = self.ctx, self.capture
+        cap.disarm()
+        ctx.clear()
+        t0 = time.perf_counter()
+        if n > 1:
+            ctx.decode(tokens[:-1], range(n - 1), logits="none")
+        t1 = time.perf_counter()
+        rows: list[dict[int, np.ndarray]] = []
+        k: dict[int, np.ndarray] = {}
+        tok, pos = tokens[-1], n - 1
+        for step in range(lookahead):
+            cap.arm(q=True, k=(step == 0))
+            ctx.decode([tok], [pos], logits="last")
+            cap.disarm()
+            if step == 0:
+                k = cap.k
+            if len(cap.q) != self.model.n_layer or (step == 0 and len(k) != self.model.n_layer):
+                raise EngineError(
+                    f"capture saw {len(cap.q)} query and {len(k)} key tensors for {self.model.n_layer} layers: "
+                    "this llama.cpp build names its graph tensors differently"
+                )
+            rows.append({il: q[0] for il, q in cap.q.items()})
+            if step + 1 == lookahead:
+                break
+            tok = int(np.argmax(ctx.logits_row(-1)))
+            pos += 1
+            if self.model.is_eog(tok):
+                break
+        t2 = time.perf_counter()
+        scores = attention_scores(rows, k, n, pool) * np.float32(n)
+        t3 = time.perf_counter()
+        # leave the cache holding exactly the window (a model drafter may continue from it)
+        ctx.seq_rm(0, n, -1)
+        self.cached_tokens = list(tokens)
+        timings["speculator_prefill"] += (t1 - t0) * 1000.0
+        timings["lookahead"] += (t2 - t1) * 1000.0
+        timings["score_math"] += (t3 - t2) * 1000.0
+        return scores
+
+    def close(self) -> None:
+        self.ctx.close()
