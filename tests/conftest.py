@@ -1,0 +1,43 @@
+"""Shared pytest fixtures."""
+
+from __future__ import annotations
+
+# llama_cpp must be imported before numpy in any process that loads a model (a known segfault
+# otherwise on some setups); conftest is imported before every test module, so do it here first.
+try:  # pragma: no cover - depends on whether the patched build is installed
+    import llama_cpp  # noqa: F401
+except Exception:  # not installed (yet), or a half-written install: tests that need it skip
+    llama_cpp = None
+
+from pathlib import Path
+from typing import NamedTuple
+
+import pytest
+
+
+class TinyModels(NamedTuple):
+    """Random-weight tiny Qwen2 GGUFs written by specq.engine.synthetic (see the `tiny_models` fixture)."""
+
+    #: 4 layers, byte vocabulary, seed 0
+    target: Path
+    #: 2 layers, same byte vocabulary and seed: its tensors are the target's first two layers
+    #: (output projections scaled for 2 layers), so its greedy guesses correlate with the target's
+    speculator: Path
+    #: 2 layers with the "bytes-alt" vocabulary (other merges, special ids and size): must be refused
+    #: as a speculator/drafter for `target`
+    mismatched: Path
+    #: the directory holding them
+    root: Path
+
+
+@pytest.fixture(scope="session")
+def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> TinyModels:
+    from specq.engine.synthetic import write_qwen2_gguf
+
+    root = tmp_path_factory.mktemp("tiny_models")
+    return TinyModels(
+        target=write_qwen2_gguf(root / "target.gguf", "tiny", seed=0, n_layer=4),
+        speculator=write_qwen2_gguf(root / "speculator.gguf", "tiny", seed=0, n_layer=2),
+        mismatched=write_qwen2_gguf(root / "mismatched.gguf", "tiny", vocab="bytes-alt", seed=0, n_layer=2),
+        root=root,
+    )
