@@ -1,0 +1,281 @@
+"""SQLAlchemy 2 models: jobs, their inputs, results and per-phase timings, and batches.
+
+The schema is created and changed only by the Alembic migrations in `migrations/`; a test checks
+that the migrations match these models exactly. Times are timezone-aware UTC datetimes on every
+backend (SQLite stores them as naive UTC text; `UTCDateTime` puts the zone back).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    Boolean,
+    CheckConstraint,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Text,
+    UniqueConstraint,
+    false,
+    text,
+)
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.types import TypeDecorator
+
+JOB_STATUSES = ("queued", "running", "succeeded", "failed", "cancelled")
+#: statuses a job never leaves
+JOB_TERMINAL = ("succeeded", "failed", "cancelled")
+BATCH_STATUSES = (
+    "validating",
+    "in_progress",
+    "finalizing",
+    "completed",
+    "failed",
+    "expired",
+    "cancelling",
+    "cancelled",
+)
+BATCH_TERMINAL = ("completed", "failed", "expired", "cancelled")
+
+#: constraint names are fixed by convention, so migrations (and SQLite batch migrations) can name them
+NAMING_CONVENTION = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+#: JSON on every backend, JSONB on PostgreSQL
+JSONType = JSON().with_variant(JSONB(), "postgresql")
+
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+class UTCDateTime(TypeDecorator):
+    """DateTime(timezone=True) that always returns aware UTC datetimes (naive input is taken as UTC)."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect) -> datetime | None:
+        if value is None:
+            return None
+        value = value.replace(tzinfo=timezone.utc) if value.tzinfo is None else value.astimezone(timezone.utc)
+        if dialect.name == "sqlite":
+            value = value.replace(tzinfo=None)
+        return value
+
+    def process_result_value(self, value: datetime | None, dialect) -> datetime | None:
+        if value is None:
+            return None
+        return value.replace(tzinfo=timezone.utc) if value.tzinfo is None else value.astimezone(timezone.utc)
+
+
+def _iso(value: datetime | None) -> str | None:
+    return value.isoformat().replace("+00:00", "Z") if value is not None else None
+
+
+def _in(values: tuple[str, ...]) -> str:
+    return ", ".join(f"'{v}'" for v in values)
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+
+class Batch(Base):
+    """A group of jobs submitted together (OpenAI Batch API-like); `request_*` are its request_counts."""
+
+    __tablename__ = "batches"
+    __table_args__ = (
+        CheckConstraint(f"status IN ({_in(BATCH_STATUSES)})", name="status"),
+        Index(None, "tenant", "created_at"),
+    )
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    tenant: Mapped[str] = mapped_column(String(64), default="default", server_default="default")
+    status: Mapped[str] = mapped_column(String(16), default="validating", server_default="validating")
+    #: e.g. "/v1/jobs"; kept for API parity, free-form
+    endpoint: Mapped[str | None] = mapped_column(String(128))
+    completion_window: Mapped[str | None] = mapped_column(String(32))
+    input_filename: Mapped[str | None] = mapped_column(String(255))
+    #: default RunParams for the batch's jobs
+    params: Mapped[dict[str, Any]] = mapped_column(JSONType, default=dict)
+    #: user metadata (attribute `metadata_`: `metadata` is taken by SQLAlchemy)
+    metadata_: Mapped[dict[str, Any] | None] = mapped_column("metadata", JSONType)
+    #: validation errors (list of {line, code, message}) or None
+    errors: Mapped[Any | None] = mapped_column(JSONType)
+    request_total: Mapped[int] = mapped_column(Integer, default=0, server_default=text("0"))
+    request_completed: Mapped[int] = mapped_column(Integer, default=0, server_default=text("0"))
+    request_failed: Mapped[int] = mapped_column(Integer, default=0, server_default=text("0"))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    in_progress_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    finalizing_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    completed_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    failed_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    expired_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    cancelling_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    cancelled_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "object": "batch",
+            "tenant": self.tenant,
+            "status": self.status,
+            "endpoint": self.endpoint,
+            "completion_window": self.completion_window,
+            "input_filename": self.input_filename,
+            "params": self.params or {},
+            "metadata": self.metadata_,
+            "errors": self.errors,
+            "request_counts": {
+                "total": self.request_total,
+                "completed": self.request_completed,
+                "failed": self.request_failed,
+            },
+            **{
+                name: _iso(getattr(self, name))
+                for name in (
+                    "created_at",
+                    "in_progress_at",
+                    "finalizing_at",
+                    "completed_at",
+                    "failed_at",
+                    "expired_at",
+                    "cancelling_at",
+                    "cancelled_at",
+                    "expires_at",
+                )
+            },
+        }
+
+
+class Job(Base):
+    """One question about one document, run once (retried up to `max_attempts`)."""
+
+    __tablename__ = "jobs"
+    __table_args__ = (
+        CheckConstraint(f"status IN ({_in(JOB_STATUSES)})", name="status"),
+        UniqueConstraint("batch_id", "custom_id"),
+        Index(None, "tenant", "created_at"),
+        Index(None, "status", "created_at"),
+        Index(None, "batch_id", "status"),
+    )
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    tenant: Mapped[str] = mapped_column(String(64), default="default", server_default="default")
+    batch_id: Mapped[str | None] = mapped_column(String(40), ForeignKey("batches.id", ondelete="CASCADE"))
+    #: the caller's id for a job inside a batch (unique within the batch)
+    custom_id: Mapped[str | None] = mapped_column(String(255))
+    status: Mapped[str] = mapped_column(String(16), default="queued", server_default="queued")
+    progress_phase: Mapped[str | None] = mapped_column(String(64))
+    progress_done: Mapped[int] = mapped_column(Integer, default=0, server_default=text("0"))
+    progress_total: Mapped[int] = mapped_column(Integer, default=0, server_default=text("0"))
+    attempts: Mapped[int] = mapped_column(Integer, default=0, server_default=text("0"))
+    max_attempts: Mapped[int] = mapped_column(Integer, default=3, server_default=text("3"))
+    error: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    started_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    #: milliseconds from submission to the first claim by a worker
+    queue_wait_ms: Mapped[float | None] = mapped_column(Float)
+    params: Mapped[dict[str, Any]] = mapped_column(JSONType, default=dict)
+    #: "hostname:pid" of the worker that claimed it last
+    worker: Mapped[str | None] = mapped_column(String(255))
+    heartbeat_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "object": "job",
+            "tenant": self.tenant,
+            "batch_id": self.batch_id,
+            "custom_id": self.custom_id,
+            "status": self.status,
+            "progress": {"phase": self.progress_phase, "done": self.progress_done, "total": self.progress_total},
+            "attempts": self.attempts,
+            "max_attempts": self.max_attempts,
+            "error": self.error,
+            "created_at": _iso(self.created_at),
+            "started_at": _iso(self.started_at),
+            "finished_at": _iso(self.finished_at),
+            "queue_wait_ms": self.queue_wait_ms,
+            "params": self.params or {},
+            "worker": self.worker,
+            "heartbeat_at": _iso(self.heartbeat_at),
+            "cancel_requested": bool(self.cancel_requested),
+        }
+
+
+class JobInput(Base):
+    """The document and question of a job (kept apart so listing jobs never loads documents)."""
+
+    __tablename__ = "job_inputs"
+
+    job_id: Mapped[str] = mapped_column(String(40), ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True)
+    filename: Mapped[str | None] = mapped_column(String(255))
+    text: Mapped[str] = mapped_column(Text)
+    question: Mapped[str] = mapped_column(Text, default="", server_default="")
+    #: UTF-8 size of `text`
+    size_bytes: Mapped[int] = mapped_column(Integer)
+
+
+class Result(Base):
+    """A job's answer: exactly one row per succeeded job (the job id is the primary key)."""
+
+    __tablename__ = "results"
+
+    job_id: Mapped[str] = mapped_column(String(40), ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True)
+    text: Mapped[str] = mapped_column(Text)
+    finish_reason: Mapped[str] = mapped_column(String(32))
+    prompt_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    kept_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    completion_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    spec: Mapped[dict[str, Any]] = mapped_column(JSONType, default=dict)
+    engine: Mapped[dict[str, Any]] = mapped_column(JSONType, default=dict)
+    draft: Mapped[dict[str, Any]] = mapped_column(JSONType, default=dict)
+    #: any other top-level keys of the result object (e.g. `warnings`), so new fields need no migration
+    extra: Mapped[dict[str, Any]] = mapped_column(JSONType, default=dict)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class PhaseTiming(Base):
+    """One `timings_ms` entry of a result: (job_id, phase) -> ms. New phases need no migration."""
+
+    __tablename__ = "phase_timings"
+    __table_args__ = (Index(None, "phase"),)
+
+    job_id: Mapped[str] = mapped_column(String(40), ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True)
+    phase: Mapped[str] = mapped_column(String(64), primary_key=True)
+    ms: Mapped[float] = mapped_column(Float)
+
+
+__all__ = [
+    "Base",
+    "Batch",
+    "Job",
+    "JobInput",
+    "Result",
+    "PhaseTiming",
+    "JOB_STATUSES",
+    "JOB_TERMINAL",
+    "BATCH_STATUSES",
+    "BATCH_TERMINAL",
+    "UTCDateTime",
+    "JSONType",
+    "utcnow",
+]

@@ -1,0 +1,132 @@
+"""Results: one row per succeeded job plus its `timings_ms` as (job_id, phase, ms) rows."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from sqlalchemy import and_, select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from ..engine.result import CORE_PHASES, SCORE_PHASES
+from .db import write_transaction
+from .models import Job, PhaseTiming, Result, utcnow
+
+#: result keys stored in their own columns (or rows); every other key goes to `results.extra`
+_COLUMNS = ("text", "finish_reason", "usage", "timings_ms", "spec", "engine", "draft")
+_PHASE_ORDER = {p: i for i, p in enumerate(CORE_PHASES + SCORE_PHASES)}
+
+
+def _result_dict(result: Any) -> dict[str, Any]:
+    if hasattr(result, "to_dict"):
+        return result.to_dict()
+    if isinstance(result, Mapping):
+        return dict(result)
+    raise TypeError(f"result must be a RunResult or its dict, not {type(result).__name__}")
+
+
+def _timings(raw: Any) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for phase, ms in dict(raw or {}).items():
+        try:
+            value = float(ms)
+        except (TypeError, ValueError):
+            raise ValueError(f"timings_ms[{phase!r}] is not a number: {ms!r}") from None
+        if not math.isfinite(value):
+            raise ValueError(f"timings_ms[{phase!r}] is not finite: {ms!r}")
+        if not phase or len(str(phase)) > 64:
+            raise ValueError(f"phase name must be 1-64 characters: {phase!r}")
+        out[str(phase)] = value
+    return out
+
+
+def save_result(session: Session, job_id: str, result: Any) -> bool:
+    """Store a job's result in ONE transaction: the results row, one phase_timings row per
+    `timings_ms` key, and the job -> succeeded with finished_at.
+
+    `result` is a RunResult or `RunResult.to_dict()`. Idempotent: returns False and changes nothing
+    if the job already has a result (e.g. a redelivered task), is cancelled, or does not exist.
+    """
+    d = _result_dict(result)
+    usage = d.get("usage") or {}
+    timings = _timings(d.get("timings_ms"))
+    try:
+        write_transaction(session)
+        status = session.scalar(select(Job.status).where(Job.id == job_id))
+        exists = session.scalar(select(Result.job_id).where(Result.job_id == job_id))
+        if status is None or status == "cancelled" or exists is not None:
+            session.rollback()
+            return False
+        now = utcnow()
+        session.add(
+            Result(
+                job_id=job_id,
+                text=str(d.get("text") or ""),
+                finish_reason=str(d.get("finish_reason") or "stop"),
+                prompt_tokens=int(usage.get("prompt_tokens") or 0),
+                kept_tokens=int(usage.get("kept_tokens") or 0),
+                completion_tokens=int(usage.get("completion_tokens") or 0),
+                spec=dict(d.get("spec") or {}),
+                engine=dict(d.get("engine") or {}),
+                draft=dict(d.get("draft") or {}),
+                extra={k: v for k, v in d.items() if k not in _COLUMNS},
+                created_at=now,
+            )
+        )
+        session.flush()  # the result row first: a concurrent duplicate fails here, before the timings
+        session.add_all(PhaseTiming(job_id=job_id, phase=p, ms=ms) for p, ms in timings.items())
+        session.flush()
+        session.execute(
+            update(Job)
+            .where(and_(Job.id == job_id, Job.status != "cancelled"))
+            .values(status="succeeded", finished_at=now, error=None)
+            .execution_options(synchronize_session=False)
+        )
+        session.commit()
+    except IntegrityError:
+        # another worker saved the same job's result between our check and our insert
+        session.rollback()
+        return False
+    except BaseException:
+        session.rollback()
+        raise
+    return True
+
+
+def get_timings(session: Session, job_id: str) -> dict[str, float]:
+    """The job's timings_ms (core phases in their usual order, then the rest by name)."""
+    rows = session.execute(select(PhaseTiming.phase, PhaseTiming.ms).where(PhaseTiming.job_id == job_id)).all()
+    session.commit()
+    rows.sort(key=lambda r: (_PHASE_ORDER.get(r.phase, len(_PHASE_ORDER)), r.phase))
+    return {r.phase: r.ms for r in rows}
+
+
+def get_result(session: Session, job_id: str, tenant: str | None = None) -> dict[str, Any] | None:
+    """The stored result in `RunResult.to_dict()` shape, or None (no result yet / other tenant)."""
+    q = select(Result).join(Job, Job.id == Result.job_id).where(Result.job_id == job_id)
+    if tenant is not None:
+        q = q.where(Job.tenant == tenant)
+    row = session.scalars(q.execution_options(populate_existing=True)).one_or_none()
+    if row is None:
+        session.commit()
+        return None
+    timings = get_timings(session, job_id)
+    return {
+        "text": row.text,
+        "finish_reason": row.finish_reason,
+        "usage": {
+            "prompt_tokens": row.prompt_tokens,
+            "kept_tokens": row.kept_tokens,
+            "completion_tokens": row.completion_tokens,
+        },
+        "timings_ms": timings,
+        "spec": row.spec or {},
+        "engine": row.engine or {},
+        "draft": row.draft or {},
+        **{k: v for k, v in (row.extra or {}).items() if k not in _COLUMNS},
+    }
+
+
+__all__ = ["save_result", "get_result", "get_timings"]
