@@ -71,6 +71,7 @@ def _op_id(name: bytes) -> int:
 
 
 GGML_OP_ROPE = _op_id(b"ROPE")
+GGML_OP_VIEW = _op_id(b"VIEW")
 
 
 def read_tensor(t: GgmlTensor) -> np.ndarray:
@@ -80,7 +81,7 @@ def read_tensor(t: GgmlTensor) -> np.ndarray:
         raise TypeError(f"cannot read ggml tensor {t.name!r} of type {t.type}")
     ne = [int(x) for x in t.ne]
     nb = [int(x) for x in t.nb]
-    size = max((ne[i] - 1) * nb[i] for i in range(4)) + np.dtype(dtype).itemsize
+    size = sum((ne[i] - 1) * nb[i] for i in range(4)) + np.dtype(dtype).itemsize  # ggml_nbytes
     raw = np.empty(size, dtype=np.uint8)
     _GGML.ggml_backend_tensor_get(ctypes.addressof(t), raw.ctypes.data, 0, size)
     view = np.ndarray(shape=(ne[3], ne[2], ne[1], ne[0]), dtype=dtype, buffer=raw, strides=(nb[3], nb[2], nb[1], nb[0]))
@@ -118,7 +119,7 @@ class QKCapture:
         t = GgmlTensor.from_address(tensor_ptr)
         name = t.name
         is_q = self.want_q and name.startswith(b"Qcur-") and t.op == GGML_OP_ROPE
-        is_k = self.want_k and name.startswith(b"cache_k_l")
+        is_k = self.want_k and name.startswith(b"cache_k_l") and t.op == GGML_OP_VIEW and t.ne[2] > 1
         if ask:
             return bool(is_q or is_k)
         try:

@@ -228,7 +228,6 @@ class Context:
         self._nseq = np.ctypeslib.as_array(b.n_seq_id, shape=(self.n_batch,))
         self._logits = np.ctypeslib.as_array(ctypes.cast(b.logits, ctypes.POINTER(ctypes.c_int8)), shape=(self.n_batch,))
         self._seq_rows = [np.ctypeslib.as_array(b.seq_id[i], shape=(n_seq_max,)) for i in range(self.n_batch)]
-        self._out_rows = 0  # how many logits rows the last decode produced
 
     # -- decoding ----------------------------------------------------------------------------------
     def decode(
@@ -281,15 +280,15 @@ class Context:
             why = {1: "no KV cache slot (context full)", 2: "aborted"}.get(rc, "error")
             detail = last_log_line()
             raise DecodeError(f"llama_decode returned {rc} ({why})" + (f": {detail}" if detail else ""))
-        self._out_rows = int(mask.sum())
 
     def logits_row(self, i: int = -1) -> np.ndarray:
-        """A copy of the logits of output row i of the last decode (negative counts from the end)."""
-        if i < 0:
-            i += self._out_rows
+        """A copy of the logits of token i of the last batch decoded (-1: the last token with logits).
+
+        The token must have been decoded with its logits flag set.
+        """
         ptr = llama_cpp.llama_get_logits_ith(self.ptr, i)
         if not ptr:
-            raise DecodeError(f"no logits for output row {i}")
+            raise DecodeError(f"no logits for token {i} of the last batch")
         return np.ctypeslib.as_array(ptr, shape=(self.model.n_vocab,)).copy()
 
     # -- KV cache ----------------------------------------------------------------------------------
