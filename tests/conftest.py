@@ -21,7 +21,8 @@ class TinyModels(NamedTuple):
     #: 4 layers, byte vocabulary, seed 0
     target: Path
     #: 2 layers, same byte vocabulary and seed: its tensors are the target's first two layers
-    #: (output projections scaled for 2 layers), so its greedy guesses correlate with the target's
+    #: (output projections scaled for 2 layers), so its greedy guesses often, not always, match the
+    #: target's (about half of the time on short prompts)
     speculator: Path
     #: 2 layers with the "bytes-alt" vocabulary (other merges, special ids and size): must be refused
     #: as a speculator/drafter for `target`

@@ -15,7 +15,7 @@ with the `gguf` package, using real Qwen2.x hyperparameters (`SHAPES`) or overri
 * Tokenizers: `vocab="bytes"` is a tiny byte-level GPT-2/Qwen2-style BPE vocabulary (the 256 byte
   symbols of GPT-2's byte-to-unicode mapping, id == byte value, a few merges, ChatML special tokens
   and the Qwen2.5 chat template); `vocab="bytes-alt"` is a different one (other merges, other special
-  ids, one more token) for mismatch tests; a path copies every `tokenizer.*` key of a GGUF file such
+  ids, another size) for mismatch tests; a path copies every `tokenizer.*` key of a GGUF file such
   as llama.cpp's `models/ggml-vocab-qwen2.gguf`.
 
 Command line: ``python -m specq.engine.synthetic --shape tiny --out model.gguf [--vocab bytes] [--seed 0]``.
@@ -354,10 +354,16 @@ class _Tensor:
 def _tensor_plan(shape: Qwen2Shape, n_vocab: int, wdtype: np.dtype) -> list[_Tensor]:
     f32 = np.dtype(np.float32)
     e, kv, ff, L = shape.n_embd, shape.n_embd_kv, shape.n_ff, shape.n_layer
-    # logits std ~3 whether tied or not; residual-branch outputs scaled by 1/sqrt(2L) (GPT-2 style)
-    out_std = 3.0 / np.sqrt(e)
+    # The embedding is small (std 0.02, as in trained models) next to the residual branches (whose
+    # outputs are scaled by 1/sqrt(2L), GPT-2 style, so the stream stays O(1) at any depth): the final
+    # state is a random function of the context, not an echo of the last token's embedding (with tied
+    # embeddings that echo would make every model greedily repeat its input). Logits have std ~3:
+    # through output.weight when untied, through the final norm's gain when tied.
+    emb_std = 0.02
+    logit_std = 3.0
     branch = 1.0 / np.sqrt(2.0 * L)
-    plan = [_Tensor("token_embd.weight", (n_vocab, e), wdtype, out_std)]
+    out_norm = logit_std / (emb_std * np.sqrt(e)) if shape.tie_embeddings else 1.0
+    plan = [_Tensor("token_embd.weight", (n_vocab, e), wdtype, emb_std)]
     for i in range(L):
         p = f"blk.{i}."
         plan += [
@@ -374,9 +380,9 @@ def _tensor_plan(shape: Qwen2Shape, n_vocab: int, wdtype: np.dtype) -> list[_Ten
             _Tensor(p + "ffn_up.weight", (ff, e), wdtype, 1.0 / np.sqrt(e)),
             _Tensor(p + "ffn_down.weight", (e, ff), wdtype, branch / np.sqrt(ff)),
         ]
-    plan.append(_Tensor("output_norm.weight", (e,), f32, 0.0, const=1.0))
+    plan.append(_Tensor("output_norm.weight", (e,), f32, 0.0, const=float(out_norm)))
     if not shape.tie_embeddings:
-        plan.append(_Tensor("output.weight", (n_vocab, e), wdtype, out_std))
+        plan.append(_Tensor("output.weight", (n_vocab, e), wdtype, logit_std / np.sqrt(e)))
     return plan
 
 
