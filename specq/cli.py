@@ -151,6 +151,365 @@ def db_upgrade(
     typer.echo(f"revision: {rev} (head: {db.head_revision()})")
 
 
+# --------------------------------------------------------------------------- service: up | api | worker
+
+from pathlib import Path as Path  # service section: FILE arguments (self-contained section)
+
+
+def _svc_fail(message: str) -> typer.Exit:
+    """Print one line to stderr; return the typer.Exit(1) to raise."""
+    typer.echo(f"error: {message}", err=True)
+    return typer.Exit(1)
+
+
+def _service_settings(**overrides):
+    from .settings import ServiceSettings, SettingsError
+
+    try:
+        return ServiceSettings.from_env(**overrides)
+    except SettingsError as e:
+        raise _svc_fail(str(e)) from None
+
+
+def _service_ready_db(upgrade: bool) -> None:
+    """Migrate (`upgrade`) or check the job store's schema; one-line errors."""
+    from .storage import db
+    from .storage.ready import SchemaNotReady, ensure_schema
+
+    try:
+        if upgrade:
+            db.upgrade()
+        else:
+            ensure_schema()
+    except SchemaNotReady as e:
+        raise _svc_fail(str(e)) from None
+    except Exception as e:  # unreachable server, bad URL
+        raise _svc_fail(f"database {db.masked_url()}: {str(e).splitlines()[0]}") from None
+
+
+@app.command("worker")
+def worker_cmd(
+    gpu: str = typer.Option(None, help="GPU index to run on (sets CUDA_VISIBLE_DEVICES). [env SPECQ_GPU]"),
+    queue: str = typer.Option(None, "--queue", "-Q", help="Queue to consume (default specq). [env SPECQ_QUEUE]"),
+    concurrency: int = typer.Option(None, help="Processes, each with its own models (default 1 = one job at a time). [env SPECQ_CONCURRENCY]"),
+    target: str = typer.Option(None, help="Target model: registry name or GGUF path. [env SPECQ_TARGET]"),
+    speculator: str = typer.Option(None, help="Speculator model: registry name or GGUF path. [env SPECQ_SPECULATOR]"),
+    n_gpu_layers: int = typer.Option(None, help="Layers offloaded to the GPU (-1 = all). [env SPECQ_N_GPU_LAYERS]"),
+    n_ctx: int = typer.Option(None, help="Target context size (0 = model's, capped at 32768). [env SPECQ_N_CTX]"),
+    threads: int = typer.Option(None, help="CPU threads (0 = all cores). [env SPECQ_THREADS]"),
+    flash_attn: bool = typer.Option(None, "--flash-attn/--no-flash-attn", help="Flash attention. [env SPECQ_FLASH_ATTN]"),
+    warm_up: bool = typer.Option(None, "--warm-up/--no-warm-up", help="Run one tiny job after loading. [env SPECQ_WARM_UP]"),
+    loglevel: str = typer.Option("INFO", help="DEBUG, INFO, WARNING or ERROR."),
+) -> None:
+    """Run a worker: load the models once on one GPU, then run jobs from the queue one at a time."""
+    from .engine.errors import EngineError
+
+    settings = _service_settings(gpu=gpu, queue=queue, concurrency=concurrency, target=target, speculator=speculator,
+                                 n_gpu_layers=n_gpu_layers, n_ctx=n_ctx, threads=threads, flash_attn=flash_attn,
+                                 warm_up=warm_up)
+    _service_ready_db(upgrade=False)
+    from .worker.main import run_worker
+
+    try:
+        run_worker(settings, loglevel=loglevel)
+    except EngineError as e:
+        raise _svc_fail(f"worker could not load its models: {e}") from None
+
+
+@app.command("api")
+def api_cmd(
+    host: str = typer.Option(None, help="Address to listen on (default 127.0.0.1). [env SPECQ_API_HOST]"),
+    port: int = typer.Option(None, help="Port (default 8178). [env SPECQ_API_PORT]"),
+    loglevel: str = typer.Option("info", help="uvicorn log level."),
+) -> None:
+    """Run the REST API (no models are loaded here; jobs go to the broker for `specq worker`)."""
+    import uvicorn
+
+    settings = _service_settings(api_host=host, api_port=port)
+    _service_ready_db(upgrade=False)
+    from .api.app import create_app
+
+    uvicorn.run(create_app(settings), host=settings.api_host, port=settings.api_port, log_level=loglevel.lower(),
+                access_log=loglevel.lower() == "debug")
+
+
+@app.command("up")
+def up_cmd(
+    host: str = typer.Option(None, help="API address (default 127.0.0.1). [env SPECQ_API_HOST]"),
+    port: int = typer.Option(None, help="API port (default 8178). [env SPECQ_API_PORT]"),
+    gpu: str = typer.Option(None, help="GPU index for the worker. [env SPECQ_GPU]"),
+    target: str = typer.Option(None, help="Target model: registry name or GGUF path. [env SPECQ_TARGET]"),
+    speculator: str = typer.Option(None, help="Speculator model: registry name or GGUF path. [env SPECQ_SPECULATOR]"),
+    n_gpu_layers: int = typer.Option(None, help="Layers offloaded to the GPU (-1 = all). [env SPECQ_N_GPU_LAYERS]"),
+    n_ctx: int = typer.Option(None, help="Target context size. [env SPECQ_N_CTX]"),
+    loglevel: str = typer.Option("INFO", help="Worker log level."),
+) -> None:
+    """The whole service on this machine, in the foreground: migrations, then the API and one worker.
+
+    With nothing set it needs no servers: the job store is SQLite and the broker is kombu's SQLAlchemy
+    transport, both files under $SPECQ_HOME. SPECQ_DATABASE_URL / SPECQ_BROKER_URL select PostgreSQL / Redis.
+    """
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from .storage import db
+
+    settings = _service_settings(api_host=host, api_port=port, gpu=gpu, target=target, speculator=speculator,
+                                 n_gpu_layers=n_gpu_layers, n_ctx=n_ctx)
+    _service_ready_db(upgrade=True)
+    env = dict(os.environ)
+    for name in ("api_host", "api_port", "gpu", "target", "speculator", "n_gpu_layers", "n_ctx"):
+        value = getattr(settings, name)
+        if value not in (None, ""):
+            env[f"SPECQ_{name.upper()}"] = str(value)
+    typer.echo(f"specq up: database {db.masked_url()}", err=True)
+    typer.echo(f"specq up: broker {'embedded ' + settings.resolved_broker_url if settings.embedded_broker else 'redis'}"
+               f", queue {settings.queue}", err=True)
+    typer.echo(f"specq up: API at {settings.api_url} (docs {settings.api_url}/docs); submit with "
+               f"`specq submit FILE -q QUESTION --wait`", err=True)
+    cmd = [sys.executable, "-m", "specq"]
+    procs = {
+        "api": subprocess.Popen(cmd + ["api", "--loglevel", "warning"], env=env),
+        "worker": subprocess.Popen(cmd + ["worker", "--loglevel", loglevel], env=env),
+    }
+
+    def _stop(*_args) -> None:
+        for p in procs.values():
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+
+    signal.signal(signal.SIGTERM, _stop)
+    code = 0
+    try:
+        while True:
+            for name, p in procs.items():
+                rc = p.poll()
+                if rc is not None:
+                    if rc not in (0, -signal.SIGTERM, -signal.SIGINT):
+                        typer.echo(f"specq up: the {name} exited with status {rc}; stopping", err=True)
+                        code = 1
+                    raise StopIteration
+            time.sleep(0.2)
+    except (StopIteration, KeyboardInterrupt):
+        pass
+    _stop()
+    deadline = time.monotonic() + 30
+    for p in procs.values():
+        try:
+            p.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+    raise typer.Exit(code)
+
+
+# --------------------------------------------------------------------------- jobs over HTTP: submit | status | result | jobs | cancel
+
+
+def _client():
+    from .client import Client
+
+    return Client()
+
+
+def _api_call(fn):
+    """Run fn(client); ApiError -> one line on stderr, exit 1."""
+    from .client import ApiError
+
+    try:
+        with _client() as c:
+            return fn(c)
+    except ApiError as e:
+        raise _svc_fail(str(e)) from None
+
+
+def _print_job(job: dict) -> None:
+    from .client import progress_text
+
+    lines = [f"{job['id']}  {job['status']}"]
+    if job["status"] == "running":
+        lines.append(f"  progress   {progress_text(job)}")
+    lines.append(f"  attempts   {job.get('attempts')}/{job.get('max_attempts')}")
+    for key in ("created_at", "started_at", "finished_at"):
+        if job.get(key):
+            lines.append(f"  {key[:-3]:<10} {job[key]}")
+    if job.get("queue_wait_ms") is not None:
+        lines.append(f"  queue wait {job['queue_wait_ms']:.0f} ms")
+    inp = job.get("input") or {}
+    if inp:
+        lines.append(f"  input      {inp.get('filename') or '-'} ({inp.get('size_bytes')} bytes)")
+    if job.get("error"):
+        lines.append(f"  error      {job['error']}")
+    result = job.get("result")
+    if result:
+        total = (result.get("timings_ms") or {}).get("total")
+        lines.append(f"  result     {len(result.get('text', ''))} chars, {total:,.0f} ms total (`specq result {job['id']}`)")
+    typer.echo("\n".join(lines))
+
+
+def _wait_with_progress(client, job_id: str) -> dict:
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    from .client import progress_text
+
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), console=Console(stderr=True), transient=True) as bar:
+        task = bar.add_task(f"{job_id} queued", total=None)
+
+        def update(job: dict) -> None:
+            p = job.get("progress") or {}
+            total = p.get("total") or 0
+            bar.update(task, description=f"{job_id} {progress_text(job)}", completed=p.get("done") or 0,
+                       total=total if total > 1 else None)
+
+        return client.wait(job_id, on_update=update)
+
+
+def _finish_job(job: dict, as_json: bool) -> None:
+    """Print a finished job's result (or fail with its error)."""
+    import json
+
+    if job["status"] == "succeeded":
+        if as_json:
+            typer.echo(json.dumps(job["result"], indent=2))
+        else:
+            from .render import print_result
+
+            print_result(job["result"])
+        return
+    if job["status"] == "failed":
+        raise _svc_fail(f"job {job['id']} failed: {job.get('error') or 'no message'}")
+    if job["status"] == "cancelled":
+        raise _svc_fail(f"job {job['id']} was cancelled")
+    from .client import progress_text
+
+    raise _svc_fail(f"job {job['id']} is {progress_text(job)}: no result yet (wait with `specq status {job['id']}`)")
+
+
+@app.command("submit")
+def submit_cmd(
+    file: Path = typer.Argument(..., help="A long document or code file (UTF-8 text)."),
+    question: str = typer.Option(None, "-q", "--question", help="The question asked about FILE."),
+    mode: str = typer.Option(None, help="baseline or specprefill."),
+    positions: str = typer.Option(None, help="original or compressed."),
+    keep: float = typer.Option(None, help="Fraction of the document's chunks kept by specprefill."),
+    scorer: str = typer.Option(None, help="windowed, sliding or full."),
+    lookahead: int = typer.Option(None, help="Lookahead query rows for scoring."),
+    chunk: int = typer.Option(None, help="Tokens per selection chunk."),
+    max_keep: int = typer.Option(None, help="Cap on kept document tokens (0 = none)."),
+    min_tokens: int = typer.Option(None, help="Shorter prompts run baseline (-1 = engine default)."),
+    pool: int = typer.Option(None, help="Average-pool kernel over scores (odd)."),
+    window: int = typer.Option(None, help="Document tokens per scoring window (0 = auto)."),
+    max_tokens: int = typer.Option(None, help="Tokens to generate at most."),
+    temperature: float = typer.Option(None, help="0 = greedy."),
+    top_k: int = typer.Option(None, help="0 = off."),
+    top_p: float = typer.Option(None, help="1 = off."),
+    seed: int = typer.Option(None, help="Sampling seed (-1 = random)."),
+    draft: str = typer.Option(None, help="Speculative decoding drafter: none, ngram, model or auto."),
+    n_draft: int = typer.Option(None, help="Tokens drafted per verification batch."),
+    draft_min: int = typer.Option(None, help="Skip drafts shorter than this."),
+    p_min: float = typer.Option(None, help="Model drafts stop below this top probability (0 = off)."),
+    ngram: int = typer.Option(None, help="N-gram size for the ngram drafter."),
+    wait: bool = typer.Option(False, "--wait", "-w", help="Wait for the answer with a progress bar, then print it."),
+    as_json: bool = typer.Option(False, "--json", help="With --wait: print the run result object as JSON."),
+) -> None:
+    """Submit FILE + QUESTION as a job to the specq API (SPECQ_API_URL); print its id, or with --wait its answer.
+
+    Options not given take the server's defaults (those of `specq run`). Model options (target, speculator,
+    GPU layers, context) belong to the worker: `specq worker --help`.
+    """
+    from .engine.errors import InputError
+    from .engine.inputs import decode_document
+
+    given = dict(mode=mode, positions=positions, keep=keep, scorer=scorer, lookahead=lookahead, chunk=chunk,
+                 max_keep=max_keep, min_tokens=min_tokens, pool=pool, window=window, max_tokens=max_tokens,
+                 temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, draft=draft, n_draft=n_draft,
+                 draft_min=draft_min, p_min=p_min, ngram=ngram)
+    params = {k: v for k, v in given.items() if v is not None}
+    try:  # the server's checks, before uploading
+        if not file.is_file():
+            raise InputError(f"file not found: {file}" if not file.exists() else f"{file} is not a file")
+        decode_document(file.read_bytes(), name=str(file))
+    except InputError as e:
+        raise _svc_fail(str(e)) from None
+
+    def go(c):
+        job = c.submit_file(file, question=question, params=params)
+        if not wait:
+            typer.echo(job["id"])
+            typer.echo(f"queued: `specq status {job['id']}` or `specq result {job['id']}`", err=True)
+            return
+        try:
+            done = _wait_with_progress(c, job["id"])
+        except KeyboardInterrupt:
+            raise _svc_fail(f"stopped waiting; job {job['id']} keeps running (`specq status {job['id']}`)") from None
+        _finish_job(done, as_json)
+
+    _api_call(go)
+
+
+@app.command("status")
+def status_cmd(
+    job_id: str = typer.Argument(..., help="A job id (job_…)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the job object as JSON."),
+) -> None:
+    """A job's status, progress, attempts and error."""
+    import json
+
+    job = _api_call(lambda c: c.job(job_id))
+    if as_json:
+        typer.echo(json.dumps(job, indent=2))
+    else:
+        _print_job(job)
+
+
+@app.command("result")
+def result_cmd(
+    job_id: str = typer.Argument(..., help="A job id (job_…)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the run result object as JSON."),
+) -> None:
+    """A finished job's answer and phase table (exit 1 if it failed, was cancelled or is not done)."""
+    job = _api_call(lambda c: c.job(job_id))
+    _finish_job(job, as_json)
+
+
+@app.command("jobs")
+def jobs_cmd(
+    status: str = typer.Option(None, help="Only these statuses (comma-separated): queued, running, succeeded, failed, cancelled."),
+    limit: int = typer.Option(20, help="How many, newest first."),
+) -> None:
+    """Recent jobs with their status and progress."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from .client import progress_text
+
+    page = _api_call(lambda c: c.jobs(status=status, limit=limit))
+    table = Table(box=None, pad_edge=False)
+    for col in ("id", "status", "progress", "created (UTC)", "queue wait"):
+        table.add_column(col, no_wrap=True)
+    table.add_column("error", overflow="fold")
+    for j in page["data"]:
+        wait = f"{j['queue_wait_ms']:.0f} ms" if j.get("queue_wait_ms") is not None else "-"
+        created = (j.get("created_at") or "").replace("T", " ")[:19]
+        table.add_row(j["id"], j["status"], progress_text(j) if j["status"] == "running" else "", created,
+                      wait, (j.get("error") or "")[:120])
+    Console().print(table)
+    typer.echo(f"{len(page['data'])} of {page['total']} jobs", err=True)
+
+
+@app.command("cancel")
+def cancel_cmd(job_id: str = typer.Argument(..., help="A job id (job_…).")) -> None:
+    """Cancel a queued job now, or a running job at its next phase, window or token."""
+    job = _api_call(lambda c: c.cancel(job_id))
+    state = "cancelled" if job["status"] == "cancelled" else "cancel requested (it stops at its next step)"
+    typer.echo(f"{job_id}: {state}")
+
+
 def main() -> None:  # pragma: no cover - console entry
     app()
 

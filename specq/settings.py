@@ -1,0 +1,220 @@
+"""Every setting of the job service (API, broker, worker) in one place.
+
+Each field below is one knob: its environment variable is ``SPECQ_`` + the field name in upper case
+(``time_limit`` is ``SPECQ_TIME_LIMIT``), its default is the value shown, and the comment above it says
+what it does. `ServiceSettings.from_env()` reads them all and checks them together (e.g. the Redis
+visibility timeout must be longer than the job time limit, or long jobs would run twice). Command-line
+options (`specq worker --gpu 1 --queue big`) override the environment.
+
+Read by other modules, not here (listed so that this file is the one place to look):
+
+* ``SPECQ_HOME`` — where models, the SQLite database and the embedded broker file live
+  (default ``~/.cache/specq``; `specq.config`).
+* ``SPECQ_DATABASE_URL`` — the job store (default the SQLite file ``$SPECQ_HOME/specq.sqlite``;
+  ``postgresql://user@host/db`` for PostgreSQL; `specq.storage.db`).
+* ``SPECQ_MAX_INPUT_BYTES`` — the largest document accepted, in UTF-8 bytes (default 8 MiB;
+  `specq.storage.jobs`). The API answers 413 above it.
+* ``SPECQ_API_URL`` / ``SPECQ_API_KEY`` — where the CLI (`specq submit`, `status`, `result`) sends its
+  requests, and the bearer key it sends (`specq.client`).
+
+This module imports nothing heavy: the API process reads it without loading llama.cpp.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from .config import specq_home
+
+#: the broker used when SPECQ_BROKER_URL is not set: kombu's SQLAlchemy transport on a SQLite file
+EMBEDDED_BROKER_FILE = "broker.sqlite"
+#: the Celery task name the API enqueues (the API never imports the worker module)
+RUN_JOB_TASK = "specq.run_job"
+#: where `specq up` / `specq api` listen by default, and where the CLI looks by default
+DEFAULT_API_HOST = "127.0.0.1"
+DEFAULT_API_PORT = 8178
+
+
+def embedded_broker_url() -> str:
+    return f"sqla+sqlite:///{specq_home() / EMBEDDED_BROKER_FILE}"
+
+
+class SettingsError(ValueError):
+    """A setting has a bad value; the message names its environment variable."""
+
+
+@dataclass
+class ServiceSettings:
+    """The job service's settings; `SPECQ_<FIELD>` sets each one."""
+
+    # --- broker -----------------------------------------------------------------------------------
+    #: Celery broker. ``redis://host:6379/0`` for Redis (several workers, GPUs and hosts);
+    #: empty = the embedded broker, kombu's SQLAlchemy transport on ``$SPECQ_HOME/broker.sqlite``
+    #: (single machine only; see docs/service.md for its limits)
+    broker_url: str = ""
+    #: the queue the API sends jobs to and `specq worker` consumes (``--queue`` overrides per worker)
+    queue: str = "specq"
+    #: seconds between polls of the embedded (SQLAlchemy) broker when it is empty; the queue
+    #: overhead of the embedded default is about half of this on average (Redis does not poll)
+    broker_poll_interval: float = 0.1
+
+    # --- time limits and retries --------------------------------------------------------------------
+    #: hard wall-clock limit of one job attempt, seconds; a job over it fails with a message
+    time_limit: float = 3600.0
+    #: Redis visibility timeout, seconds: how long an unacknowledged (running) job stays invisible
+    #: before Redis hands it to another worker. Must exceed time_limit (checked); 0 = time_limit + 600
+    visibility_timeout: float = 0.0
+    #: attempts per job, counting the first (transient errors only: InputError fails at once)
+    max_attempts: int = 3
+    #: first retry delay, seconds; doubled per attempt (with +-25% jitter) up to retry_backoff_max
+    retry_backoff: float = 2.0
+    #: longest retry delay, seconds
+    retry_backoff_max: float = 300.0
+
+    # --- worker -------------------------------------------------------------------------------------
+    #: GPU index this worker uses (sets CUDA_VISIBLE_DEVICES before llama.cpp loads); empty = leave as is
+    gpu: str = ""
+    #: processes per worker, each with its own copy of the models (1 = Celery's solo pool: one job at
+    #: a time, models loaded in the worker process; >1 = prefork, models loaded after the fork)
+    concurrency: int = 1
+    #: run one tiny job after loading, so the first real job pays no setup cost
+    warm_up: bool = True
+    #: seconds between writes of a running job's progress and heartbeat, and between checks for a
+    #: cancel request (a cancel takes effect at the next phase, window or token after that)
+    progress_interval: float = 0.5
+    #: a running job whose heartbeat is older than this (seconds) may be claimed again by a redelivery
+    stale_after: float = 120.0
+    #: engine options of the worker's models (see specq.engine.options.EngineOptions); empty/None =
+    #: the engine's defaults (the registry's default target and speculator, all layers on the GPU)
+    target: str = ""
+    speculator: str = ""
+    n_gpu_layers: int | None = None
+    n_ctx: int | None = None
+    n_batch: int | None = None
+    n_ubatch: int | None = None
+    threads: int | None = None
+    flash_attn: bool | None = None
+
+    # --- API ------------------------------------------------------------------------------------------
+    #: address `specq api` / `specq up` listen on
+    api_host: str = DEFAULT_API_HOST
+    api_port: int = DEFAULT_API_PORT
+    #: when set, every /v1 request must send ``Authorization: Bearer <this key>`` (one shared key;
+    #: per-tenant keys come with the keys issue). Empty = no authentication (single user, local)
+    api_key: str = ""
+    #: largest request body, bytes; 0 = 2 x SPECQ_MAX_INPUT_BYTES + 1 MiB (JSON escaping, multipart framing)
+    max_request_bytes: int = 0
+    #: largest page of GET /v1/jobs
+    max_list_limit: int = 500
+
+    # ------------------------------------------------------------------------------------------------
+    @classmethod
+    def from_env(cls, environ: dict[str, str] | None = None, **overrides: Any) -> "ServiceSettings":
+        """Settings from SPECQ_* variables, then `overrides` (None values are ignored), checked."""
+        env = os.environ if environ is None else environ
+        kwargs: dict[str, Any] = {}
+        for f in dataclasses.fields(cls):
+            var = "SPECQ_" + f.name.upper()
+            raw = env.get(var, "").strip()
+            if raw:
+                kwargs[f.name] = _parse(var, f.type, raw)
+        kwargs.update({k: v for k, v in overrides.items() if v is not None})
+        settings = cls(**kwargs)
+        settings.validate()
+        return settings
+
+    def validate(self) -> None:
+        checks = [
+            (self.time_limit > 0, "SPECQ_TIME_LIMIT must be > 0 seconds"),
+            (self.visibility_timeout >= 0, "SPECQ_VISIBILITY_TIMEOUT must be >= 0"),
+            (
+                self.visibility_timeout == 0 or self.visibility_timeout > self.time_limit,
+                f"SPECQ_VISIBILITY_TIMEOUT ({self.visibility_timeout:g}s) must be longer than SPECQ_TIME_LIMIT "
+                f"({self.time_limit:g}s), or Redis hands running jobs to a second worker",
+            ),
+            (self.max_attempts >= 1, "SPECQ_MAX_ATTEMPTS must be >= 1"),
+            (self.retry_backoff >= 0 and self.retry_backoff_max >= 0, "SPECQ_RETRY_BACKOFF(_MAX) must be >= 0"),
+            (self.concurrency >= 1, "SPECQ_CONCURRENCY must be >= 1"),
+            (self.progress_interval > 0, "SPECQ_PROGRESS_INTERVAL must be > 0"),
+            (self.stale_after > self.progress_interval * 4, "SPECQ_STALE_AFTER must be well above SPECQ_PROGRESS_INTERVAL"),
+            (self.broker_poll_interval > 0, "SPECQ_BROKER_POLL_INTERVAL must be > 0"),
+            (1 <= self.api_port <= 65535, "SPECQ_API_PORT must be a TCP port"),
+            (self.max_request_bytes >= 0, "SPECQ_MAX_REQUEST_BYTES must be >= 0"),
+            (bool(self.queue.strip()), "SPECQ_QUEUE must not be empty"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise SettingsError(message)
+
+    # --- derived values -------------------------------------------------------------------------------
+    @property
+    def resolved_broker_url(self) -> str:
+        return self.broker_url or embedded_broker_url()
+
+    @property
+    def embedded_broker(self) -> bool:
+        """True for the SQLAlchemy transport (the default): single machine, polled."""
+        return self.resolved_broker_url.startswith(("sqla+", "sqlalchemy+"))
+
+    @property
+    def resolved_visibility_timeout(self) -> float:
+        return self.visibility_timeout or self.time_limit + 600.0
+
+    @property
+    def api_url(self) -> str:
+        host = "127.0.0.1" if self.api_host in ("0.0.0.0", "::", "") else self.api_host
+        return f"http://{host}:{self.api_port}"
+
+    def resolved_max_request_bytes(self) -> int:
+        if self.max_request_bytes:
+            return self.max_request_bytes
+        from .storage.jobs import max_input_bytes
+
+        return 2 * max_input_bytes() + (1 << 20)
+
+    def engine_options(self):
+        """The worker's EngineOptions (engine defaults for fields left unset)."""
+        from .engine.options import EngineOptions
+
+        opts = EngineOptions()
+        if self.target:
+            opts.target = self.target
+        if self.speculator:
+            opts.speculator = self.speculator
+        for mine, theirs in (("n_gpu_layers", "n_gpu_layers"), ("n_ctx", "n_ctx"), ("n_batch", "n_batch"),
+                             ("n_ubatch", "n_ubatch"), ("threads", "n_threads"), ("flash_attn", "flash_attn")):
+            value = getattr(self, mine)
+            if value is not None:
+                setattr(opts, theirs, value)
+        return opts
+
+    def backoff(self, attempt: int, jitter: float = 0.0) -> float:
+        """Seconds to wait before retrying after failed attempt number `attempt` (1-based);
+        `jitter` in [-1, 1] scales the +-25% spread."""
+        base = min(self.retry_backoff_max, self.retry_backoff * (2 ** max(0, attempt - 1)))
+        return max(0.0, base * (1.0 + 0.25 * jitter))
+
+
+def _parse(var: str, type_name: Any, raw: str) -> Any:
+    t = str(type_name).replace(" ", "")
+    try:
+        if t.startswith("bool"):
+            low = raw.lower()
+            if low in ("1", "true", "yes", "on"):
+                return True
+            if low in ("0", "false", "no", "off"):
+                return False
+            raise ValueError
+        if t.startswith("int"):
+            return int(raw)
+        if t.startswith("float"):
+            return float(raw)
+        return raw
+    except ValueError:
+        raise SettingsError(f"{var} has a bad value: {raw!r}") from None
+
+
+__all__ = ["ServiceSettings", "SettingsError", "RUN_JOB_TASK", "embedded_broker_url", "DEFAULT_API_PORT"]

@@ -1,0 +1,67 @@
+"""The worker's Celery app and its one task, `specq.run_job(job_id)`.
+
+The task is a thin shell around `WorkerRuntime.execute`: job state lives in the store, so the task
+only turns a "retry" outcome into a Celery retry (a new message with a countdown) and acknowledges
+everything else. Models are loaded by `specq.worker.main` before the worker consumes (solo pool) or
+in each child right after the fork (prefork, `worker_process_init`).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from celery import signals
+
+from ..broker import make_celery
+from ..settings import RUN_JOB_TASK, ServiceSettings
+from .runtime import WorkerRuntime
+
+log = logging.getLogger("specq.worker")
+
+_runtime: WorkerRuntime | None = None
+
+
+def runtime() -> WorkerRuntime:
+    global _runtime
+    if _runtime is None:
+        _runtime = WorkerRuntime(ServiceSettings.from_env())
+    return _runtime
+
+
+def set_runtime(rt: WorkerRuntime) -> None:
+    global _runtime
+    _runtime = rt
+
+
+def create_worker_app(settings: ServiceSettings | None = None, *, queue: str | None = None):
+    """The Celery app of a worker consuming `queue`, with `specq.run_job` registered."""
+    settings = settings or ServiceSettings.from_env()
+    app = make_celery(settings, queue=queue)
+    hard_limit = settings.time_limit + 60.0  # the watcher fails the job at time_limit; this kills a stuck child
+
+    @app.task(
+        name=RUN_JOB_TASK,
+        bind=True,
+        acks_late=True,
+        reject_on_worker_lost=True,
+        ignore_result=True,
+        max_retries=None,
+        time_limit=hard_limit,
+    )
+    def run_job(self, job_id: str) -> str:
+        outcome = runtime().execute(job_id)
+        if outcome.status == "retry":
+            raise self.retry(countdown=outcome.retry_in, max_retries=None)
+        return outcome.status
+
+    return app
+
+
+@signals.worker_process_init.connect
+def _load_in_child(**_kwargs) -> None:
+    """Prefork pool: each child loads its own models after the fork (never before: llama.cpp and GPU
+    contexts do not survive fork)."""
+    runtime().load()  # specq.storage.db keys its engines by pid: the child opens its own connections
+
+
+__all__ = ["create_worker_app", "runtime", "set_runtime"]

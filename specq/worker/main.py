@@ -1,0 +1,75 @@
+"""`specq worker`: pin the GPU, load the models once, then consume jobs.
+
+Order matters: CUDA_VISIBLE_DEVICES is set before anything imports llama.cpp; the models are loaded
+(and warmed up) before the worker takes its first message, so a job never waits on a model load.
+With concurrency 1 (the default) the Celery solo pool runs jobs in this very process; with more, a
+prefork pool whose children each load their own models after the fork.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+from ..settings import ServiceSettings
+
+log = logging.getLogger("specq.worker")
+
+
+def setup_logging(level: str = "INFO") -> None:
+    logging.basicConfig(
+        level=getattr(logging, level.upper(), logging.INFO),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+
+
+def run_worker(settings: ServiceSettings, *, queue: str | None = None, loglevel: str = "INFO") -> None:
+    """Start a worker in the foreground (returns when it is stopped)."""
+    setup_logging(loglevel)
+    if settings.gpu != "":
+        os.environ["CUDA_VISIBLE_DEVICES"] = settings.gpu
+    from ..engine import llama  # noqa: F401  llama.cpp before numpy, after CUDA_VISIBLE_DEVICES
+
+    from ..storage.ready import ensure_schema
+    from .app import create_worker_app, set_runtime
+    from .runtime import WorkerRuntime
+
+    ensure_schema()
+    queue = queue or settings.queue
+    app = create_worker_app(settings, queue=queue)
+    rt = WorkerRuntime(settings)
+    set_runtime(rt)
+    solo = settings.concurrency == 1
+    if solo:
+        rt.load()
+    broker = settings.resolved_broker_url if settings.embedded_broker else _mask(settings.resolved_broker_url)
+    log.warning("specq worker consuming queue %r on %s (%s)", queue, broker,
+                "solo pool" if solo else f"prefork x{settings.concurrency}")
+    argv = [
+        "worker",
+        f"--loglevel={loglevel}",
+        f"--pool={'solo' if solo else 'prefork'}",
+        f"--concurrency={settings.concurrency}",
+        f"--queues={queue}",
+        f"--hostname=specq-{queue}-{os.getpid()}@%h",
+        "--without-mingle",
+        "--without-gossip",
+    ]
+    if settings.embedded_broker:
+        argv.append("--without-heartbeat")
+    app.worker_main(argv)
+
+
+def _mask(url: str) -> str:
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(url)
+    if parts.password:
+        netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
+        return urlunsplit(parts._replace(netloc=netloc))
+    return url
+
+
+__all__ = ["run_worker", "setup_logging"]

@@ -1,0 +1,225 @@
+"""One worker process's Engine, and running one job with it.
+
+A job's life in the worker (`WorkerRuntime.execute`):
+
+1. Claim it (`jobs.mark_running`): a job that is not runnable — already succeeded, failed, cancelled,
+   or running elsewhere with a fresh heartbeat — is skipped, so a redelivered message does nothing.
+2. Run the engine. A watcher thread writes progress and a heartbeat every `progress_interval`
+   seconds (and at each phase change) and polls the store for a cancel request; the engine's progress
+   callback raises `RunCancelled` once one is seen, or `JobTimeLimit` past `time_limit`.
+3. Finish: the result and its phase timings in one transaction (`results.save_result`, idempotent);
+   or `failed` with the engine's one-line message for bad input (InputError, never retried), the time
+   limit and model errors; or back to `queued` with a backoff for anything else (transient: a decode
+   failure, a lost database connection, …) until `max_attempts`, then `failed`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import socket
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from ..engine.errors import EngineError, InputError, ModelError, RunCancelled
+from ..engine.options import RunParams
+from ..settings import ServiceSettings
+from ..storage import db, jobs, results
+
+log = logging.getLogger("specq.worker")
+
+
+class JobTimeLimit(RunCancelled):
+    """The job ran past SPECQ_TIME_LIMIT."""
+
+
+@dataclass
+class Outcome:
+    """What happened to one delivery of a job."""
+
+    status: str  # succeeded | failed | cancelled | retry | skipped
+    message: str = ""
+    retry_in: float = 0.0
+
+
+def worker_name() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+class _Watcher(threading.Thread):
+    """Writes progress + heartbeat and polls for cancel requests while a job runs."""
+
+    def __init__(self, job_id: str, interval: float, deadline: float, time_limit: float) -> None:
+        super().__init__(name=f"specq-watch-{job_id}", daemon=True)
+        self.job_id = job_id
+        self.interval = interval
+        self.deadline = deadline
+        self.time_limit = time_limit
+        self.latest: tuple[str, int, int] | None = None
+        self.cancelled = threading.Event()
+        self._stop_event = threading.Event()
+        self._wake = threading.Event()
+
+    # called by the engine, in the job's thread, between phases, per window and per token
+    def progress(self, phase: str, done: int, total: int) -> None:
+        if self.cancelled.is_set():
+            raise RunCancelled("cancelled")
+        if time.monotonic() > self.deadline:
+            raise JobTimeLimit(f"job exceeded the time limit of {self.time_limit:g}s (SPECQ_TIME_LIMIT)")
+        prev = self.latest
+        self.latest = (phase, int(done), int(total))
+        if prev is None or prev[0] != phase:
+            self._wake.set()
+
+    def run(self) -> None:
+        written = None
+        with db.session() as s:
+            while not self._stop_event.is_set():
+                self._wake.wait(self.interval)
+                self._wake.clear()
+                if self._stop_event.is_set():
+                    break
+                try:
+                    cur = self.latest
+                    if cur is not None and cur != written:
+                        jobs.update_progress(s, self.job_id, *cur)
+                        written = cur
+                    else:
+                        jobs.heartbeat(s, self.job_id)
+                    if jobs.is_cancel_requested(s, self.job_id):
+                        self.cancelled.set()
+                except Exception as e:  # the store is briefly unreachable: keep running, try again
+                    log.warning("job %s: progress write failed: %s", self.job_id, e)
+
+    def stop(self) -> None:
+        self._stop_event.set()
+        self._wake.set()
+        self.join(timeout=10)
+
+
+class WorkerRuntime:
+    """The models of one worker process and the job loop body."""
+
+    def __init__(self, settings: ServiceSettings | None = None, engine: Any = None) -> None:
+        self.settings = settings or ServiceSettings.from_env()
+        self.engine = engine
+        self.name = worker_name()
+        self.jobs_done = 0
+
+    def load(self) -> None:
+        """Load the models (and warm them up); call after CUDA_VISIBLE_DEVICES is set and after any fork."""
+        if self.engine is not None:
+            return
+        from ..engine.pipeline import Engine
+
+        t0 = time.perf_counter()
+        opts = self.settings.engine_options()
+        self.engine = Engine(opts)
+        if self.settings.warm_up:
+            self.engine.warm_up()
+        self.name = worker_name()
+        info = self.engine.info
+        log.warning(
+            "specq worker %s ready: target %s, speculator %s, backend %s, n_gpu_layers %s, n_ctx %s (%.1fs)",
+            self.name, info.target, info.speculator or "(on first use)", info.backend, info.n_gpu_layers,
+            self.engine.n_ctx, time.perf_counter() - t0,
+        )
+
+    def execute(self, job_id: str) -> Outcome:
+        """Run one delivery of job `job_id` to the end; never raises for job errors."""
+        if self.engine is None:
+            self.load()
+        s_ = self.settings
+        with db.session() as s:
+            if not jobs.mark_running(s, job_id, worker=self.name, stale_after_s=s_.stale_after):
+                job = jobs.get_job(s, job_id)
+                state = job.status if job is not None else "missing"
+                log.info("job %s: not runnable (%s), skipped", job_id, state)
+                return Outcome("skipped", state)
+            job = jobs.get_job(s, job_id)
+            inp = jobs.get_input(s, job_id)
+            try:
+                if job is None or inp is None:
+                    raise InputError("job input is missing")
+                params = RunParams.from_dict({**(job.params or {}), "question": inp.question})
+            except InputError as e:
+                jobs.mark_failed(s, job_id, str(e))
+                return Outcome("failed", str(e))
+
+            t0 = time.monotonic()
+            watcher = _Watcher(job_id, s_.progress_interval, t0 + s_.time_limit, s_.time_limit)
+            watcher.start()
+            try:
+                result = self.engine.run(inp.text, params, progress=watcher.progress)
+            except JobTimeLimit as e:
+                watcher.stop()
+                return self._fail(s, job_id, str(e))
+            except RunCancelled:
+                watcher.stop()
+                jobs.mark_cancelled(s, job_id, "cancelled while running")
+                log.info("job %s: cancelled", job_id)
+                return Outcome("cancelled")
+            except (InputError, ModelError) as e:
+                watcher.stop()
+                return self._fail(s, job_id, str(e))
+            except Exception as e:  # DecodeError, a lost connection, out of memory: worth another try
+                watcher.stop()
+                return self._retry_or_fail(s, job, f"{_describe(e)}")
+            watcher.stop()
+            ms = (time.monotonic() - t0) * 1000.0
+            try:
+                saved = results.save_result(s, job_id, result)
+            except Exception as e:  # the store failed mid-write: nothing was kept (one transaction)
+                return self._retry_or_fail(s, job, f"saving the result failed: {_describe(e)}")
+            self.jobs_done += 1
+            if not saved:
+                log.info("job %s: finished but not saved (cancelled meanwhile, or saved before)", job_id)
+                return Outcome("skipped", "not saved")
+            log.info("job %s: succeeded in %.0f ms (queue wait %.0f ms)", job_id, ms, job.queue_wait_ms or 0.0)
+            self._housekeeping()
+            return Outcome("succeeded")
+
+    def _fail(self, s, job_id: str, message: str) -> Outcome:
+        jobs.mark_failed(s, job_id, message)
+        log.info("job %s: failed: %s", job_id, message)
+        self._housekeeping()
+        return Outcome("failed", message)
+
+    def _retry_or_fail(self, s, job, message: str) -> Outcome:
+        job_id = job.id
+        attempt = job.attempts  # this attempt's number (mark_running counted it)
+        if jobs.requeue(s, job_id, message):
+            delay = self.settings.backoff(attempt, jitter=random.uniform(-1, 1))
+            log.warning("job %s: attempt %d failed (%s); retrying in %.1fs", job_id, attempt, message, delay)
+            return Outcome("retry", message, retry_in=delay)
+        if jobs.is_cancel_requested(s, job_id):
+            jobs.mark_cancelled(s, job_id, "cancelled")
+            return Outcome("cancelled")
+        final = f"failed after {attempt} attempt{'s' if attempt != 1 else ''}: {message}"
+        return self._fail(s, job_id, final)
+
+    def _housekeeping(self) -> None:
+        """Every 50 jobs on the embedded broker: delete delivered messages kombu keeps forever."""
+        if not self.settings.embedded_broker or self.jobs_done % 50:
+            return
+        from ..broker import purge_delivered
+
+        try:
+            purge_delivered(self.settings)
+        except Exception as e:  # pragma: no cover - best effort
+            log.warning("embedded broker cleanup failed: %s", e)
+
+
+def _describe(e: BaseException) -> str:
+    text = str(e).strip().splitlines()[0] if str(e).strip() else ""
+    if isinstance(e, EngineError):
+        return text or type(e).__name__
+    return f"{type(e).__name__}: {text}" if text else type(e).__name__
+
+
+ProgressFn = Callable[[str, int, int], None]
+
+__all__ = ["WorkerRuntime", "Outcome", "JobTimeLimit", "worker_name"]
