@@ -36,7 +36,7 @@ from ..engine.options import RunParams
 from ..settings import ServiceSettings
 from ..storage import db, jobs, results
 from ..storage.errors import InputTooLarge
-from ..storage.models import JOB_STATUSES, JOB_TERMINAL
+from ..storage.models import JOB_STATUSES
 
 log = logging.getLogger("specq.api")
 
@@ -182,7 +182,7 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
         ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
         if ctype == "application/json":
             text, question, raw_params, filename = await _read_json(request)
-        elif ctype == "multipart/form-data":
+        elif ctype in ("multipart/form-data", "application/x-www-form-urlencoded"):
             text, question, raw_params, filename = await _read_form(request)
         else:
             raise ApiError(415, "send application/json {text, question, params} or multipart/form-data "

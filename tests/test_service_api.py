@@ -1,0 +1,202 @@
+"""The REST API's refusals, against a real `specq api` process (no worker needed):
+empty, binary, undecodable, oversized documents and bodies, unknown or bad params, malformed
+requests -> 4xx with a JSON message, and nothing stored in the database or sent to the broker.
+Run on the embedded default (SQLite + SQLAlchemy broker) and on PostgreSQL + Redis (`services`)."""
+
+from __future__ import annotations
+
+import json
+import secrets
+
+import httpx
+import pytest
+from sqlalchemy import func, select, text
+
+from service_helpers import REDIS_URL, Stack, free_port, pg_database, pg_reachable, redis_reachable
+
+MAX_INPUT = 4096
+MAX_REQUEST = 16384
+
+
+def _env(home, **extra):
+    import os
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SPECQ_")}
+    env.update(SPECQ_HOME=str(home), SPECQ_MAX_INPUT_BYTES=str(MAX_INPUT), SPECQ_MAX_REQUEST_BYTES=str(MAX_REQUEST),
+               PYTHONUNBUFFERED="1", **extra)
+    return env
+
+
+@pytest.fixture(scope="module", params=["embedded", pytest.param("redis_pg", marks=pytest.mark.services)])
+def api(request, tmp_path_factory):
+    home = tmp_path_factory.mktemp(f"api_{request.param}")
+    port = free_port()
+    if request.param == "embedded":
+        st = Stack(env=_env(home, SPECQ_API_PORT=str(port)), port=port, logdir=home)
+        st.start("api", "api")
+        try:
+            st.wait_healthy()
+            yield st
+        finally:
+            st.stop()
+        return
+    for reason in (redis_reachable(), pg_reachable()):
+        if reason:
+            pytest.skip(reason)
+    with pg_database() as pg_url:
+        env = _env(home, SPECQ_API_PORT=str(port), SPECQ_DATABASE_URL=pg_url, SPECQ_BROKER_URL=REDIS_URL,
+                   SPECQ_QUEUE=f"specq-apitest-{secrets.token_hex(4)}")
+        st = Stack(env=env, port=port, logdir=home)
+        st.cli("db", "upgrade", check=True)
+        st.start("api", "api")
+        try:
+            st.wait_healthy()
+            yield st
+        finally:
+            st.stop()
+
+
+@pytest.fixture
+def client(api):
+    with httpx.Client(base_url=api.url, timeout=30) as c:
+        yield c
+
+
+def _count_jobs(api) -> int:
+    from specq.storage import db
+    from specq.storage.models import Job, JobInput
+
+    with db.session(api.database_url) as s:
+        n = s.scalar(select(func.count()).select_from(Job))
+        assert s.scalar(select(func.count()).select_from(JobInput)) == n
+        return n
+
+
+def _queued_messages(api) -> int:
+    """Messages waiting in the broker for this API's queue."""
+    env = api.env
+    if env.get("SPECQ_BROKER_URL", "").startswith("redis"):
+        import redis
+
+        return redis.Redis.from_url(env["SPECQ_BROKER_URL"]).llen(env["SPECQ_QUEUE"])
+    from sqlalchemy import create_engine
+
+    eng = create_engine(f"sqlite:///{env['SPECQ_HOME']}/broker.sqlite")
+    try:
+        with eng.connect() as conn:
+            if conn.execute(text("SELECT name FROM sqlite_master WHERE name = 'kombu_message'")).first() is None:
+                return 0  # kombu creates its tables on the first message
+            return conn.execute(text("SELECT count(*) FROM kombu_message")).scalar()
+    finally:
+        eng.dispose()
+
+
+def _err(r: httpx.Response, status: int, *needles: str) -> str:
+    assert r.status_code == status, (r.status_code, r.text)
+    body = r.json()
+    message = body["error"]["message"]
+    assert isinstance(message, str) and message
+    for needle in needles:
+        assert needle in message, (needle, message)
+    return message
+
+
+DOC = "print('hello')\n" * 10
+
+
+def test_refusals_store_nothing(api, client):
+    before_jobs, before_msgs = _count_jobs(api), _queued_messages(api)
+    post = lambda **kw: client.post("/v1/jobs", **kw)  # noqa: E731
+
+    # empty, blank, binary-looking, undecodable documents
+    _err(post(json={"text": "", "question": "q"}), 422, "text is empty")
+    _err(post(json={"text": "  \n\t ", "question": "q"}), 422, "text is empty")
+    _err(post(json={"text": "\x01\x02\x03\x04" * 50}), 422, "looks binary")
+    _err(post(files={"file": ("empty.txt", b"")}), 422, "empty.txt is empty")
+    _err(post(files={"file": ("a.bin", b"ELF\x00\x01\x02" * 30)}), 422, "a.bin looks binary", "NUL")
+    _err(post(files={"file": ("latin1.txt", "caf\xe9 cr\xe8me\n".encode("latin-1"))}), 422, "not UTF-8")
+
+    # oversized: the document limit (413 with both sizes), and the whole-body limit
+    big = "x" * (MAX_INPUT + 1)
+    _err(post(json={"text": big}), 413, f"document is {MAX_INPUT + 1} bytes", f"limit of {MAX_INPUT} bytes",
+         "SPECQ_MAX_INPUT_BYTES")
+    _err(post(files={"file": ("big.txt", big.encode())}), 413, f"limit of {MAX_INPUT} bytes")
+    _err(post(content=json.dumps({"text": "y" * (MAX_REQUEST + 10)}), headers={"content-type": "application/json"}),
+         413, "request body", "SPECQ_MAX_REQUEST_BYTES")
+
+    def chunked():  # no Content-Length: the limit is counted while reading
+        for _ in range(MAX_REQUEST // 1000 + 2):
+            yield b"z" * 1000
+
+    _err(post(content=chunked(), headers={"content-type": "application/json"}), 413, "request body")
+
+    # unknown and bad params
+    _err(post(json={"text": DOC, "params": {"bogus": 1, "max_tokes": 5}}), 422, "unknown parameter(s): bogus, max_tokes")
+    _err(post(json={"text": DOC, "params": {"keep": 2.0}}), 422, "keep must be in (0, 1]")
+    _err(post(json={"text": DOC, "params": {"max_tokens": "many"}}), 422, "max_tokens has a bad value")
+    _err(post(json={"text": DOC, "params": {"mode": "turbo"}}), 422, "mode must be baseline or specprefill")
+    _err(post(json={"text": DOC, "params": [1, 2]}), 422, "params must be a JSON object")
+    _err(post(files={"file": ("a.py", DOC.encode())}, data={"params": '{"bogus": true}'}), 422, "unknown parameter(s): bogus")
+    _err(post(files={"file": ("a.py", DOC.encode())}, data={"params": "{not json"}), 422, "params is not valid JSON")
+    _err(post(files={"file": ("a.py", DOC.encode())}, data={"max_tokens": "5"}), 422, "unknown form field(s): max_tokens")
+
+    # malformed requests
+    _err(post(json={"question": "no text"}), 422, "text is required")
+    _err(post(json={"text": DOC, "prompt": "x"}), 422, "unknown field(s): prompt")
+    _err(post(content=b"{nope", headers={"content-type": "application/json"}), 400, "not valid JSON")
+    _err(post(content=b"[1]", headers={"content-type": "application/json"}), 400, "must be a JSON object")
+    _err(post(content=DOC.encode(), headers={"content-type": "text/plain"}), 415, "application/json")
+    _err(post(data={"question": "no file"}), 422, "file is required")
+
+    # nothing reached the database or the broker
+    assert _count_jobs(api) == before_jobs
+    assert _queued_messages(api) == before_msgs
+
+    # and a good request does (so the counts above could have moved)
+    r = post(json={"text": DOC, "question": "what does it print?", "params": {"max_tokens": 3}})
+    assert r.status_code == 202, r.text
+    assert _count_jobs(api) == before_jobs + 1
+    assert _queued_messages(api) == before_msgs + 1
+    job = client.get(f"/v1/jobs/{r.json()['id']}").json()
+    assert job["status"] == "queued" and job["params"]["max_tokens"] == 3
+    assert job["params"]["question"] == "what does it print?" and job["result"] is None
+
+
+def test_lookups_and_listing_errors(api, client):
+    _err(client.get("/v1/jobs/job_doesnotexist"), 404, "no job job_doesnotexist")
+    _err(client.delete("/v1/jobs/job_doesnotexist"), 404, "no job")
+    _err(client.get("/v1/jobs", params={"status": "done"}), 422, "unknown status done")
+    _err(client.get("/v1/jobs", params={"limit": 0}), 422, "limit")
+    _err(client.get("/v1/nothing"), 404)
+    _err(client.put("/v1/jobs/job_x"), 405)
+    page = client.get("/v1/jobs", params={"status": "queued", "limit": 1000}).json()
+    assert page["limit"] == 500 and all(j["status"] == "queued" for j in page["data"])
+
+
+def test_healthz_and_openapi(api, client):
+    h = client.get("/healthz").json()
+    assert h["status"] == "ok" and h["database"] == "ok" and h["broker"] == "ok"
+    spec = client.get("/openapi.json").json()
+    body = spec["paths"]["/v1/jobs"]["post"]["requestBody"]["content"]
+    assert {"application/json", "multipart/form-data"} <= set(body)
+    assert {"get", "delete"} <= set(spec["paths"]["/v1/jobs/{job_id}"])
+
+
+def test_api_key_required_when_set(tmp_path):
+    port = free_port()
+    st = Stack(env=_env(tmp_path, SPECQ_API_PORT=str(port), SPECQ_API_KEY="s3cret"), port=port, logdir=tmp_path)
+    st.start("api", "api")
+    try:
+        st.wait_healthy()  # /healthz needs no key
+        with httpx.Client(base_url=st.url) as c:
+            _err(c.get("/v1/jobs"), 401, "missing or wrong API key")
+            _err(c.get("/v1/jobs", headers={"Authorization": "Bearer nope"}), 401, "API key")
+            assert c.get("/v1/jobs", headers={"Authorization": "Bearer s3cret"}).status_code == 200
+        # the CLI sends SPECQ_API_KEY (the API process has its environment already)
+        st.env.pop("SPECQ_API_KEY")
+        r = st.cli("jobs")
+        assert r.returncode == 1 and "missing or wrong API key" in r.stderr
+        st.env["SPECQ_API_KEY"] = "s3cret"
+        assert st.cli("jobs").returncode == 0
+    finally:
+        st.stop()
