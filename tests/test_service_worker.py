@@ -193,3 +193,21 @@ def test_backoff_doubles_up_to_its_cap():
     s = ServiceSettings(retry_backoff=2, retry_backoff_max=10)
     assert [s.backoff(a) for a in (1, 2, 3, 4)] == [2, 4, 8, 10]
     assert s.backoff(1, jitter=1) == 2.5 and s.backoff(1, jitter=-1) == 1.5
+
+
+def test_own_interrupted_job_is_reclaimed_others_are_not(engine, store, tmp_path):
+    """A job this worker left `running` (the store failed as it finished, the task was re-sent) is run
+    again by it; a job running elsewhere with a fresh heartbeat is left alone."""
+    from specq.worker.runtime import WorkerRuntime
+
+    rt = WorkerRuntime(_settings(tmp_path), engine=engine)
+    mine, theirs = _new_job(), _new_job()
+    with db.session() as s:
+        assert jobs.mark_running(s, mine, worker=rt.name)
+        assert jobs.mark_running(s, theirs, worker="other-host:1")
+    assert rt.execute(theirs).status == "skipped"
+    assert rt.execute(mine).status == "succeeded"
+    with db.session() as s:
+        assert jobs.get_job(s, mine).attempts == 2
+        t = jobs.get_job(s, theirs)
+    assert t.status == "running" and t.worker == "other-host:1" and t.attempts == 1

@@ -19,6 +19,9 @@ from .runtime import WorkerRuntime
 log = logging.getLogger("specq.worker")
 
 _runtime: WorkerRuntime | None = None
+#: times a delivery is re-sent because the job store failed, before the task gives up (the job then
+#: stays as the store last saw it, for the reconciler)
+STORE_RETRIES = 20
 
 
 def runtime() -> WorkerRuntime:
@@ -49,7 +52,14 @@ def create_worker_app(settings: ServiceSettings | None = None, *, queue: str | N
         time_limit=hard_limit,
     )
     def run_job(self, job_id: str) -> str:
-        outcome = runtime().execute(job_id)
+        try:
+            outcome = runtime().execute(job_id)
+        except Exception as e:
+            # the store failed (database down, connection lost): the job's state could not be
+            # written, so send the job again later; on redelivery this worker may reclaim it
+            delay = settings.backoff(self.request.retries + 1)
+            log.warning("job %s: store error (%s: %s); re-sent in %.1fs", job_id, type(e).__name__, e, delay)
+            raise self.retry(countdown=delay, max_retries=STORE_RETRIES, exc=e)
         if outcome.status == "retry":
             raise self.retry(countdown=outcome.retry_in, max_retries=None)
         return outcome.status

@@ -27,7 +27,7 @@ from typing import Any, Callable
 from ..engine.errors import EngineError, InputError, ModelError, RunCancelled
 from ..engine.options import RunParams
 from ..settings import ServiceSettings
-from ..storage import db, jobs, results
+from ..storage import claims, db, jobs, results
 
 log = logging.getLogger("specq.worker")
 
@@ -129,12 +129,14 @@ class WorkerRuntime:
         )
 
     def execute(self, job_id: str) -> Outcome:
-        """Run one delivery of job `job_id` to the end; never raises for job errors."""
+        """Run one delivery of job `job_id` to the end. Job errors end in the store; only the store's
+        own errors (e.g. the database is unreachable) escape, and the task re-sends the job."""
         if self.engine is None:
             self.load()
         s_ = self.settings
         with db.session() as s:
-            if not jobs.mark_running(s, job_id, worker=self.name, stale_after_s=s_.stale_after):
+            if not (jobs.mark_running(s, job_id, worker=self.name, stale_after_s=s_.stale_after)
+                    or claims.reclaim_own(s, job_id, self.name)):
                 job = jobs.get_job(s, job_id)
                 state = job.status if job is not None else "missing"
                 log.info("job %s: not runnable (%s), skipped", job_id, state)
