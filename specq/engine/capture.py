@@ -100,29 +100,37 @@ class QKCapture:
     def __init__(self) -> None:
         self.want_q = False
         self.want_k = False
+        self.also: tuple[bytes, ...] = ()
         self.q: dict[int, np.ndarray] = {}
         self.k: dict[int, np.ndarray] = {}
+        self.extra: dict[str, np.ndarray] = {}
         self.calls = 0
         self.callback = llama_cpp.ggml_backend_sched_eval_callback(self._on_node)
 
-    def arm(self, *, q: bool = False, k: bool = False) -> None:
-        self.want_q, self.want_k = q, k
-        self.q, self.k = {}, {}
+    def arm(self, *, q: bool = False, k: bool = False, also: tuple[bytes, ...] = ()) -> None:
+        """Capture queries and/or keys on the next decode; `also`: other node-name prefixes to keep
+        (e.g. b"kq_soft_max-" with flash attention off, for tests), into `extra[name]`."""
+        self.want_q, self.want_k, self.also = q, k, tuple(also)
+        self.q, self.k, self.extra = {}, {}, {}
 
     def disarm(self) -> None:
         self.want_q = self.want_k = False
+        self.also = ()
 
     def _on_node(self, tensor_ptr: int, ask: bool, _user: int) -> bool:
         self.calls += 1
-        if not (self.want_q or self.want_k):
+        if not (self.want_q or self.want_k or self.also):
             return not ask
         t = GgmlTensor.from_address(tensor_ptr)
         name = t.name
         is_q = self.want_q and name.startswith(b"Qcur-") and t.op == GGML_OP_ROPE
-        is_k = self.want_k and name.startswith(b"cache_k_l") and t.op == GGML_OP_VIEW and t.ne[2] > 1
+        is_k = self.want_k and name.startswith(b"cache_k_l") and t.op == GGML_OP_VIEW
+        is_extra = any(name.startswith(p) for p in self.also)
         if ask:
-            return bool(is_q or is_k)
+            return bool(is_q or is_k or is_extra)
         try:
+            if is_extra:
+                self.extra[name.decode()] = read_tensor(t)
             if is_q:
                 il = int(name[5:].split(b" ")[0])
                 a = read_tensor(t)  # (1, n_tokens, n_head, head_dim)

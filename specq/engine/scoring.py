@@ -61,6 +61,31 @@ def avg_pool(x: np.ndarray, kernel: int) -> np.ndarray:
     return (c[..., kernel:] - c[..., :-kernel]) / np.float32(kernel)
 
 
+def grouped_probs(Q: np.ndarray, K: np.ndarray) -> np.ndarray:
+    """softmax(q·Kᵀ/√d) over all n keys, float32, one matrix product per KV head.
+
+    Q: (S, n_head, d) lookahead queries; K: (n, n_head_kv, d). Returns (n_head_kv, S * r, n) where the
+    r = n_head / n_head_kv query heads sharing a KV head are rows s * r + j of group g (head g * r + j).
+    """
+    n_kv_heads, d = K.shape[1], K.shape[2]
+    S, h = Q.shape[0], Q.shape[1]
+    r = h // n_kv_heads
+    Qg = Q.reshape(S, n_kv_heads, r, d).transpose(1, 0, 2, 3).reshape(n_kv_heads, S * r, d)
+    logits = np.matmul(Qg, K.transpose(1, 2, 0)) * np.float32(1.0 / math.sqrt(d))
+    logits -= logits.max(axis=-1, keepdims=True)
+    np.exp(logits, out=logits)
+    logits /= logits.sum(axis=-1, keepdims=True)
+    return logits
+
+
+def head_probs(Q: np.ndarray, K: np.ndarray) -> np.ndarray:
+    """grouped_probs rearranged to (S, n_head, n): what llama.cpp's kq_soft_max holds per step."""
+    g = K.shape[1]
+    S, h = Q.shape[0], Q.shape[1]
+    p = grouped_probs(Q, K)  # (g, S*r, n)
+    return p.reshape(g, S, h // g, -1).transpose(1, 0, 2, 3).reshape(S, h, -1)
+
+
 def attention_scores(q_rows: Sequence[dict[int, np.ndarray]], k: dict[int, np.ndarray], n_keys: int, pool: int) -> np.ndarray:
     """Token importance over keys [0, n_keys) from lookahead queries.
 
@@ -71,21 +96,46 @@ def attention_scores(q_rows: Sequence[dict[int, np.ndarray]], k: dict[int, np.nd
     if not layers or not q_rows:
         raise EngineError("scoring captured no attention tensors from the speculator")
     best: np.ndarray | None = None
+    S = len(q_rows)
     for il in layers:
-        K = k[il][:n_keys]  # (n, g, d)
-        n_kv_heads, d = K.shape[1], K.shape[2]
+        K = k[il][:n_keys]
         Q = np.stack([row[il] for row in q_rows])  # (S, h, d)
-        S, h = Q.shape[0], Q.shape[1]
-        r = h // n_kv_heads
-        Qg = Q.reshape(S, n_kv_heads, r, d).transpose(1, 0, 2, 3).reshape(n_kv_heads, S * r, d)
-        logits = np.matmul(Qg, K.transpose(1, 2, 0)) * np.float32(1.0 / math.sqrt(d))  # (g, S*r, n)
-        logits -= logits.max(axis=-1, keepdims=True)
-        np.exp(logits, out=logits)
-        logits /= logits.sum(axis=-1, keepdims=True)
-        pooled = avg_pool(logits, pool)
-        per_row = pooled.reshape(n_kv_heads, S, r, -1).max(axis=(0, 2))  # (S, n)
+        probs = grouped_probs(Q, K)  # (g, S*r, n)
+        pooled = avg_pool(probs, pool)
+        per_row = pooled.reshape(K.shape[1], S, -1, n_keys).max(axis=(0, 2))  # (S, n)
         best = per_row if best is None else np.maximum(best, per_row)
     return best.mean(axis=0)
+
+
+def plan_windows(n_doc: int, size: int) -> list[tuple[int, int]]:
+    """Equal slices of at most `size` tokens tiling [0, n_doc) without overlap (no tiny last slice)."""
+    if n_doc <= 0:
+        return [(0, 0)]
+    k = max(1, math.ceil(n_doc / max(1, size)))
+    cuts = [(i * n_doc) // k for i in range(k + 1)]
+    return list(zip(cuts[:-1], cuts[1:]))
+
+
+def sliding_starts(n: int, size: int) -> list[int]:
+    """Window starts of the sliding scorer: stride size/2, the last window flush with the end."""
+    stride = max(1, size // 2)
+    starts = list(range(0, max(1, n - size) + 1, stride))
+    if starts[-1] + size < n:
+        starts.append(n - size)
+    return starts
+
+
+def merge_central(n: int, windows: Sequence[tuple[int, np.ndarray]]) -> np.ndarray:
+    """Keep-the-middle merge: each token takes its score from the window in which it lies most central."""
+    full = np.zeros(n, dtype=np.float32)
+    best = np.full(n, np.inf)
+    for start, s in windows:
+        end = start + len(s)
+        dist = np.abs(np.arange(start, end) - (start + end - 1) / 2.0)
+        better = dist < best[start:end]
+        full[start:end][better] = s[better]
+        best[start:end][better] = dist[better]
+    return full
 
 
 class SpecPrefillScorer:
@@ -133,16 +183,15 @@ class SpecPrefillScorer:
                     )
             else:
                 size = self.window_tokens(prompt, lookahead, window)
-            n_windows = max(1, math.ceil(n_doc / size))
-            size = math.ceil(n_doc / n_windows) if n_doc else 0  # equal slices: no tiny last window
+            plan = plan_windows(n_doc, size)
+            n_windows = len(plan)
             scores = np.zeros(n_doc, dtype=np.float32)
-            for w in range(n_windows):
+            h = len(prompt.head)
+            for w, (a, b) in enumerate(plan):
                 if progress:
                     progress(w, n_windows)
-                a, b = w * size, min(n_doc, (w + 1) * size)
                 tokens = prompt.head + doc[a:b] + prompt.tail
                 s = self._score_window(tokens, lookahead, pool, timings)
-                h = len(prompt.head)
                 scores[a:b] = s[h : h + (b - a)]
             if progress:
                 progress(n_windows, n_windows)
@@ -151,23 +200,14 @@ class SpecPrefillScorer:
             tokens = prompt.tokens
             n = len(tokens)
             size = max(64, min(window or SLIDING_WINDOW, self.n_ctx - lookahead - 1))
-            stride = max(1, size // 2)
-            starts = list(range(0, max(1, n - size) + 1, stride))
-            if starts[-1] + size < n:
-                starts.append(n - size)
-            full = np.zeros(n, dtype=np.float32)
-            best_dist = np.full(n, np.inf)
+            starts = sliding_starts(n, size)
+            per_window = []
             for w, start in enumerate(starts):
                 if progress:
                     progress(w, len(starts))
                 end = min(n, start + size)
-                s = self._score_window(tokens[start:end], lookahead, pool, timings)
-                centre = (start + end - 1) / 2.0
-                idx = np.arange(start, end)
-                dist = np.abs(idx - centre)
-                better = dist < best_dist[start:end]
-                full[start:end][better] = s[better]
-                best_dist[start:end][better] = dist[better]
+                per_window.append((start, self._score_window(tokens[start:end], lookahead, pool, timings)))
+            full = merge_central(n, per_window)
             if progress:
                 progress(len(starts), len(starts))
             return ScoreResult(full[prompt.doc_start : prompt.doc_end].copy(), len(starts), timings, self.capture.calls - calls0)

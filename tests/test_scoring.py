@@ -1,0 +1,239 @@
+"""SpecPrefill scoring and selection on real llama.cpp (tiny models), plus the needle test on the real pair."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+llama_cpp = pytest.importorskip("llama_cpp")
+
+import numpy as np  # noqa: E402
+
+from specq.engine import llama  # noqa: E402
+from specq.engine.capture import QKCapture  # noqa: E402
+from specq.engine.options import EngineOptions, RunParams  # noqa: E402
+from specq.engine.scoring import avg_pool, head_probs, merge_central, plan_windows, sliding_starts  # noqa: E402
+from specq.engine.selection import chunk_scores, select_kept  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+TEXT = (ROOT / "examples" / "python-license.txt").read_text()
+
+
+# ------------------------------------------------------------------------ scores vs llama.cpp's own softmax
+
+
+def test_recomputed_scores_equal_kq_soft_max(tiny_models):
+    """With flash attention off llama.cpp materialises kq_soft_max; our recomputation from the captured
+    post-RoPE Q and the K cache must equal it (catches GQA mapping, scaling and masking bugs)."""
+    model = llama.Model(tiny_models.target, n_gpu_layers=0)
+    cap = QKCapture()
+    ctx = llama.Context(model, n_ctx=1024, n_batch=512, n_ubatch=512, n_threads=2, flash_attn=False, cb_eval=cap.callback)
+    tokens = model.tokenize(TEXT[:300])
+    n = len(tokens)
+    ctx.decode(tokens[:-1], range(n - 1), logits="none")
+    checked = 0
+    tok, pos = tokens[-1], n - 1
+    for step in range(3):
+        cap.arm(q=True, k=True, also=(b"kq_soft_max-",))
+        ctx.decode([tok], [pos], logits="last")
+        cap.disarm()
+        assert sorted(cap.q) == sorted(cap.k) == list(range(model.n_layer))
+        for il in range(model.n_layer):
+            Q = cap.q[il][:1]  # (1, n_head, d)
+            K = cap.k[il][:n]  # prompt keys only
+            mine = head_probs(Q, K)[0]  # (n_head, n)
+            theirs = cap.extra[f"kq_soft_max-{il}"][0][:, 0, :]  # (n_head, n_kv): all visible cells
+            assert theirs.shape[0] == model.n_head
+            assert np.all(theirs[:, pos + 1 :] == 0)  # masked: cells after this token
+            prompt_part = theirs[:, :n] / theirs[:, :n].sum(axis=-1, keepdims=True)  # renormalise over prompt keys
+            np.testing.assert_allclose(mine, prompt_part, rtol=2e-3, atol=2e-5)
+            np.testing.assert_allclose(mine.max(axis=0), prompt_part.max(axis=0), rtol=2e-3, atol=2e-5)
+            checked += 1
+        tok, pos = int(np.argmax(ctx.logits_row(-1))), pos + 1
+    assert checked == 3 * model.n_layer
+    ctx.close()
+    model.close()
+
+
+def test_avg_pool_same_padding():
+    x = np.array([[0, 0, 3, 0, 0, 6]], dtype=np.float32)
+    np.testing.assert_allclose(avg_pool(x, 3), [[0, 1, 1, 1, 2, 2]])
+    np.testing.assert_allclose(avg_pool(x, 1), x)
+    assert avg_pool(np.ones((2, 3, 50), dtype=np.float32), 13).shape == (2, 3, 50)
+
+
+# ------------------------------------------------------------------------ windows
+
+
+@pytest.mark.parametrize("n_doc,size", [(1000, 300), (1000, 1000), (1001, 250), (64, 4096), (5, 2)])
+def test_windows_tile_the_document_once(n_doc, size):
+    plan = plan_windows(n_doc, size)
+    covered = np.zeros(n_doc, dtype=int)
+    for a, b in plan:
+        covered[a:b] += 1
+        assert b - a <= size
+    assert np.all(covered == 1)
+    lengths = [b - a for a, b in plan]
+    assert max(lengths) - min(lengths) <= 1 or len(plan) == 1  # no tiny last window
+
+
+def test_sliding_starts_and_central_merge():
+    starts = sliding_starts(1000, 400)
+    assert starts[0] == 0 and starts[-1] + 400 >= 1000
+    assert all(b - a == 200 for a, b in zip(starts, starts[1:-1]))
+    # window w scores every token w+1: the merge must pick the window where a token is most central
+    windows = [(s, np.full(min(400, 1000 - s), float(w + 1), dtype=np.float32)) for w, s in enumerate(starts)]
+    merged = merge_central(1000, windows)
+    for t in (0, 150, 399, 500, 999):
+        centres = [abs(t - (s + min(1000, s + 400) - 1) / 2) if s <= t < s + 400 else np.inf for s in starts]
+        assert merged[t] == float(np.argmin(centres) + 1)
+
+
+# ------------------------------------------------------------------------ selection
+
+
+def test_chunk_ranking_keep_and_protected():
+    scores = np.zeros(320, dtype=np.float32)
+    scores[64:96] = 5.0  # chunk 2
+    scores[256:288] = 3.0  # chunk 8
+    scores[300] = 100.0  # chunk 9 (partial mean 100/20 = 5.0, tie with chunk 2: earlier wins)
+    means = chunk_scores(scores, 32)
+    assert means.shape == (10,) and means[2] == 5.0
+    kept = select_kept(scores, doc_start=10, n_prompt=340, protected=list(range(10)) + list(range(330, 340)), keep=0.2, chunk=32)
+    doc_kept = sorted(i - 10 for i in kept if 10 <= i < 330)
+    assert doc_kept == list(range(64, 96)) + list(range(288, 320))
+    assert set(range(10)) <= set(kept) and set(range(330, 340)) <= set(kept)
+    assert kept == sorted(set(kept))
+
+
+def test_keep_fraction_and_max_keep():
+    rng = np.random.default_rng(0)
+    scores = rng.random(3200).astype(np.float32)
+    kept = select_kept(scores, doc_start=0, n_prompt=3200, protected=[3199], keep=0.3, chunk=32)
+    assert abs(len(kept) - 0.3 * 3200) <= 33
+    capped = select_kept(scores, doc_start=0, n_prompt=3200, protected=[3199], keep=0.3, chunk=32, max_keep=200)
+    doc_capped = [i for i in capped if i != 3199]
+    assert 160 < len(doc_capped) <= 200 and len(doc_capped) % 32 == 0
+    # the cap drops the lowest-ranked chunks: the kept ones are the top-ranked
+    means = chunk_scores(scores, 32)
+    top = set(np.argsort(-means, kind="stable")[: len(doc_capped) // 32])
+    assert {i // 32 for i in doc_capped} == top
+
+
+# ------------------------------------------------------------------------ the engine with specprefill
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_models):
+    from specq.engine.pipeline import Engine
+
+    eng = Engine(EngineOptions(target=str(tiny_models.target), speculator=str(tiny_models.speculator), n_gpu_layers=0, n_ctx=8192))
+    yield eng
+    eng.close()
+
+
+@pytest.mark.parametrize("scorer", ["windowed", "full", "sliding"])
+def test_specprefill_run(engine, scorer):
+    doc = TEXT[:4000]
+    params = RunParams(question="Who?", mode="specprefill", scorer=scorer, window=1024 if scorer != "full" else 0, keep=0.3, min_tokens=0, max_tokens=6)
+    windows = []
+    r = engine.run(doc, params, progress=lambda phase, done, total: windows.append(total) if phase == "score" else None)
+    n_prompt, n_kept = r.usage.prompt_tokens, r.usage.kept_tokens
+    n_doc = len(engine.target.tokenize(doc))
+    protected = n_prompt - n_doc
+    assert r.spec.mode == "specprefill" and r.spec.scorer == scorer
+    # kept ≈ keep × document (whole chunks) + protected regions
+    assert 0.3 * n_doc <= n_kept - protected <= 0.3 * n_doc + 32
+    if scorer == "windowed":
+        assert r.spec.windows == 4 and windows[-1] == 4
+    if scorer == "full":
+        assert r.spec.windows == 1
+    for phase in ("score", "speculator_prefill", "lookahead", "score_math", "select", "sparse_prefill"):
+        assert r.timings_ms[phase] > 0, phase
+
+
+def test_every_document_token_is_scored(engine):
+    prompt = engine.tokenize_prompt(TEXT[:3000], RunParams(question="Who?"))
+    res = engine.scorer().score(prompt, scorer="windowed", window=500, lookahead=4, pool=1)
+    assert res.windows == len(plan_windows(len(prompt.document), 500))
+    assert res.scores.shape == (len(prompt.document),)
+    assert np.all(res.scores > 0) and np.all(np.isfinite(res.scores))
+    # normalised per window: uniform attention would score 1.0 everywhere, so the mean is O(1)
+    assert 0.05 < float(res.scores.mean()) < 20
+
+
+def test_short_prompts_run_baseline(engine):
+    r = engine.run(TEXT[:400], RunParams(question="Who?", mode="specprefill", min_tokens=100000, max_tokens=3))
+    assert r.spec.mode == "baseline" and r.usage.kept_tokens == r.usage.prompt_tokens
+    assert any("min_tokens" in w for w in r.warnings)
+
+
+# ------------------------------------------------------------------------ the needle test (real pair)
+
+NEEDLE = "The access code for the archive room is 4712."
+QUESTION = "What is the access code for the archive room? Answer with the number only."
+
+
+def _haystack(depth: float) -> str:
+    paragraphs = TEXT.split("\n\n")
+    at = int(round(depth * len(paragraphs)))
+    return "\n\n".join(paragraphs[:at] + [NEEDLE] + paragraphs[at:])
+
+
+@pytest.fixture(scope="module")
+def real_engine():
+    from specq.engine import models
+
+    for name in (models.DEFAULT_TARGET, models.DEFAULT_SPECULATOR):
+        if models.model_status(name).state not in ("verified", "present (not hashed)"):
+            pytest.skip(f"{name} not pulled (run `specq models pull`)")
+    from specq.engine.pipeline import Engine
+
+    eng = Engine(EngineOptions(n_gpu_layers=0, n_ctx=8192))
+    yield eng
+    eng.close()
+
+
+@pytest.mark.real_models
+def test_needle_is_kept_and_answered(real_engine):
+    """A planted fact at 10 depths of a ~3.4K-token document: specprefill (keep 0.3) keeps its chunk
+    and answers; the same keep budget chosen at random does clearly worse."""
+    eng = real_engine
+    rng = np.random.default_rng(1234)
+    kept_hits = answered = random_hits = random_answered = 0
+    depths = [i / 10 + 0.05 for i in range(10)]
+    needle_ids = eng.target.tokenize(" " + NEEDLE)
+    for depth in depths:
+        doc = _haystack(depth)
+        params = RunParams(question=QUESTION, mode="specprefill", keep=0.3, min_tokens=0, max_tokens=8)
+        r = eng.run(doc, params)
+        prompt = eng.tokenize_prompt(doc, params)
+        # where the needle's digits sit in the prompt
+        text_upto = doc.index(NEEDLE) + NEEDLE.index("4712")
+        pos = prompt.doc_start + len(eng.target.tokenize(doc[:text_upto]))
+        span = range(pos - 2, pos + 3)
+        kept = set(r.kept_indices)
+        hit = all(i in kept for i in span)
+        kept_hits += hit
+        answered += "4712" in r.text
+        # control: the same number of document chunks, chosen at random
+        n_doc = len(prompt.document)
+        n_chunks = -(-n_doc // 32)
+        pick = rng.choice(n_chunks, size=int(np.ceil(n_chunks * 0.3)), replace=False)
+        rand_scores = np.zeros(n_doc, dtype=np.float32)
+        for c in pick:
+            rand_scores[c * 32 : (c + 1) * 32] = 1.0
+        rand_kept = select_kept(rand_scores, doc_start=prompt.doc_start, n_prompt=prompt.n, protected=prompt.protected_indices(), keep=0.3)
+        random_hits += all(i in set(rand_kept) for i in span)
+        from specq.engine.decode import generate
+        from specq.engine.prefill import sparse_prefill
+        from specq.engine.sampling import Sampler
+
+        pre = sparse_prefill(eng.ctx, prompt.tokens, rand_kept, "original")
+        gen = generate(eng.ctx, prompt.tokens, pre.logits, pre.next_pos, max_tokens=8, sampler=Sampler())
+        random_answered += "4712" in eng.target.detokenize(gen.tokens)
+    print(f"\nneedle: kept {kept_hits}/10 answered {answered}/10 · random kept {random_hits}/10 answered {random_answered}/10")
+    assert kept_hits >= 9
+    assert answered >= 9
+    assert random_answered <= answered - 4 and random_hits <= kept_hits - 4
