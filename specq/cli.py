@@ -276,9 +276,12 @@ def up_cmd(
         "worker": subprocess.Popen(cmd + ["worker", "--loglevel", loglevel], env=env),
     }
 
+    stopping: set[str] = set()
+
     def _stop(*_args) -> None:
-        for p in procs.values():
-            if p.poll() is None:
+        for name, p in procs.items():
+            if p.poll() is None and name not in stopping:
+                stopping.add(name)
                 p.send_signal(signal.SIGTERM)
 
     signal.signal(signal.SIGTERM, _stop)
