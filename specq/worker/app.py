@@ -44,6 +44,7 @@ def create_worker_app(settings: ServiceSettings | None = None, *, queue: str | N
 
     @app.task(
         name=RUN_JOB_TASK,
+        shared=False,  # this app only (a shared task would be added to every Celery app made later)
         bind=True,
         acks_late=True,
         reject_on_worker_lost=True,
