@@ -33,6 +33,9 @@ from .config import specq_home
 EMBEDDED_BROKER_FILE = "broker.sqlite"
 #: the Celery task name the API enqueues (the API never imports the worker module)
 RUN_JOB_TASK = "specq.run_job"
+#: seconds past SPECQ_TIME_LIMIT after which Celery kills a prefork child stuck in a job (the engine's
+#: callback normally fails the job at the limit itself)
+HARD_LIMIT_GRACE = 60.0
 #: where `specq up` / `specq api` listen by default, and where the CLI looks by default
 DEFAULT_API_HOST = "127.0.0.1"
 DEFAULT_API_PORT = 8178
@@ -65,7 +68,8 @@ class ServiceSettings:
     #: hard wall-clock limit of one job attempt, seconds; a job over it fails with a message
     time_limit: float = 3600.0
     #: Redis visibility timeout, seconds: how long an unacknowledged (running) job stays invisible
-    #: before Redis hands it to another worker. Must exceed time_limit (checked); 0 = time_limit + 600
+    #: before Redis hands it to another worker. Must exceed time_limit + 60 s, the hard kill (checked);
+    #: 0 = time_limit + 600
     visibility_timeout: float = 0.0
     #: attempts per job, counting the first (transient errors only: InputError fails at once)
     max_attempts: int = 3
@@ -131,9 +135,9 @@ class ServiceSettings:
             (self.time_limit > 0, "SPECQ_TIME_LIMIT must be > 0 seconds"),
             (self.visibility_timeout >= 0, "SPECQ_VISIBILITY_TIMEOUT must be >= 0"),
             (
-                self.visibility_timeout == 0 or self.visibility_timeout > self.time_limit,
+                self.visibility_timeout == 0 or self.visibility_timeout > self.hard_time_limit,
                 f"SPECQ_VISIBILITY_TIMEOUT ({self.visibility_timeout:g}s) must be longer than SPECQ_TIME_LIMIT "
-                f"({self.time_limit:g}s), or Redis hands running jobs to a second worker",
+                f"+ {HARD_LIMIT_GRACE:g}s ({self.hard_time_limit:g}s), or Redis hands running jobs to a second worker",
             ),
             (self.max_attempts >= 1, "SPECQ_MAX_ATTEMPTS must be >= 1"),
             (self.retry_backoff >= 0 and self.retry_backoff_max >= 0, "SPECQ_RETRY_BACKOFF(_MAX) must be >= 0"),
@@ -158,6 +162,11 @@ class ServiceSettings:
     def embedded_broker(self) -> bool:
         """True for the SQLAlchemy transport (the default): single machine, polled."""
         return self.resolved_broker_url.startswith(("sqla+", "sqlalchemy+"))
+
+    @property
+    def hard_time_limit(self) -> float:
+        """Seconds after which a prefork child still running a job is killed (time_limit + grace)."""
+        return self.time_limit + HARD_LIMIT_GRACE
 
     @property
     def resolved_visibility_timeout(self) -> float:

@@ -200,3 +200,17 @@ def test_api_key_required_when_set(tmp_path):
         assert st.cli("jobs").returncode == 0
     finally:
         st.stop()
+
+
+def test_api_process_never_loads_llama_cpp():
+    """The API enqueues by task name: importing and building it loads neither the worker nor llama.cpp."""
+    import subprocess
+    import sys
+
+    from service_helpers import REPO
+
+    code = ("import sys; from specq.api.app import create_app; from specq.broker import make_celery; create_app(); "
+            "bad = [m for m in sys.modules if m.startswith(('llama_cpp', 'specq.worker', 'specq.engine.pipeline', "
+            "'specq.engine.llama', 'numpy'))]; print(bad); sys.exit(1 if bad else 0)")
+    r = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr

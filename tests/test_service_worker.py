@@ -180,6 +180,9 @@ def test_settings_from_env_and_checks():
     assert ServiceSettings.from_env({}).embedded_broker
     with pytest.raises(SettingsError, match="SPECQ_VISIBILITY_TIMEOUT .* must be longer than SPECQ_TIME_LIMIT"):
         ServiceSettings.from_env({"SPECQ_TIME_LIMIT": "600", "SPECQ_VISIBILITY_TIMEOUT": "300"})
+    with pytest.raises(SettingsError, match=r"\+ 60s \(660s\)"):  # above the hard kill, not just the limit
+        ServiceSettings.from_env({"SPECQ_TIME_LIMIT": "600", "SPECQ_VISIBILITY_TIMEOUT": "630"})
+    assert ServiceSettings.from_env({"SPECQ_TIME_LIMIT": "600", "SPECQ_VISIBILITY_TIMEOUT": "661"}).hard_time_limit == 660
     with pytest.raises(SettingsError, match="SPECQ_CONCURRENCY has a bad value: 'two'"):
         ServiceSettings.from_env({"SPECQ_CONCURRENCY": "two"})
     # command-line overrides win over the environment

@@ -40,7 +40,7 @@ def create_worker_app(settings: ServiceSettings | None = None, *, queue: str | N
     """The Celery app of a worker consuming `queue`, with `specq.run_job` registered."""
     settings = settings or ServiceSettings.from_env()
     app = make_celery(settings, queue=queue)
-    hard_limit = settings.time_limit + 60.0  # the watcher fails the job at time_limit; this kills a stuck child
+    hard_limit = settings.hard_time_limit  # the watcher fails the job at time_limit; this kills a stuck child
 
     @app.task(
         name=RUN_JOB_TASK,
