@@ -237,3 +237,23 @@ def test_needle_is_kept_and_answered(real_engine):
     assert kept_hits >= 9
     assert answered >= 9
     assert random_answered <= answered - 4 and random_hits <= kept_hits - 4
+
+
+def test_parallel_windows_score_like_one_at_a_time(tiny_models):
+    """Windows scored as parallel sequences (one batch per lookahead step) must give the scores of
+    windows scored one by one: this checks the cell-to-window mapping of the unified cache."""
+    from specq.engine.prompt import build_prompt
+    from specq.engine.scoring import SpecPrefillScorer
+
+    model = llama.Model(tiny_models.speculator, n_gpu_layers=0)
+    prompt = build_prompt(model, TEXT[:3500], "Who moved where?")
+    one = SpecPrefillScorer(model, n_ctx=4096, n_batch=2048, n_ubatch=512, n_threads=2, flash_attn=True, n_parallel=1)
+    par = SpecPrefillScorer(model, n_ctx=4096, n_batch=2048, n_ubatch=512, n_threads=2, flash_attn=True, n_parallel=3)
+    a = one.score(prompt, window=700, lookahead=5, pool=13)
+    b = par.score(prompt, window=700, lookahead=5, pool=13)
+    assert a.windows == b.windows == len(plan_windows(len(prompt.document), 700)) >= 5
+    np.testing.assert_allclose(a.scores, b.scores, rtol=2e-2, atol=1e-3)
+    assert np.corrcoef(a.scores, b.scores)[0, 1] > 0.999
+    one.close()
+    par.close()
+    model.close()

@@ -206,6 +206,7 @@ class Context:
         params.n_batch = self.n_batch
         params.n_ubatch = self.n_ubatch
         params.n_seq_max = n_seq_max
+        params.kv_unified = True  # one cell pool for all sequences (scoring maps cells to windows)
         params.n_threads = threads
         params.n_threads_batch = threads
         params.flash_attn_type = (
@@ -317,6 +318,34 @@ class Context:
 
 
 # --------------------------------------------------------------------------------------------------
+
+
+def _bind_set_eval_callback():
+    """`llama_set_eval_callback` from our patch (patches/0002), or None on a stock build."""
+    try:
+        fn = llama_cpp.llama_cpp._lib.llama_set_eval_callback
+    except AttributeError:
+        return None
+    fn.argtypes = [ctypes.c_void_p, llama_cpp.ggml_backend_sched_eval_callback, ctypes.c_void_p]
+    fn.restype = None
+    return fn
+
+
+_SET_EVAL_CALLBACK = _bind_set_eval_callback()
+_NO_CALLBACK = ctypes.cast(None, llama_cpp.ggml_backend_sched_eval_callback)
+
+
+def can_toggle_eval_callback() -> bool:
+    return _SET_EVAL_CALLBACK is not None
+
+
+def set_eval_callback(ctx: "Context", callback: object | None) -> bool:
+    """Install (or with None remove) a context's eval callback; False if this build cannot."""
+    if _SET_EVAL_CALLBACK is None:
+        return False
+    _SET_EVAL_CALLBACK(ctx.ptr, callback if callback is not None else _NO_CALLBACK, None)
+    return True
+
 
 _GAPS_SUPPORTED: bool | None = None
 

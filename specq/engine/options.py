@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from .errors import InputError
@@ -40,6 +40,9 @@ class EngineOptions:
     n_ubatch: int = 0
     #: CPU threads; 0 = all cores
     n_threads: int = 0
+    #: scoring windows run together as parallel sequences of the speculator (one batch per
+    #: lookahead step for all of them); 1 = one window at a time
+    n_parallel: int = 4
 
     def resolved_threads(self) -> int:
         return self.n_threads or (os.cpu_count() or 1)
@@ -170,4 +173,4 @@ def _coerce(name: str, type_name: Any, value: Any) -> Any:
 ENGINE_OPTION_NAMES = tuple(f.name for f in dataclasses.fields(EngineOptions))
 RUN_PARAM_NAMES = tuple(f.name for f in dataclasses.fields(RunParams))
 
-__all__ = ["EngineOptions", "RunParams", "ENGINE_OPTION_NAMES", "RUN_PARAM_NAMES", "field"]
+__all__ = ["EngineOptions", "RunParams", "ENGINE_OPTION_NAMES", "RUN_PARAM_NAMES"]

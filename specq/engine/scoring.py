@@ -35,7 +35,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from .errors import EngineError
-from .llama import Context, Model
+from .llama import Context, Model, set_eval_callback
 from .prompt import Prompt
 
 #: document tokens per window when the caller leaves it to us (see docs/benchmarks.md)
@@ -141,14 +141,24 @@ def merge_central(n: int, windows: Sequence[tuple[int, np.ndarray]]) -> np.ndarr
 class SpecPrefillScorer:
     """Owns the speculator context with the capture callback; `score()` per prompt."""
 
-    def __init__(self, model: Model, *, n_ctx: int, n_batch: int, n_ubatch: int, n_threads: int, flash_attn: bool) -> None:
+    def __init__(
+        self, model: Model, *, n_ctx: int, n_batch: int, n_ubatch: int, n_threads: int, flash_attn: bool, n_parallel: int = 1
+    ) -> None:
         self.model = model
         self.capture = QKCapture()
+        #: windows scored together as parallel sequences (one cache of n_parallel × n_ctx cells)
+        self.n_parallel = max(1, int(n_parallel))
+        # cells: one full-length window, or n_parallel default-sized windows side by side
+        cells = max(n_ctx, self.n_parallel * (DEFAULT_WINDOW + 512)) if self.n_parallel > 1 else n_ctx
         self.ctx = Context(
-            model, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch, n_threads=n_threads,
-            flash_attn=flash_attn, cb_eval=self.capture.callback,
+            model, n_ctx=cells, n_batch=n_batch, n_ubatch=n_ubatch, n_threads=n_threads,
+            flash_attn=flash_attn, cb_eval=self.capture.callback, n_seq_max=self.n_parallel,
         )
-        self.n_ctx = self.ctx.n_ctx
+        self.n_ctx = n_ctx  # the longest single window
+        # With our patch the callback is installed only for the lookahead steps: during the window's
+        # prefill llama.cpp then makes no Python call per graph node (10–30% of the prefill otherwise).
+        self.toggles_callback = set_eval_callback(self.ctx, None)
+        self._capture_on = True
         #: the tokens the speculator's cache holds after the last scoring window (lookahead removed)
         self.cached_tokens: list[int] = []
 
@@ -168,7 +178,11 @@ class SpecPrefillScorer:
         pool: int = 13,
         window: int = 0,
         progress: Callable[[int, int], None] | None = None,
+        capture: bool = True,
     ) -> ScoreResult:
+        """Score the document tokens of `prompt`. capture=False runs the same speculator forward passes
+        without capture or score math (scores are then meaningless): the benchmark's overhead baseline."""
+        self._capture_on = capture
         timings = {"speculator_prefill": 0.0, "lookahead": 0.0, "score_math": 0.0}
         calls0 = self.capture.calls
         doc = prompt.document
@@ -187,12 +201,19 @@ class SpecPrefillScorer:
             n_windows = len(plan)
             scores = np.zeros(n_doc, dtype=np.float32)
             h = len(prompt.head)
-            for w, (a, b) in enumerate(plan):
+            longest = max(b - a for a, b in plan) + len(prompt.head) + len(prompt.tail) + lookahead + 1
+            step = max(1, min(self.n_parallel, self.ctx.n_ctx // longest)) if self._capture_on else 1
+            for g in range(0, n_windows, step):
                 if progress:
-                    progress(w, n_windows)
-                tokens = prompt.head + doc[a:b] + prompt.tail
-                s = self._score_window(tokens, lookahead, pool, timings)
-                scores[a:b] = s[h : h + (b - a)]
+                    progress(g, n_windows)
+                group = plan[g : g + step]
+                windows = [prompt.head + doc[a:b] + prompt.tail for a, b in group]
+                if len(windows) == 1:
+                    got = [self._score_window(windows[0], lookahead, pool, timings)]
+                else:
+                    got = self._score_parallel(windows, lookahead, pool, timings)
+                for (a, b), s in zip(group, got):
+                    scores[a:b] = s[h : h + (b - a)]
             if progress:
                 progress(n_windows, n_windows)
             return ScoreResult(scores, n_windows, timings, self.capture.calls - calls0)
@@ -219,10 +240,16 @@ class SpecPrefillScorer:
         ctx, cap = self.ctx, self.capture
         cap.disarm()
         ctx.clear()
+        if self.toggles_callback:
+            set_eval_callback(ctx, None)  # also after a window that ended in an exception
         t0 = time.perf_counter()
         if n > 1:
             ctx.decode(tokens[:-1], range(n - 1), logits="none")
         t1 = time.perf_counter()
+        if not self._capture_on:
+            return self._forward_only(tokens, lookahead, timings, t0, t1)
+        if self.toggles_callback:
+            set_eval_callback(ctx, cap.callback)
         rows: list[dict[int, np.ndarray]] = []
         k: dict[int, np.ndarray] = {}
         tok, pos = tokens[-1], n - 1
@@ -244,6 +271,8 @@ class SpecPrefillScorer:
             pos += 1
             if self.model.is_eog(tok):
                 break
+        if self.toggles_callback:
+            set_eval_callback(ctx, None)
         t2 = time.perf_counter()
         scores = attention_scores(rows, k, n, pool) * np.float32(n)
         t3 = time.perf_counter()
@@ -254,6 +283,96 @@ class SpecPrefillScorer:
         timings["lookahead"] += (t2 - t1) * 1000.0
         timings["score_math"] += (t3 - t2) * 1000.0
         return scores
+
+    def _score_parallel(self, windows: list[list[int]], lookahead: int, pool: int, timings: dict[str, float]) -> list[np.ndarray]:
+        """Score several windows at once, one sequence each, in one unified KV cache.
+
+        Cell layout (a fresh cache fills cells in batch order): the prefill batch holds every window's
+        tokens but its last, window after window, so window w owns cells [off_w, off_w + n_w - 1);
+        lookahead step 0 then decodes the P last tokens together at cells T..T+P-1. Each lookahead step
+        is one batch of P tokens, so the lookahead costs `lookahead` decode calls, not P × lookahead.
+        """
+        ctx, cap = self.ctx, self.capture
+        P = len(windows)
+        lens = [len(w) for w in windows]
+        cap.disarm()
+        ctx.clear()
+        if self.toggles_callback:
+            set_eval_callback(ctx, None)
+        t0 = time.perf_counter()
+        toks: list[int] = []
+        pos: list[int] = []
+        seqs: list[int] = []
+        offsets = []
+        for w, win in enumerate(windows):
+            offsets.append(len(toks))
+            toks += win[:-1]
+            pos += range(len(win) - 1)
+            seqs += [w] * (len(win) - 1)
+        total = len(toks)
+        ctx.decode(toks, pos, seq_ids=seqs, logits="none")
+        t1 = time.perf_counter()
+        if self.toggles_callback:
+            set_eval_callback(ctx, cap.callback)
+        rows: list[dict[int, np.ndarray]] = []  # per step: il -> (P, n_head, d)
+        active = np.ones((lookahead, P), dtype=bool)
+        k: dict[int, np.ndarray] = {}
+        cur = [win[-1] for win in windows]
+        cur_pos = [n - 1 for n in lens]
+        for step in range(lookahead):
+            cap.arm(q=True, k=(step == 0))
+            ctx.decode(cur, cur_pos, seq_ids=list(range(P)), logits="all")
+            cap.disarm()
+            if step == 0:
+                k = cap.k
+            if len(cap.q) != self.model.n_layer or (step == 0 and len(k) != self.model.n_layer):
+                raise EngineError(
+                    f"capture saw {len(cap.q)} query and {len(k)} key tensors for {self.model.n_layer} layers: "
+                    "this llama.cpp build names its graph tensors differently"
+                )
+            rows.append(dict(cap.q))
+            if step + 1 == lookahead:
+                break
+            nxt = [int(np.argmax(ctx.logits_row(i))) for i in range(P)]
+            for i, t in enumerate(nxt):
+                if self.model.is_eog(t) or not active[step, i]:
+                    active[step + 1 :, i] = False  # a window whose lookahead ended has fewer rows
+            cur, cur_pos = nxt, [p + 1 for p in cur_pos]
+        if self.toggles_callback:
+            set_eval_callback(ctx, None)
+        t2 = time.perf_counter()
+        out = []
+        for w in range(P):
+            cells = np.concatenate([np.arange(offsets[w], offsets[w] + lens[w] - 1), [total + w]])
+            kw = {il: kk[cells] for il, kk in k.items()}
+            qw = [{il: q[w] for il, q in rows[s].items()} for s in range(len(rows)) if active[s, w]]
+            out.append(attention_scores(qw, kw, lens[w], pool) * np.float32(lens[w]))
+        t3 = time.perf_counter()
+        # the cache now holds several windows: the model drafter must build its own
+        ctx.clear()
+        self.cached_tokens = []
+        timings["speculator_prefill"] += (t1 - t0) * 1000.0
+        timings["lookahead"] += (t2 - t1) * 1000.0
+        timings["score_math"] += (t3 - t2) * 1000.0
+        return out
+
+    def _forward_only(self, tokens: Sequence[int], lookahead: int, timings: dict[str, float], t0: float, t1: float) -> np.ndarray:
+        """The lookahead decodes alone (no capture, no score math)."""
+        ctx, n = self.ctx, len(tokens)
+        tok, pos = tokens[-1], n - 1
+        for step in range(lookahead):
+            ctx.decode([tok], [pos], logits="last")
+            if step + 1 == lookahead:
+                break
+            tok, pos = int(np.argmax(ctx.logits_row(-1))), pos + 1
+            if self.model.is_eog(tok):
+                break
+        t2 = time.perf_counter()
+        ctx.seq_rm(0, n, -1)
+        self.cached_tokens = list(tokens)
+        timings["speculator_prefill"] += (t1 - t0) * 1000.0
+        timings["lookahead"] += (t2 - t1) * 1000.0
+        return np.ones(n, dtype=np.float32)
 
     def close(self) -> None:
         self.ctx.close()
