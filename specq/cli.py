@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import typer
 
 app = typer.Typer(
@@ -10,6 +12,94 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     add_completion=False,
 )
+
+
+# --------------------------------------------------------------------------- run: one job, in process
+
+
+def _fail(message: str) -> typer.Exit:
+    """Print one line to stderr; return the typer.Exit(1) to raise (no traceback for users)."""
+    typer.echo(f"error: {message}", err=True)
+    return typer.Exit(1)
+
+
+def read_document(path: Path) -> str:
+    """A document file as text, or an InputError with a one-line reason."""
+    from .engine.errors import InputError
+    from .engine.inputs import decode_document
+
+    if not path.exists():
+        raise InputError(f"file not found: {path}")
+    if path.is_dir():
+        raise InputError(f"{path} is a directory, not a file")
+    return decode_document(path.read_bytes(), name=str(path))
+
+
+@app.command("run")
+def run_cmd(
+    file: Path = typer.Argument(..., help="A long document or code file (UTF-8 text)."),
+    question: str = typer.Option("", "-q", "--question", help="The question asked about FILE."),
+    mode: str = typer.Option("baseline", help="baseline (prefill every token) or specprefill (score, keep the top chunks)."),
+    positions: str = typer.Option("original", help="original (kept tokens keep their position ids) or compressed."),
+    keep: float = typer.Option(0.3, help="Fraction of the document's chunks kept by specprefill."),
+    scorer: str = typer.Option("windowed", help="windowed, sliding or full."),
+    lookahead: int = typer.Option(8, help="Lookahead query rows for scoring."),
+    chunk: int = typer.Option(32, help="Tokens per selection chunk."),
+    max_keep: int = typer.Option(0, help="Cap on kept document tokens (0 = none)."),
+    min_tokens: int = typer.Option(-1, help="Shorter prompts run baseline (-1 = engine default)."),
+    pool: int = typer.Option(13, help="Average-pool kernel over scores (odd)."),
+    window: int = typer.Option(0, help="Document tokens per scoring window (0 = auto)."),
+    max_tokens: int = typer.Option(256, help="Tokens to generate at most."),
+    temperature: float = typer.Option(0.0, help="0 = greedy."),
+    top_k: int = typer.Option(0, help="0 = off."),
+    top_p: float = typer.Option(1.0, help="1 = off."),
+    seed: int = typer.Option(-1, help="Sampling seed (-1 = random)."),
+    draft: str = typer.Option("none", help="Speculative decoding drafter: none, ngram, model or auto."),
+    n_draft: int = typer.Option(4, help="Tokens drafted per verification batch."),
+    draft_min: int = typer.Option(1, help="Skip drafts shorter than this."),
+    p_min: float = typer.Option(0.0, help="Model drafts stop below this top probability (0 = off)."),
+    ngram: int = typer.Option(2, help="N-gram size for the ngram drafter."),
+    target: str = typer.Option(None, help="Target model: registry name or GGUF path."),
+    speculator: str = typer.Option(None, help="Speculator/drafter model: registry name or GGUF path."),
+    n_gpu_layers: int = typer.Option(-1, help="Layers offloaded to the GPU (-1 = all)."),
+    n_ctx: int = typer.Option(0, help="Target context size (0 = model's, capped at 32768)."),
+    flash_attn: bool = typer.Option(True, "--flash-attn/--no-flash-attn", help="Flash attention."),
+    threads: int = typer.Option(0, help="CPU threads (0 = all cores)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the run result object as JSON."),
+) -> None:
+    """Answer QUESTION about FILE in this process (no service needed) and print the phase timings."""
+    import json
+
+    from .engine.errors import EngineError
+    from .engine.options import EngineOptions, RunParams
+
+    try:
+        params = RunParams.from_dict(
+            dict(question=question, mode=mode, positions=positions, keep=keep, scorer=scorer, lookahead=lookahead,
+                 chunk=chunk, max_keep=max_keep, min_tokens=min_tokens, pool=pool, window=window, max_tokens=max_tokens,
+                 temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, draft=draft, n_draft=n_draft,
+                 draft_min=draft_min, p_min=p_min, ngram=ngram)
+        )
+        document = read_document(file)
+        opts = EngineOptions(n_gpu_layers=n_gpu_layers, n_ctx=n_ctx, flash_attn=flash_attn, n_threads=threads)
+        if target:
+            opts.target = target
+        if speculator:
+            opts.speculator = speculator
+        from .engine.pipeline import Engine
+
+        engine = Engine(opts)
+        result = engine.run(document, params).to_dict()
+    except EngineError as e:
+        raise _fail(str(e)) from None
+    except KeyboardInterrupt:
+        raise _fail("interrupted") from None
+    if as_json:
+        typer.echo(json.dumps(result, indent=2))
+    else:
+        from .render import print_result
+
+        print_result(result)
 
 
 # --------------------------------------------------------------------------- models: pull | list | verify
@@ -511,6 +601,152 @@ def cancel_cmd(job_id: str = typer.Argument(..., help="A job id (job_…).")) ->
     job = _api_call(lambda c: c.cancel(job_id))
     state = "cancelled" if job["status"] == "cancelled" else "cancel requested (it stops at its next step)"
     typer.echo(f"{job_id}: {state}")
+
+
+# --------------------------------------------------------------------------- bench: decode
+
+bench_app = typer.Typer(help="Benchmarks on this machine (not timed tests).", no_args_is_help=True)
+app.add_typer(bench_app, name="bench")
+
+
+@bench_app.command("decode")
+def bench_decode(
+    methods: str = typer.Option("none,ngram,model", help="Comma-separated drafters to compare (none first)."),
+    jobs: str = typer.Option("rename,quote,explain", help="Comma-separated jobs: rename, quote (copy-heavy), explain (free-form)."),
+    max_tokens: int = typer.Option(128, help="Tokens to generate per run."),
+    n_draft: int = typer.Option(4, help="Tokens drafted per verification batch."),
+    draft_min: int = typer.Option(1, help="Skip drafts shorter than this."),
+    p_min: float = typer.Option(0.0, help="Model drafts stop below this top probability (0 = off)."),
+    ngram: int = typer.Option(2, help="N-gram size for the ngram drafter."),
+    repeat: int = typer.Option(1, help="Runs per job and method (the median decode time counts)."),
+    mode: str = typer.Option("baseline", help="Prefill mode: baseline or specprefill."),
+    target: str = typer.Option(None, help="Target model: registry name or GGUF path."),
+    speculator: str = typer.Option(None, help="Speculator/drafter model: registry name or GGUF path."),
+    n_gpu_layers: int = typer.Option(-1, help="Layers offloaded to the GPU (-1 = all)."),
+    threads: int = typer.Option(0, help="CPU threads (0 = all cores)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the rows as JSON."),
+) -> None:
+    """Decode tokens/s for none / ngram / model drafting, side by side, on copy-heavy and free-form jobs."""
+    import json
+
+    from .bench_decode import default_jobs, run_bench
+    from .engine.errors import EngineError
+    from .engine.options import EngineOptions
+
+    opts = EngineOptions(n_gpu_layers=n_gpu_layers, n_threads=threads)
+    if target:
+        opts.target = target
+    if speculator:
+        opts.speculator = speculator
+    wanted = [j.strip() for j in jobs.split(",") if j.strip()]
+    by_name = {j.name: j for j in default_jobs()}
+    unknown = [j for j in wanted if j not in by_name]
+    if unknown:
+        raise _fail(f"unknown job(s): {', '.join(unknown)} (known: {', '.join(by_name)})")
+    header = f"{'job':8} {'kind':10} {'method':11} {'tokens':>6} {'decode ms':>10} {'tok/s':>7} {'ratio':>6} {'accept':>7} {'mean acc':>8} {'batches':>7}  same"
+
+    def show(row) -> None:
+        if not as_json:
+            same = "-" if row.same_as_none is None else ("yes" if row.same_as_none else "NO")
+            typer.echo(f"{row.job:8} {row.kind:10} {row.method:11} {row.tokens:6d} {row.decode_ms:10.1f} {row.tokens_per_s:7.2f} "
+                       f"{row.ratio:5.2f}x {row.accept_rate:7.3f} {row.mean_accepted_len:8.2f} {row.verify_batches:7d}  {same}")
+
+    if not as_json:
+        typer.echo(header)
+    try:
+        rows = run_bench(
+            opts, methods=[m.strip() for m in methods.split(",") if m.strip()], jobs=[by_name[j] for j in wanted],
+            max_tokens=max_tokens, n_draft=n_draft, draft_min=draft_min, p_min=p_min, ngram=ngram, repeat=repeat,
+            mode=mode, on_row=show,
+        )
+    except EngineError as e:
+        raise _fail(str(e)) from None
+    except KeyboardInterrupt:
+        raise _fail("interrupted") from None
+    if as_json:
+        typer.echo(json.dumps([r.as_dict() for r in rows], indent=2))
+
+
+# --------------------------------------------------------------------------- bench: ttft, make-model
+
+
+@bench_app.command("ttft")
+def bench_ttft(
+    lengths: str = typer.Option("4000", help="Comma-separated prompt lengths in tokens, e.g. 8000,32000,65000,131000."),
+    keep: float = typer.Option(0.3, help="Fraction of the document's chunks kept."),
+    scorer: str = typer.Option("windowed", help="windowed, sliding or full."),
+    lookahead: int = typer.Option(8, help="Lookahead query rows."),
+    window: int = typer.Option(0, help="Document tokens per scoring window (0 = auto)."),
+    reps: int = typer.Option(3, help="Rounds per length after the dropped warm-up (median counts)."),
+    target: str = typer.Option(None, help="Target model: registry name or GGUF path."),
+    speculator: str = typer.Option(None, help="Speculator model: registry name or GGUF path."),
+    n_gpu_layers: int = typer.Option(-1, help="Layers offloaded to the GPU (-1 = all)."),
+    n_ctx: int = typer.Option(0, help="Target context (0 = the largest length + 1024)."),
+    n_batch: int = typer.Option(4096, help="Largest batch handed to llama_decode."),
+    n_ubatch: int = typer.Option(0, help="Micro-batch (0 = 2048 on GPU, 512 on CPU)."),
+    threads: int = typer.Option(0, help="CPU threads (0 = all cores)."),
+    out: Path = typer.Option(None, help="Write the report as JSON here."),
+    plot: Path = typer.Option(None, help="Write a PNG plot here (needs matplotlib: pip install 'specq[bench]')."),
+) -> None:
+    """TTFT of baseline vs specprefill, alternating in one run, with the phase split and ratio."""
+    from .engine.errors import EngineError
+    from .engine.options import EngineOptions
+
+    try:
+        sizes = [int(x.replace("_", "")) for x in lengths.split(",") if x.strip()]
+    except ValueError:
+        raise _fail(f"bad --lengths {lengths!r}: comma-separated token counts") from None
+    if not sizes or min(sizes) < 64 or reps < 1:
+        raise _fail("--lengths must be token counts >= 64 and --reps >= 1")
+    opts = EngineOptions(n_gpu_layers=n_gpu_layers, n_ctx=n_ctx or max(sizes) + 1024, n_batch=n_batch, n_ubatch=n_ubatch, n_threads=threads)
+    if target:
+        opts.target = target
+    if speculator:
+        opts.speculator = speculator
+    try:
+        from .bench_ttft import print_report, run_ttft_bench, write_outputs
+        from .engine.pipeline import Engine
+
+        engine = Engine(opts)
+        report = run_ttft_bench(engine, sizes, keep=keep, scorer=scorer, lookahead=lookahead, window=window, reps=reps,
+                                say=lambda m: typer.echo(m, err=True))
+    except EngineError as e:
+        raise _fail(str(e)) from None
+    except KeyboardInterrupt:
+        raise _fail("interrupted") from None
+    print_report(report)
+    write_outputs(report, out, plot)
+    if out:
+        typer.echo(f"wrote {out}")
+    if plot:
+        typer.echo(f"wrote {plot}")
+
+
+@bench_app.command("make-model")
+def bench_make_model(
+    shape: str = typer.Option(..., help="tiny, 0.5b, 1.5b, 7b or 14b (real Qwen2 shapes)."),
+    out: Path = typer.Option(..., help="Where to write the GGUF."),
+    vocab: str = typer.Option("bytes", help="'bytes' (tiny byte vocabulary) or a vocab-only GGUF, e.g. llama.cpp's ggml-vocab-qwen2.gguf."),
+    seed: int = typer.Option(0, help="Weight seed."),
+    n_ctx: int = typer.Option(0, help="Training context written into the file (0 = the shape's)."),
+    n_layer: int = typer.Option(0, help="Override the number of layers (0 = the shape's)."),
+) -> None:
+    """Write a random-weight Qwen2 GGUF of a real shape (for speed measurements: timing does not depend on weights)."""
+    import time as _time
+
+    from .engine.synthetic import write_qwen2_gguf
+
+    overrides = {}
+    if n_ctx:
+        overrides["n_ctx"] = n_ctx
+    if n_layer:
+        overrides["n_layer"] = n_layer
+    t0 = _time.perf_counter()
+    try:
+        path = write_qwen2_gguf(out, shape, vocab=vocab, seed=seed, **overrides)
+    except (ValueError, OSError) as e:
+        raise _fail(str(e)) from None
+    typer.echo(f"wrote {path} ({path.stat().st_size / 1e9:.2f} GB, {_time.perf_counter() - t0:.1f} s)")
 
 
 def main() -> None:  # pragma: no cover - console entry

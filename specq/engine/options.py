@@ -42,7 +42,7 @@ class EngineOptions:
     n_threads: int = 0
     #: scoring windows run together as parallel sequences of the speculator (one batch per
     #: lookahead step for all of them); 1 = one window at a time
-    n_parallel: int = 4
+    n_parallel: int = 8
 
     def resolved_threads(self) -> int:
         return self.n_threads or (os.cpu_count() or 1)

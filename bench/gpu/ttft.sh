@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# On the GPU machine, after build.sh: write random-weight models (0.5B speculator + TARGET shape) and
+# run `specq bench ttft` for the lengths given. Usage: ttft.sh TARGET_SHAPE LENGTHS [REPS]
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+shape=${1:-7b}; lengths=${2:-8192,32768}; reps=${3:-3}
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+out=${OUT:-/tmp/out}; mkdir -p "$out" /tmp/models
+max=$(echo "$lengths" | tr ',' '\n' | sort -n | tail -1)
+ctx=$(( max + 2048 ))
+vocab=.gpu/ggml-vocab-qwen2.gguf
+for s in 0.5b "$shape"; do
+  f=/tmp/models/$s.gguf
+  if [ ! -f "$f" ]; then
+    # free the disk for the big shapes: keep only the speculator and this target
+    for old in /tmp/models/*.gguf; do case "$old" in */0.5b.gguf|"$f") ;; *) rm -f "$old" ;; esac; done
+    python3 -m specq.cli bench make-model --shape "$s" --vocab "$vocab" --n-ctx "$ctx" --out "$f"
+  fi
+done
+nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
+python3 -m specq.cli bench ttft --lengths "$lengths" --reps "$reps" --keep 0.3 \
+  --target /tmp/models/$shape.gguf --speculator /tmp/models/0.5b.gguf --n-ctx "$ctx" \
+  --out "$out/ttft-$shape.json" --plot "$out/ttft-$shape.png" 2>&1 | tee "$out/ttft-$shape.log"
