@@ -14,7 +14,7 @@ import numpy as np
 
 from .llama import Context
 from .sampling import Sampler
-from .speculative import Drafter, DraftStats, verify
+from .speculative import Draft, Drafter, DraftStats, verify
 
 
 @dataclass
@@ -44,6 +44,8 @@ def generate(
     """
     model = ctx.model
     stats = DraftStats(method=getattr(drafter, "name", "none") if drafter else "none")
+    n_draft = max(1, min(int(n_draft), ctx.n_batch - 1))
+    draft_min = min(max(1, int(draft_min)), n_draft)  # clamped to [1, n_draft]
     out: list[int] = []
     history = list(prompt_tokens)
     tok = sampler.sample(first_logits)  # sampled, not yet in the cache
@@ -59,9 +61,13 @@ def generate(
             progress(len(out), max_tokens)
         if len(out) >= max_tokens:
             break
+        # one verification emits up to k + 1 tokens: drafting more than room - 1 only wastes work
         room = max_tokens - len(out)
-        draft = drafter.propose(history, min(n_draft, room)) if drafter is not None else None
-        if draft is not None and len(draft.tokens) >= max(1, draft_min):
+        want = min(n_draft, room - 1)
+        draft = drafter.propose(history, want) if drafter is not None and want >= draft_min else None
+        if draft is not None and len(draft.tokens) > want:
+            draft = Draft(list(draft.tokens[:want]), list(draft.probs[:want]) if draft.probs is not None else None)
+        if draft is not None and len(draft.tokens) >= draft_min:
             k = len(draft.tokens)
             ctx.decode([tok] + list(draft.tokens), list(range(pos, pos + k + 1)), logits="all")
             rows = [ctx.logits_row(i) for i in range(k + 1)]
@@ -80,13 +86,14 @@ def generate(
                     break
                 out.append(t)
                 history.append(t)
+                if progress is not None:
+                    progress(len(out), max_tokens)
                 if len(out) >= max_tokens:
                     stopped = True
                     break
-            if drafter is not None:
-                drafter.accept(history, n_acc)
             if stopped:
                 break
+            drafter.accept(history, n_acc)
             tok = emitted[-1]
         else:
             ctx.decode([tok], [pos], logits="last")

@@ -85,13 +85,17 @@ def library_version() -> str:
 class Model:
     """A loaded GGUF model and its vocabulary."""
 
-    def __init__(self, path: str | Path, *, n_gpu_layers: int = -1) -> None:
+    def __init__(self, path: str | Path, *, n_gpu_layers: int = -1, repack: bool = True) -> None:
+        """repack: let llama.cpp repack weights into its CPU-specific layouts (extra buffer types). Their
+        kernels differ by batch size (gemv below 4 tokens, gemm above), so logits of one token depend
+        on how many tokens were decoded with it; the target turns it off (see EngineOptions.repack)."""
         init_backend()
         self.path = Path(path)
         if not self.path.is_file():
             raise ModelError(f"model file not found: {self.path}")
         params = llama_cpp.llama_model_default_params()
         params.n_gpu_layers = n_gpu_layers if n_gpu_layers >= 0 else 999
+        params.use_extra_bufts = bool(repack)
         self.n_gpu_layers = n_gpu_layers if llama_cpp.llama_supports_gpu_offload() else 0
         clear_log()
         self.ptr = llama_cpp.llama_model_load_from_file(str(self.path).encode(), params)

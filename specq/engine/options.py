@@ -40,6 +40,12 @@ class EngineOptions:
     n_ubatch: int = 0
     #: CPU threads; 0 = all cores
     n_threads: int = 0
+    #: let llama.cpp repack the target's weights into CPU-specific layouts. Off by default: the
+    #: repacked kernels switch from gemv to gemm with the batch size, so a token verified in a batch
+    #: of drafts got different logits (by up to ~0.5 on the Q4_K_M target) than the same token decoded
+    #: alone, and greedy speculative decoding stopped being token-identical to plain decoding.
+    #: Unrepacked Q4_K matmuls are batch-invariant (measured: identical logits for 1, 2 and 5 tokens).
+    repack: bool = False
     #: scoring windows run together as parallel sequences of the speculator (one batch per
     #: lookahead step for all of them); 1 = one window at a time
     n_parallel: int = 8

@@ -43,7 +43,7 @@ class Engine:
         self.options = opts = options or EngineOptions()
         self._pull_progress = pull_progress
         self.target_path = Path(resolve_model(opts.target, progress=pull_progress))
-        self.target = Model(self.target_path, n_gpu_layers=opts.n_gpu_layers)
+        self.target = Model(self.target_path, n_gpu_layers=opts.n_gpu_layers, repack=opts.repack)
         self.n_ctx = opts.n_ctx or min(self.target.n_ctx_train or MAX_DEFAULT_CTX, MAX_DEFAULT_CTX)
         backend = backend_name()
         self.n_ubatch = opts.n_ubatch or (2048 if backend != "cpu" else 512)
@@ -142,7 +142,7 @@ class Engine:
         timings["sparse_prefill"] = _ms(t0)
 
         sampler = Sampler(params.temperature, params.top_k, params.top_p, params.seed)
-        drafter = self._drafter(params, prompt)
+        drafter = self._drafter(params, prompt, scored=(mode == "specprefill"))
         t_decode = time.perf_counter()
         first: list[float] = []
 
@@ -218,10 +218,16 @@ class Engine:
         spec.keep, spec.lookahead, spec.windows, spec.scorer = params.keep, params.lookahead, scored.windows, params.scorer
         return kept
 
-    def _drafter(self, params: RunParams, prompt: Prompt):
-        if params.draft == "none":
-            return None
-        raise InputError(f"draft {params.draft} is not available yet")
+    def _drafter(self, params: RunParams, prompt: Prompt, *, scored: bool = False):
+        """The run's drafter (drafters.py); `model` drafts on the scorer's speculator context and, when
+        this run scored, continues from the KV state scoring left there."""
+        from .drafters import make_drafter
+
+        return make_drafter(
+            params.draft, prompt, ngram=params.ngram, temperature=params.temperature, top_k=params.top_k,
+            top_p=params.top_p, seed=params.seed, p_min=params.p_min, backend=self.info.backend,
+            speculator_cache=self.scorer, scored=scored,
+        )
 
     def close(self) -> None:
         self.ctx.close()
