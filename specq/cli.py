@@ -485,8 +485,10 @@ def _finish_job(job: dict, as_json: bool) -> None:
 
 @app.command("submit")
 def submit_cmd(
-    file: Path = typer.Argument(..., help="A long document or code file (UTF-8 text)."),
+    files: list[Path] = typer.Argument(None, help="Documents or code files (UTF-8 text); several make a batch."),
     question: str = typer.Option(None, "-q", "--question", help="The question asked about FILE."),
+    jsonl: Path = typer.Option(None, "--jsonl", help="A batch as JSONL: one {custom_id, text, question, params} per line."),
+    batch_name: str = typer.Option(None, "--batch", help="Submit as a batch with this name (`specq results NAME`)."),
     mode: str = typer.Option(None, help="baseline or specprefill."),
     positions: str = typer.Option(None, help="original or compressed."),
     keep: float = typer.Option(None, help="Fraction of the document's chunks kept by specprefill."),
@@ -512,6 +514,9 @@ def submit_cmd(
 ) -> None:
     """Submit FILE + QUESTION as a job to the specq API (SPECQ_API_URL); print its id, or with --wait its answer.
 
+    Several FILEs, --jsonl or --batch submit a batch (one job per file or line): its id is printed;
+    --wait shows the batch's progress; then `specq results BATCH --format csv`.
+
     Options not given take the server's defaults (those of `specq run`). Model options (target, speculator,
     GPU layers, context) belong to the worker: `specq worker --help`.
     """
@@ -523,6 +528,12 @@ def submit_cmd(
                  temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, draft=draft, n_draft=n_draft,
                  draft_min=draft_min, p_min=p_min, ngram=ngram)
     params = {k: v for k, v in given.items() if v is not None}
+    files = list(files or [])
+    if jsonl is not None or batch_name is not None or len(files) > 1:
+        return _submit_batch(files, jsonl, question, params, batch_name, wait)  # the batches section below
+    if not files:
+        raise _svc_fail("give a FILE to submit (or several, or --jsonl FILE for a batch)")
+    file = files[0]
     try:  # the server's checks, before uploading
         if not file.is_file():
             raise InputError(f"file not found: {file}" if not file.exists() else f"{file} is not a file")
@@ -601,6 +612,187 @@ def cancel_cmd(job_id: str = typer.Argument(..., help="A job id (job_…).")) ->
     job = _api_call(lambda c: c.cancel(job_id))
     state = "cancelled" if job["status"] == "cancelled" else "cancel requested (it stops at its next step)"
     typer.echo(f"{job_id}: {state}")
+
+
+# --------------------------------------------------------------------------- batches over HTTP: submit FILE… | batches | results | stats | cancel-batch
+
+
+def _submit_batch(files: list, jsonl, question, params: dict, name, wait: bool) -> None:
+    """`specq submit` with several files, --jsonl or --batch: one batch; prints its id."""
+    from .engine.errors import InputError
+    from .engine.inputs import decode_document
+
+    if jsonl is not None and files:
+        raise _svc_fail("give either FILEs or --jsonl FILE, not both")
+    if jsonl is None and not files:
+        raise _svc_fail("give the FILEs of the batch, or --jsonl FILE")
+    try:  # the server's checks, before uploading
+        for f in ([jsonl] if jsonl is not None else files):
+            if not f.is_file():
+                raise InputError(f"file not found: {f}" if not f.exists() else f"{f} is not a file")
+            if jsonl is None:
+                decode_document(f.read_bytes(), name=str(f))
+    except InputError as e:
+        raise _svc_fail(str(e)) from None
+    metadata = {"name": name} if name else None
+
+    def go(c):
+        if jsonl is not None:
+            batch = c.submit_batch_jsonl(jsonl, params=params, question=question, metadata=metadata)
+        else:
+            batch = c.submit_batch_files(files, question=question, params=params, metadata=metadata)
+        if batch["status"] == "failed":
+            _batch_fail(batch)
+        typer.echo(batch["id"])
+        total = batch["request_counts"]["total"]
+        if not wait:
+            typer.echo(f"{total} requests queued: `specq batches`, `specq results {batch['id']}`", err=True)
+            return
+        try:
+            done = _wait_batch_with_progress(c, batch)
+        except KeyboardInterrupt:
+            raise _svc_fail(f"stopped waiting; batch {batch['id']} keeps running (`specq batches`)") from None
+        counts = done["request_counts"]
+        typer.echo(f"batch {done['id']} {done['status']}: {counts['completed']}/{counts['total']} completed, "
+                   f"{counts['failed']} failed; `specq results {done['id']} --format csv`", err=True)
+        if done["status"] != "completed" or counts["failed"]:
+            raise typer.Exit(1)
+
+    _api_call(go)
+
+
+def _batch_fail(batch: dict) -> None:
+    errors = (batch.get("errors") or {}).get("data") or []
+    for e in errors[:20]:
+        typer.echo(f"error: {e.get('message')}", err=True)
+    if len(errors) > 20:
+        typer.echo(f"error: … and {len(errors) - 20} more", err=True)
+    raise _svc_fail(f"batch {batch['id']} failed validation: nothing was queued")
+
+
+def _wait_batch_with_progress(client, batch: dict) -> dict:
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), console=Console(stderr=True), transient=True) as bar:
+        task = bar.add_task(f"{batch['id']} {batch['status']}", total=batch["request_counts"]["total"] or None)
+
+        def update(b: dict) -> None:
+            c = b["request_counts"]
+            failed = f", {c['failed']} failed" if c["failed"] else ""
+            bar.update(task, description=f"{b['id']} {b['status']}{failed}", completed=c["completed"] + c["failed"],
+                       total=c["total"] or None)
+
+        return client.wait_batch(batch["id"], on_update=update)
+
+
+@app.command("batches")
+def batches_cmd(
+    status: str = typer.Option(None, help="Only these statuses (comma-separated): in_progress, completed, failed, cancelled, …"),
+    limit: int = typer.Option(20, help="How many, newest first."),
+) -> None:
+    """Recent batches with their status and request counts."""
+    from rich.console import Console
+    from rich.table import Table
+
+    page = _api_call(lambda c: c.batches(status=status, limit=limit))
+    table = Table(box=None, pad_edge=False)
+    for col in ("id", "name", "status", "done", "failed", "total", "created (UTC)"):
+        table.add_column(col, no_wrap=True)
+    for b in page["data"]:
+        c = b["request_counts"]
+        table.add_row(b["id"], str((b.get("metadata") or {}).get("name") or ""), b["status"], str(c["completed"]),
+                      str(c["failed"]), str(c["total"]), (b.get("created_at") or "").replace("T", " ")[:19])
+    Console().print(table)
+
+
+@app.command("results")
+def results_cmd(
+    batch: str = typer.Argument(..., help="A batch id (batch_…) or the name given with `submit --batch NAME`."),
+    fmt: str = typer.Option("table", "--format", "-f", help="jsonl (run result objects), csv (usage and phase timings as columns) or table."),
+    errors: bool = typer.Option(False, "--errors", help="The failed and cancelled requests instead (JSONL)."),
+) -> None:
+    """The answers of a batch's finished requests, one per request in submission order."""
+    if fmt not in ("jsonl", "csv", "table"):
+        raise _svc_fail(f"--format must be jsonl, csv or table, not {fmt!r}")
+
+    def go(c):
+        b = c.resolve_batch(batch)
+        if errors:
+            return b, c.batch_export(b["id"], "errors"), None
+        return b, c.batch_export(b["id"], "results", "csv" if fmt == "csv" else "jsonl"), None
+
+    b, text, _ = _api_call(go)
+    if errors or fmt in ("jsonl", "csv"):
+        typer.echo(text, nl=False)
+    else:
+        _print_results_table(text)
+    c = b["request_counts"]
+    if b["status"] not in ("completed", "failed", "cancelled", "expired"):
+        typer.echo(f"batch {b['id']} is {b['status']}: {c['completed']}/{c['total']} completed so far", err=True)
+    elif c["failed"] and not errors:
+        typer.echo(f"{c['failed']} request(s) failed or were cancelled: `specq results {b['id']} --errors`", err=True)
+
+
+def _print_results_table(text: str) -> None:
+    import json
+
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(box=None, pad_edge=False)
+    for col, kw in (("custom_id", {"no_wrap": True}), ("answer", {"overflow": "fold", "max_width": 60}),
+                    ("prompt", {"justify": "right"}), ("kept", {"justify": "right"}), ("ttft ms", {"justify": "right"}),
+                    ("decode ms", {"justify": "right"}), ("total ms", {"justify": "right"})):
+        table.add_column(col, **kw)
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        row = json.loads(line)
+        r = row["result"]
+        t, u = r.get("timings_ms") or {}, r.get("usage") or {}
+        answer = " ".join((r.get("text") or "").split())
+        table.add_row(str(row["custom_id"]), answer[:200], str(u.get("prompt_tokens")), str(u.get("kept_tokens")),
+                      f"{t.get('ttft', 0):,.1f}", f"{t.get('decode', 0):,.1f}", f"{t.get('total', 0):,.1f}")
+    Console().print(table)
+
+
+@app.command("stats")
+def stats_cmd(
+    batch: str = typer.Argument(..., help="A batch id (batch_…) or the name given with `submit --batch NAME`."),
+    as_json: bool = typer.Option(False, "--json", help="Print the stats object as JSON."),
+) -> None:
+    """Per-phase p50/p95 of a batch's finished requests, mean kept ratio and throughput (computed in SQL)."""
+    import json
+
+    from rich.console import Console
+    from rich.table import Table
+
+    st = _api_call(lambda c: c.batch_stats(c.resolve_batch(batch)["id"]))
+    if as_json:
+        typer.echo(json.dumps(st, indent=2))
+        return
+    c = st["request_counts"]
+    typer.echo(f"{st['batch_id']}  {st['status']}  {c['completed']}/{c['total']} completed, {c['failed']} failed")
+    if st.get("kept_ratio_mean") is not None:
+        typer.echo(f"  kept ratio (mean)   {st['kept_ratio_mean']:.3f}   prompt tokens (mean) {st['prompt_tokens_mean']:.1f}")
+    if st.get("wall_s"):
+        typer.echo(f"  wall                {st['wall_s']:.1f} s   throughput {st['jobs_per_s']:.2f} jobs/s")
+    table = Table(box=None, pad_edge=False)
+    for col in ("phase", "count", "p50 ms", "p95 ms", "mean ms", "max ms"):
+        table.add_column(col, justify="left" if col == "phase" else "right")
+    for phase, p in st["phases"].items():
+        table.add_row(phase, str(p["count"]), f"{p['p50']:,.1f}", f"{p['p95']:,.1f}", f"{p['mean']:,.1f}", f"{p['max']:,.1f}")
+    Console().print(table)
+
+
+@app.command("cancel-batch")
+def cancel_batch_cmd(batch: str = typer.Argument(..., help="A batch id (batch_…) or name.")) -> None:
+    """Cancel a batch: queued requests at once, running ones at their next step; finished results stay."""
+    b = _api_call(lambda c: c.cancel_batch(c.resolve_batch(batch)["id"]))
+    c = b["request_counts"]
+    typer.echo(f"{b['id']}: {b['status']} ({c['completed']} completed results kept)")
 
 
 # --------------------------------------------------------------------------- bench: decode

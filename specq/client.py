@@ -19,6 +19,7 @@ from .settings import DEFAULT_API_HOST, DEFAULT_API_PORT
 
 DEFAULT_API_URL = f"http://{DEFAULT_API_HOST}:{DEFAULT_API_PORT}"
 TERMINAL = ("succeeded", "failed", "cancelled")
+BATCH_TERMINAL = ("completed", "failed", "expired", "cancelled")
 
 
 def api_url() -> str:
@@ -100,6 +101,82 @@ class Client:
     def health(self) -> dict:
         return self.request("GET", "/healthz")
 
+    # --- batches ----------------------------------------------------------------------------------------
+    def submit_batch_files(self, paths: list[Path], question: str | None = None, params: dict[str, Any] | None = None,
+                           metadata: dict[str, Any] | None = None, names: list[str] | None = None) -> dict:
+        """One batch of documents (custom_id = each file's name as given in `names`, default the paths)."""
+        form: dict[str, str] = {"params": json.dumps(params or {})}
+        if question is not None:
+            form["question"] = question
+        if metadata:
+            form["metadata"] = json.dumps(metadata)
+        names = names or [str(p) for p in paths]
+        files = [("file", (name, Path(p).read_bytes(), "application/octet-stream")) for name, p in zip(names, paths)]
+        return self.request("POST", "/v1/batches", data=form, files=files)
+
+    def submit_batch_jsonl(self, path: Path, params: dict[str, Any] | None = None, question: str | None = None,
+                           metadata: dict[str, Any] | None = None) -> dict:
+        form: dict[str, str] = {"params": json.dumps(params or {})}
+        if question is not None:
+            form["question"] = question
+        if metadata:
+            form["metadata"] = json.dumps(metadata)
+        files = [("input", (Path(path).name, Path(path).read_bytes(), "application/jsonl"))]
+        return self.request("POST", "/v1/batches", data=form, files=files)
+
+    def batch(self, batch_id: str) -> dict:
+        return self.request("GET", f"/v1/batches/{batch_id}")
+
+    def batches(self, status: str | None = None, name: str | None = None, limit: int = 20, offset: int = 0) -> dict:
+        params: dict[str, Any] = {"limit": limit, "offset": offset}
+        if status:
+            params["status"] = status
+        if name:
+            params["name"] = name
+        return self.request("GET", "/v1/batches", params=params)
+
+    def resolve_batch(self, ref: str) -> dict:
+        """A batch by id (`batch_…`) or by name (the newest batch submitted with `--batch NAME`)."""
+        if ref.startswith("batch_"):
+            return self.batch(ref)
+        page = self.batches(name=ref, limit=1)
+        if not page["data"]:
+            raise ApiError(f"no batch {ref!r} (neither an id nor the name of a batch)", 404)
+        return page["data"][0]
+
+    def cancel_batch(self, batch_id: str) -> dict:
+        return self.request("POST", f"/v1/batches/{batch_id}/cancel")
+
+    def batch_stats(self, batch_id: str) -> dict:
+        return self.request("GET", f"/v1/batches/{batch_id}/stats")
+
+    def batch_export(self, batch_id: str, what: str = "results", fmt: str = "jsonl") -> str:
+        """The text of /results (jsonl or csv) or /errors (jsonl)."""
+        params = {"format": fmt} if what == "results" else {}
+        try:
+            r = self._http.get(f"/v1/batches/{batch_id}/{what}", params=params)
+        except (httpx.ConnectError, httpx.ConnectTimeout) as e:
+            raise ApiUnavailable(f"no specq API at {self.url}: start it with `specq up` (or set SPECQ_API_URL)") from e
+        except httpx.HTTPError as e:
+            raise ApiError(f"request to {self.url} failed: {type(e).__name__}: {e}") from e
+        if r.status_code >= 400:
+            raise ApiError(f"{_error_message(r)} (HTTP {r.status_code})", r.status_code)
+        return r.text
+
+    def wait_batch(self, batch_id: str, on_update: Callable[[dict], None] | None = None, interval: float = 0.5,
+                   timeout: float | None = None) -> dict:
+        """Poll until the batch is completed, failed, expired or cancelled; return its last state."""
+        t_end = time.monotonic() + timeout if timeout else None
+        while True:
+            batch = self.batch(batch_id)
+            if on_update is not None:
+                on_update(batch)
+            if batch["status"] in BATCH_TERMINAL:
+                return batch
+            if t_end is not None and time.monotonic() > t_end:
+                raise ApiError(f"batch {batch_id} still {batch['status']} after {timeout:g}s")
+            time.sleep(interval)
+
     def wait(self, job_id: str, on_update: Callable[[dict], None] | None = None, interval: float = 0.2,
              timeout: float | None = None) -> dict:
         """Poll until the job is succeeded, failed or cancelled; return its last state."""
@@ -136,4 +213,5 @@ def progress_text(job: dict) -> str:
     return f"{phase} {unit}{done}/{total}" if total > 1 else phase
 
 
-__all__ = ["Client", "ApiError", "ApiUnavailable", "api_url", "progress_text", "TERMINAL", "DEFAULT_API_URL"]
+__all__ = ["Client", "ApiError", "ApiUnavailable", "api_url", "progress_text", "TERMINAL", "BATCH_TERMINAL",
+           "DEFAULT_API_URL"]

@@ -113,6 +113,10 @@ class ServiceSettings:
     max_request_bytes: int = 0
     #: largest page of GET /v1/jobs
     max_list_limit: int = 500
+    #: largest batch upload (POST /v1/batches: a JSONL file, or several documents), bytes
+    max_batch_bytes: int = 256 * 1024 * 1024
+    #: most requests (JSONL lines or files) in one batch
+    max_batch_requests: int = 50_000
 
     # ------------------------------------------------------------------------------------------------
     @classmethod
@@ -147,6 +151,8 @@ class ServiceSettings:
             (self.broker_poll_interval > 0, "SPECQ_BROKER_POLL_INTERVAL must be > 0"),
             (1 <= self.api_port <= 65535, "SPECQ_API_PORT must be a TCP port"),
             (self.max_request_bytes >= 0, "SPECQ_MAX_REQUEST_BYTES must be >= 0"),
+            (self.max_batch_bytes > 0, "SPECQ_MAX_BATCH_BYTES must be > 0"),
+            (self.max_batch_requests >= 1, "SPECQ_MAX_BATCH_REQUESTS must be >= 1"),
             (bool(self.queue.strip()), "SPECQ_QUEUE must not be empty"),
         ]
         for ok, message in checks:

@@ -64,14 +64,18 @@ _TYPES = {400: "invalid_request", 401: "unauthorized", 404: "not_found", 405: "m
 class _BodyLimit:
     """Refuse request bodies over `limit` bytes with 413, before reading them whole."""
 
-    def __init__(self, app, limit: int) -> None:
+    def __init__(self, app, limit: int, batch_limit: int | None = None) -> None:
         self.app = app
         self.limit = limit
+        #: batch uploads (POST /v1/batches) carry many documents: their own, larger limit
+        self.batch_limit = batch_limit or limit
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        limit = self.limit
+        batch = scope.get("path", "").startswith("/v1/batches")
+        limit = self.batch_limit if batch else self.limit
+        var = "SPECQ_MAX_BATCH_BYTES" if batch else "SPECQ_MAX_REQUEST_BYTES"
         for name, value in scope.get("headers", []):
             if name == b"content-length":
                 try:
@@ -80,7 +84,7 @@ class _BodyLimit:
                     size = 0
                 if size > limit:
                     resp = _error(413, f"request body is {size} bytes, over the limit of {limit} bytes "
-                                       "(SPECQ_MAX_REQUEST_BYTES)", "too_large")
+                                       f"({var})", "too_large")
                     return await resp(scope, receive, send)
         seen = 0
 
@@ -90,7 +94,7 @@ class _BodyLimit:
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
                 if seen > limit:
-                    raise ApiError(413, f"request body is over the limit of {limit} bytes (SPECQ_MAX_REQUEST_BYTES)",
+                    raise ApiError(413, f"request body is over the limit of {limit} bytes ({var})",
                                    "too_large")
             return message
 
@@ -107,7 +111,7 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
         "per-phase timings.",
     )
     app.state.settings = settings
-    app.add_middleware(_BodyLimit, limit=settings.resolved_max_request_bytes())
+    app.add_middleware(_BodyLimit, limit=settings.resolved_max_request_bytes(), batch_limit=settings.max_batch_bytes)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException):
@@ -257,6 +261,13 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
         body = {"status": "ok" if ok else "unavailable", "version": _version, **checks,
                 "broker_kind": "embedded" if settings.embedded_broker else "redis", "queue": settings.queue}
         return JSONResponse(status_code=200 if ok else 503, content=body)
+
+    # --- batches and metrics (specq.api.batches, specq.api.metrics) --------------------------------------
+    from .batches import batches_router
+    from .metrics import metrics_router
+
+    app.include_router(batches_router(settings, tenant, ApiError))
+    app.include_router(metrics_router(settings))
 
     return app
 

@@ -12,7 +12,7 @@ Every function takes a Session first and is its own transaction:
             results.save_result(s, job.id, run_result)
 """
 
-from . import batches, db, jobs, results, stats
+from . import batches, db, jobs, metrics, results, stats
 from .batches import create_batch, get_batch, list_batches, refresh_request_counts, set_batch_status
 from .errors import InputTooLarge, StorageError
 from .jobs import (

@@ -7,20 +7,32 @@
 Each transition stamps its `<status>_at` column. `request_counts` (total/completed/failed) are
 recomputed from the batch's jobs by `refresh_request_counts`. Same conventions as jobs.py: a Session
 first, one transaction per call.
+
+The life of a batch in the service:
+
+* `create_batch` (validating) -> `add_requests` (all jobs in one transaction; on bad input the API
+  moves the batch to `failed` with `errors` instead) -> `in_progress`;
+* `advance_batch` after every finished job (the worker) and on reads (the API): recount, and once
+  every job is finished `in_progress -> finalizing -> completed`, or `cancelling -> cancelled`;
+* `cancel_batch`: `cancelling`, queued jobs cancelled at once, running ones asked to stop; finished
+  results stay;
+* `iter_batch_jobs` pages through the batch's jobs in request (line) order for the result exports.
 """
 
 from __future__ import annotations
 
 import secrets
-from collections.abc import Iterable, Mapping
-from datetime import datetime
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import and_, case, func, select, update
+from sqlalchemy import and_, case, func, or_, select, update
 from sqlalchemy.orm import Session
 
 from .db import write_transaction
-from .models import BATCH_STATUSES, Batch, Job, utcnow
+from .errors import InputTooLarge
+from .models import BATCH_STATUSES, BATCH_TERMINAL, JOB_TERMINAL, Batch, Job, JobInput, utcnow
 
 #: allowed batch status transitions
 BATCH_TRANSITIONS: dict[str, tuple[str, ...]] = {
@@ -134,6 +146,9 @@ def refresh_request_counts(session: Session, batch_id: str) -> dict[str, int]:
     cancelled), store them, and return {"total", "completed", "failed"}."""
     try:
         write_transaction(session)
+        # lock the batch row: concurrent recounts run one after the other, so the last one sees every
+        # job committed before it (and no older count overwrites a newer one)
+        session.execute(select(Batch.id).where(Batch.id == batch_id).with_for_update())
         total, completed, failed = session.execute(
             select(
                 func.count(),
@@ -155,6 +170,190 @@ def refresh_request_counts(session: Session, batch_id: str) -> dict[str, int]:
         raise
     return counts
 
+# --- the service's batch life cycle ---------------------------------------------------------------------
+
+
+@dataclass
+class BatchRequest:
+    """One request of a batch: a document and a question (a JSONL line or an uploaded file)."""
+
+    custom_id: str
+    text: str
+    question: str = ""
+    #: RunParams as a dict (already merged with the batch's defaults and checked by the caller)
+    params: dict[str, Any] = field(default_factory=dict)
+    filename: str | None = None
+
+
+def add_requests(
+    session: Session,
+    batch_id: str,
+    requests: Sequence[BatchRequest],
+    *,
+    tenant: str = "default",
+    max_attempts: int = 3,
+    limit_bytes: int | None = None,
+) -> list[str]:
+    """Insert one queued job (and its input) per request, all in ONE transaction; return the job ids
+    in request order. Jobs get created_at one microsecond apart, so ordering by created_at keeps the
+    line order. Raises InputTooLarge (nothing stored) for a document over the limit, and
+    sqlalchemy.exc.IntegrityError for a custom_id repeated within the batch."""
+    from .jobs import max_input_bytes, new_job_id
+
+    limit = limit_bytes if limit_bytes is not None else max_input_bytes()
+    base = utcnow()
+    ids: list[str] = []
+    try:
+        rows_jobs, rows_inputs = [], []
+        for i, r in enumerate(requests):
+            size = len(r.text.encode("utf-8"))
+            if size > limit:
+                raise InputTooLarge(size, limit)
+            job_id = new_job_id()
+            ids.append(job_id)
+            rows_jobs.append(Job(id=job_id, tenant=tenant, batch_id=batch_id, custom_id=r.custom_id, status="queued",
+                                 progress_done=0, progress_total=0, attempts=0, max_attempts=max_attempts,
+                                 created_at=base + timedelta(microseconds=i), params=dict(r.params),
+                                 cancel_requested=False))
+            rows_inputs.append(JobInput(job_id=job_id, filename=r.filename, text=r.text, question=r.question or "",
+                                        size_bytes=size))
+        session.add_all(rows_jobs)
+        session.flush()  # the job rows first: job_inputs references them
+        session.add_all(rows_inputs)
+        session.flush()
+        session.execute(
+            update(Batch).where(Batch.id == batch_id).values(request_total=len(ids))
+            .execution_options(synchronize_session=False)
+        )
+        session.commit()
+    except BaseException:
+        session.rollback()
+        raise
+    return ids
+
+
+def _locked_batch(session: Session, batch_id: str, tenant: str | None = None) -> Batch | None:
+    q = select(Batch).where(Batch.id == batch_id)
+    if tenant is not None:
+        q = q.where(Batch.tenant == tenant)
+    return session.scalars(q.with_for_update().execution_options(populate_existing=True)).one_or_none()
+
+
+def _recount(session: Session, batch_id: str) -> tuple[dict[str, int], int]:
+    total, completed, failed, pending = session.execute(
+        select(
+            func.count(),
+            func.coalesce(func.sum(case((Job.status == "succeeded", 1), else_=0)), 0),
+            func.coalesce(func.sum(case((Job.status.in_(("failed", "cancelled")), 1), else_=0)), 0),
+            func.coalesce(func.sum(case((Job.status.in_(JOB_TERMINAL), 0), else_=1)), 0),
+        ).where(Job.batch_id == batch_id)
+    ).one()
+    return {"total": int(total), "completed": int(completed), "failed": int(failed)}, int(pending)
+
+
+def advance_batch(session: Session, batch_id: str, tenant: str | None = None) -> Batch | None:
+    """Recount the batch's requests and, once none is queued or running, finish it:
+    `in_progress -> finalizing -> completed` (both stamped), or `cancelling -> cancelled`.
+    Idempotent and safe to call from several processes at once (the batch row is locked).
+    Returns the batch afterwards, or None if there is no such batch (for `tenant`)."""
+    try:
+        write_transaction(session)
+        batch = _locked_batch(session, batch_id, tenant)
+        if batch is None:
+            session.rollback()
+            return None
+        if batch.status in ("in_progress", "finalizing", "cancelling"):
+            counts, pending = _recount(session, batch_id)
+            batch.request_total = counts["total"]
+            batch.request_completed = counts["completed"]
+            batch.request_failed = counts["failed"]
+            if pending == 0:
+                now = utcnow()
+                if batch.status in ("in_progress", "finalizing"):
+                    batch.finalizing_at = batch.finalizing_at or now
+                    batch.status, batch.completed_at = "completed", now
+                else:
+                    batch.status, batch.cancelled_at = "cancelled", now
+        session.commit()
+    except BaseException:
+        session.rollback()
+        raise
+    return batch
+
+
+def cancel_batch(session: Session, batch_id: str, tenant: str | None = None) -> Batch | None:
+    """Cancel a batch: `cancelling`, its queued jobs cancelled at once and its running jobs asked to
+    stop (they stop at their next phase, window or token); then `cancelled` once none is running.
+    Finished jobs and their results stay. A batch that already finished is returned unchanged (the
+    caller tells "completed" from "cancelled"). None if there is no such batch (for `tenant`)."""
+    try:
+        write_transaction(session)
+        batch = _locked_batch(session, batch_id, tenant)
+        if batch is None:
+            session.rollback()
+            return None
+        if batch.status in ("validating", "in_progress", "finalizing"):
+            now = utcnow()
+            batch.status, batch.cancelling_at = "cancelling", now
+            session.execute(
+                update(Job).where(and_(Job.batch_id == batch_id, Job.status == "queued"))
+                .values(status="cancelled", cancel_requested=True, finished_at=now)
+                .execution_options(synchronize_session=False)
+            )
+            session.execute(
+                update(Job).where(and_(Job.batch_id == batch_id, Job.status == "running"))
+                .values(cancel_requested=True)
+                .execution_options(synchronize_session=False)
+            )
+        session.commit()
+    except BaseException:
+        session.rollback()
+        raise
+    return advance_batch(session, batch_id, tenant)
+
+
+def find_batches(session: Session, name: str, *, tenant: str | None = None, limit: int = 50) -> list[Batch]:
+    """Batches whose metadata `name` is `name` (`specq submit --batch NAME`), newest first."""
+    q = select(Batch).where(Batch.metadata_["name"].as_string() == name)
+    if tenant is not None:
+        q = q.where(Batch.tenant == tenant)
+    q = q.order_by(Batch.created_at.desc(), Batch.id.desc()).limit(max(0, limit))
+    rows = list(session.scalars(q.execution_options(populate_existing=True)))
+    session.commit()
+    return rows
+
+
+def iter_batch_jobs(
+    session: Session, batch_id: str, *, status: str | Iterable[str] | None = None, page: int = 200
+) -> Iterator[list[tuple[Job, str | None]]]:
+    """Pages of (job, input filename) of the batch in request order, filtered by status.
+
+    Keyset pagination on (created_at, id): each page is its own short query (and transaction), so a
+    long export never holds a transaction open."""
+    statuses = None if status is None else ([status] if isinstance(status, str) else list(status))
+    after: tuple[datetime, str] | None = None
+    while True:
+        q = (select(Job, JobInput.filename).outerjoin(JobInput, JobInput.job_id == Job.id)
+             .where(Job.batch_id == batch_id))
+        if statuses is not None:
+            q = q.where(Job.status.in_(statuses))
+        if after is not None:
+            q = q.where(or_(Job.created_at > after[0], and_(Job.created_at == after[0], Job.id > after[1])))
+        q = q.order_by(Job.created_at, Job.id).limit(page)
+        rows = [(job, filename) for job, filename in session.execute(q.execution_options(populate_existing=True))]
+        session.commit()
+        if not rows:
+            return
+        yield rows
+        if len(rows) < page:
+            return
+        last = rows[-1][0]
+        after = (last.created_at, last.id)
+
+
+def is_finished(batch: Batch) -> bool:
+    return batch.status in BATCH_TERMINAL
+
 
 __all__ = [
     "BATCH_TRANSITIONS",
@@ -164,4 +363,11 @@ __all__ = [
     "list_batches",
     "set_batch_status",
     "refresh_request_counts",
+    "BatchRequest",
+    "add_requests",
+    "advance_batch",
+    "cancel_batch",
+    "find_batches",
+    "iter_batch_jobs",
+    "is_finished",
 ]

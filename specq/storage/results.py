@@ -113,6 +113,10 @@ def get_result(session: Session, job_id: str, tenant: str | None = None) -> dict
         session.commit()
         return None
     timings = get_timings(session, job_id)
+    return _as_dict(row, timings)
+
+
+def _as_dict(row: Result, timings: dict[str, float]) -> dict[str, Any]:
     return {
         "text": row.text,
         "finish_reason": row.finish_reason,
@@ -129,4 +133,28 @@ def get_result(session: Session, job_id: str, tenant: str | None = None) -> dict
     }
 
 
-__all__ = ["save_result", "get_result", "get_timings"]
+def get_results(session: Session, job_ids: list[str]) -> dict[str, dict[str, Any]]:
+    """{job_id: result} for those of `job_ids` that have a result, in two queries (batch exports)."""
+    ids = list(dict.fromkeys(job_ids))
+    if not ids:
+        return {}
+    rows = list(session.scalars(select(Result).where(Result.job_id.in_(ids)).execution_options(populate_existing=True)))
+    timings: dict[str, list[tuple[str, float]]] = {}
+    for job_id, phase, ms in session.execute(
+        select(PhaseTiming.job_id, PhaseTiming.phase, PhaseTiming.ms).where(PhaseTiming.job_id.in_(ids))
+    ):
+        timings.setdefault(job_id, []).append((phase, ms))
+    session.commit()
+    out = {}
+    for row in rows:
+        pairs = sorted(timings.get(row.job_id, []), key=lambda r: (_PHASE_ORDER.get(r[0], len(_PHASE_ORDER)), r[0]))
+        out[row.job_id] = _as_dict(row, dict(pairs))
+    return out
+
+
+def phase_order(phases: list[str]) -> list[str]:
+    """Phases in their usual order: the core phases, the scoring sub-phases, then the rest by name."""
+    return sorted(set(phases), key=lambda p: (_PHASE_ORDER.get(p, len(_PHASE_ORDER)), p))
+
+
+__all__ = ["save_result", "get_result", "get_results", "get_timings", "phase_order"]

@@ -10,10 +10,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import Float, func, select
 from sqlalchemy.orm import Session
 
-from .models import Job, PhaseTiming
+from .models import Job, PhaseTiming, Result
 
 
 def percentile_cont(sorted_values: list[float], q: float) -> float:
@@ -102,4 +102,65 @@ def phase_stats(
     return stats
 
 
-__all__ = ["phase_stats", "percentile_cont"]
+def batch_summary(session: Session, batch_id: str) -> dict[str, Any]:
+    """What `GET /v1/batches/{id}/stats` reports, aggregated in SQL over the batch's results:
+    {"count", "kept_ratio_mean", "prompt_tokens_mean", "kept_tokens_mean", "completion_tokens_mean",
+    "first_started_at", "last_finished_at", "wall_s", "jobs_per_s", "phases": phase_stats(...)}.
+    `count` is the number of succeeded requests (those with a result); the kept ratio of a request is
+    kept_tokens / prompt_tokens (requests with no prompt tokens are left out of the mean)."""
+    ratio = func.cast(Result.kept_tokens, Float) / func.nullif(Result.prompt_tokens, 0)
+    count, kept_ratio, prompt, kept, completion = session.execute(
+        select(func.count(Result.job_id), func.avg(ratio), func.avg(Result.prompt_tokens), func.avg(Result.kept_tokens),
+               func.avg(Result.completion_tokens))
+        .select_from(Result).join(Job, Job.id == Result.job_id).where(Job.batch_id == batch_id)
+    ).one()
+    first, last = session.execute(
+        select(func.min(Job.started_at), func.max(Job.finished_at)).where(Job.batch_id == batch_id, Job.status == "succeeded")
+    ).one()
+    session.commit()
+    first, last = _aware(first), _aware(last)
+    wall = (last - first).total_seconds() if first is not None and last is not None else None
+    return {
+        "count": int(count or 0),
+        "kept_ratio_mean": None if kept_ratio is None else float(kept_ratio),
+        "prompt_tokens_mean": None if prompt is None else float(prompt),
+        "kept_tokens_mean": None if kept is None else float(kept),
+        "completion_tokens_mean": None if completion is None else float(completion),
+        "first_started_at": _iso(first),
+        "last_finished_at": _iso(last),
+        "wall_s": wall,
+        "jobs_per_s": (int(count) / wall) if wall and count else None,
+        "phases": phase_stats(session, batch_id=batch_id),
+    }
+
+
+def batch_phases(session: Session, batch_id: str) -> list[str]:
+    """The phases any result of the batch reports (the CSV export's timing columns)."""
+    rows = session.scalars(
+        select(PhaseTiming.phase).distinct().join(Job, Job.id == PhaseTiming.job_id).where(Job.batch_id == batch_id)
+    ).all()
+    session.commit()
+    from .results import phase_order
+
+    return phase_order(list(rows))
+
+
+def _aware(value):
+    # min()/max() over a UTCDateTime column come back through the column type on PostgreSQL, as naive
+    # text on SQLite
+    if value is None:
+        return None
+    if isinstance(value, str):
+        from datetime import datetime
+
+        value = datetime.fromisoformat(value)
+    from datetime import timezone
+
+    return value.replace(tzinfo=timezone.utc) if value.tzinfo is None else value.astimezone(timezone.utc)
+
+
+def _iso(value) -> str | None:
+    return value.isoformat().replace("+00:00", "Z") if value is not None else None
+
+
+__all__ = ["phase_stats", "percentile_cont", "batch_summary", "batch_phases"]

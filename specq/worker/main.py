@@ -40,6 +40,7 @@ def run_worker(settings: ServiceSettings, *, queue: str | None = None, loglevel:
     queue = queue or settings.queue
     app = create_worker_app(settings, queue=queue)
     rt = WorkerRuntime(settings)
+    rt.queue = queue
     set_runtime(rt)
     solo = settings.concurrency == 1
     if solo:

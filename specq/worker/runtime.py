@@ -108,6 +108,10 @@ class WorkerRuntime:
         self.engine = engine
         self.name = worker_name()
         self.jobs_done = 0
+        #: the queue this worker consumes (`specq worker --queue`), reported in its heartbeat
+        self.queue = self.settings.queue
+        self.current_job: str | None = None
+        self.heartbeat = None
 
     def load(self) -> None:
         """Load the models (and warm them up); call after CUDA_VISIBLE_DEVICES is set and after any fork."""
@@ -127,10 +131,54 @@ class WorkerRuntime:
             self.name, info.target, info.speculator or "(on first use)", info.backend, info.n_gpu_layers,
             self.engine.n_ctx, time.perf_counter() - t0,
         )
+        self._start_heartbeat(info)
+
+    def _start_heartbeat(self, info) -> None:
+        """Write this process's heartbeat (specq.monitor) every few seconds, for /metrics."""
+        import atexit
+
+        from ..monitor import Heartbeat
+
+        started = time.time()
+        meta = {"host": socket.gethostname(), "pid": os.getpid(), "gpu": self.settings.gpu,
+                "target": str(info.target), "backend": str(info.backend), "started_at": started}
+
+        def state() -> dict[str, Any]:
+            return {"name": self.name, "queue": self.queue, "jobs_done": self.jobs_done,
+                    "current_job": self.current_job, **meta}
+
+        self.heartbeat = Heartbeat(self.settings, state)
+        self.heartbeat.start()
+        atexit.register(self.heartbeat.stop)
 
     def execute(self, job_id: str) -> Outcome:
         """Run one delivery of job `job_id` to the end. Job errors end in the store; only the store's
-        own errors (e.g. the database is unreachable) escape, and the task re-sends the job."""
+        own errors (e.g. the database is unreachable) escape, and the task re-sends the job.
+        A job of a batch then moves its batch on (counts; completed or cancelled once all are done)."""
+        self.current_job = job_id
+        try:
+            outcome = self._execute(job_id)
+        finally:
+            self.current_job = None
+        if outcome.status != "retry":
+            self._advance_batch(job_id)
+        return outcome
+
+    def _advance_batch(self, job_id: str) -> None:
+        from ..storage import batches
+
+        try:
+            with db.session() as s:
+                job = jobs.get_job(s, job_id)
+                if job is not None and job.batch_id:
+                    batch = batches.advance_batch(s, job.batch_id)
+                    if batch is not None and batch.status in ("completed", "cancelled"):
+                        log.info("batch %s: %s (%d/%d completed, %d failed)", batch.id, batch.status,
+                                 batch.request_completed, batch.request_total, batch.request_failed)
+        except Exception as e:  # the job itself is saved; the API's reads advance the batch as well
+            log.warning("job %s: could not update its batch: %s", job_id, e)
+
+    def _execute(self, job_id: str) -> Outcome:
         if self.engine is None:
             self.load()
         s_ = self.settings

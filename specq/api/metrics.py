@@ -1,0 +1,152 @@
+"""`GET /metrics`: the service in Prometheus text format, gathered at scrape time.
+
+Everything comes from the shared job store and broker, so any API process reports the whole
+deployment (every worker, every API process):
+
+| metric | type | labels | from |
+|---|---|---|---|
+| `specq_jobs` | gauge | status | jobs by status (job store) |
+| `specq_batches` | gauge | status | batches by status |
+| `specq_queue_depth` | gauge | queue | messages waiting in the broker, per queue (the API's and every queue a live worker consumes) |
+| `specq_phase_duration_seconds` | histogram | phase | `timings_ms` of every stored result |
+| `specq_queue_wait_seconds` | histogram | | submission to first claim, per job |
+| `specq_prompt_tokens_total`, `specq_kept_tokens_total`, `specq_completion_tokens_total` | counter | | sums over stored results |
+| `specq_kept_ratio` | gauge | | kept / prompt tokens over all results |
+| `specq_workers` | gauge | queue | workers with a fresh heartbeat |
+| `specq_worker_heartbeat_timestamp_seconds` | gauge | worker, queue | each live worker's last heartbeat (unix time) |
+| `specq_worker_busy` | gauge | worker, queue | 1 while it runs a job |
+| `specq_worker_jobs_done` | gauge | worker, queue | jobs finished by that worker process |
+| `specq_scrape_errors` | gauge | source | 1 when the database or the broker could not be read |
+
+No authentication: the numbers are aggregates (no documents, answers or ids); put the API behind
+your proxy's rules if that matters.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from fastapi import APIRouter
+from fastapi.responses import Response
+
+from ..settings import ServiceSettings
+
+log = logging.getLogger("specq.api")
+
+#: histogram bounds of phase durations and queue waits, seconds
+BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0)
+
+
+class _Collector:
+    def __init__(self, settings: ServiceSettings) -> None:
+        self.settings = settings
+
+    def collect(self):
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+
+        from .. import monitor
+        from ..storage import db
+        from ..storage import metrics as m
+        from ..storage.models import BATCH_STATUSES, JOB_STATUSES, Batch, Job
+
+        errors = GaugeMetricFamily("specq_scrape_errors", "1 when a source could not be read for this scrape",
+                                   labels=["source"])
+        bounds_ms = [b * 1000.0 for b in BUCKETS_S]
+        db_ok = True
+        try:
+            with db.session() as s:
+                by_job = m.count_by_status(s, Job)
+                by_batch = m.count_by_status(s, Batch)
+                tokens = m.token_sums(s)
+                phases = m.phase_histograms(s, bounds_ms)
+                wait = m.queue_wait_histogram(s, bounds_ms)
+        except Exception as e:
+            log.warning("/metrics: database: %s", e)
+            db_ok = False
+        errors.add_metric(["database"], 0 if db_ok else 1)
+        if db_ok:
+            g = GaugeMetricFamily("specq_jobs", "Jobs by status", labels=["status"])
+            for status in JOB_STATUSES:
+                g.add_metric([status], by_job.get(status, 0))
+            yield g
+            g = GaugeMetricFamily("specq_batches", "Batches by status", labels=["status"])
+            for status in BATCH_STATUSES:
+                g.add_metric([status], by_batch.get(status, 0))
+            yield g
+            h = HistogramMetricFamily("specq_phase_duration_seconds", "Duration of each phase of finished jobs "
+                                      "(timings_ms of the stored results)", labels=["phase"])
+            for phase, hist in sorted(phases.items()):
+                h.add_metric([phase], _buckets(hist), hist["sum"] / 1000.0)
+            yield h
+            h = HistogramMetricFamily("specq_queue_wait_seconds", "Submission to first claim by a worker")
+            h.add_metric([], _buckets(wait), wait["sum"] / 1000.0)
+            yield h
+            for key, help_ in (("prompt_tokens", "Prompt tokens of finished jobs"),
+                               ("kept_tokens", "Prompt tokens the target prefilled (kept by SpecPrefill)"),
+                               ("completion_tokens", "Generated tokens of finished jobs")):
+                c = CounterMetricFamily(f"specq_{key}", help_)
+                c.add_metric([], tokens[key])
+                yield c
+            g = GaugeMetricFamily("specq_kept_ratio", "Kept / prompt tokens over all finished jobs")
+            g.add_metric([], tokens["kept_tokens"] / tokens["prompt_tokens"] if tokens["prompt_tokens"] else 0.0)
+            yield g
+
+        broker_ok = True
+        try:
+            beats = monitor.read_heartbeats(self.settings)
+            queues = sorted({self.settings.queue} | {str(b.get("queue")) for b in beats if b.get("queue")})
+            depth = {q: monitor.queue_depth(self.settings, q) for q in queues}
+        except Exception as e:
+            log.warning("/metrics: broker: %s", e)
+            broker_ok = False
+        errors.add_metric(["broker"], 0 if broker_ok else 1)
+        if broker_ok:
+            g = GaugeMetricFamily("specq_queue_depth", "Messages waiting in the broker", labels=["queue"])
+            for q, n in depth.items():
+                g.add_metric([q], n)
+            yield g
+            g = GaugeMetricFamily("specq_workers", "Workers with a fresh heartbeat", labels=["queue"])
+            for q in queues:
+                g.add_metric([q], sum(1 for b in beats if b.get("queue") == q))
+            yield g
+            ts = GaugeMetricFamily("specq_worker_heartbeat_timestamp_seconds", "Last heartbeat of each live worker "
+                                   "(unix time)", labels=["worker", "queue"])
+            busy = GaugeMetricFamily("specq_worker_busy", "1 while the worker runs a job", labels=["worker", "queue"])
+            done = GaugeMetricFamily("specq_worker_jobs_done", "Jobs finished by the worker process",
+                                     labels=["worker", "queue"])
+            for b in beats:
+                labels = [str(b.get("name")), str(b.get("queue"))]
+                ts.add_metric(labels, float(b.get("ts", 0)))
+                busy.add_metric(labels, 1 if b.get("current_job") else 0)
+                done.add_metric(labels, int(b.get("jobs_done") or 0))
+            yield ts
+            yield busy
+            yield done
+        yield errors
+
+
+def _buckets(hist: dict) -> list[tuple[str, float]]:
+    out = [(_fmt(b), float(c)) for b, c in zip(BUCKETS_S, hist["buckets"])]
+    out.append(("+Inf", float(hist["count"])))
+    return out
+
+
+def _fmt(b: float) -> str:
+    return repr(float(b))
+
+
+def metrics_router(settings: ServiceSettings) -> APIRouter:
+    from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Collector(settings))
+    router = APIRouter()
+
+    @router.get("/metrics", summary="Prometheus metrics (text format)", include_in_schema=True)
+    def metrics() -> Response:
+        return Response(content=generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+    return router
+
+
+__all__ = ["metrics_router", "BUCKETS_S"]
