@@ -1,0 +1,68 @@
+# syntax=docker/dockerfile:1
+# specq images, one Dockerfile, three targets (compose.yaml builds them):
+#
+#   api     python:3.11-slim: specq without llama.cpp (the API process never imports it); also runs
+#           the one-shot `specq db upgrade` and `specq models pull`
+#   worker  a CUDA runtime image with our patched llama-cpp-python built for CUDA by
+#           scripts/build-llama.sh (CMAKE_ARGS=-DGGML_CUDA=on), on Python 3.12 in /opt/venv
+#
+#   docker build --target api -t specq-api .
+#   docker build --target worker --build-arg CUDA_ARCHITECTURES=90 -t specq-worker .   # 90 = H100/H200
+#
+# CUDA_ARCHITECTURES: 80 (A100), 86 (A10/RTX 30), 89 (L4/L40/RTX 40), 90 (H100/H200); several: "80;90".
+
+ARG CUDA_VERSION=12.6.3
+ARG UBUNTU_VERSION=24.04
+
+# ---------------------------------------------------------------------------------------------- api
+FROM python:3.11-slim-bookworm AS api
+ENV PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    SPECQ_HOME=/var/lib/specq SPECQ_MIGRATIONS_DIR=/app/migrations
+WORKDIR /app
+COPY pyproject.toml README.md alembic.ini ./
+# every dependency but llama-cpp-python (the worker image has that, built with CUDA)
+RUN python -c "import tomllib; d = tomllib.load(open('pyproject.toml', 'rb')); \
+print('\n'.join(x for x in d['project']['dependencies'] if not x.startswith('llama-cpp-python')))" > /tmp/req.txt \
+ && pip install -r /tmp/req.txt
+COPY specq ./specq
+COPY migrations ./migrations
+RUN pip install --no-deps . && mkdir -p /var/lib/specq
+EXPOSE 8178
+CMD ["specq", "api", "--host", "0.0.0.0"]
+
+# ------------------------------------------------------------------------------------ worker: build
+FROM nvidia/cuda:${CUDA_VERSION}-devel-ubuntu${UBUNTU_VERSION} AS worker-build
+ARG CUDA_ARCHITECTURES=90
+RUN apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
+      python3 python3-venv python3-dev build-essential cmake git patch ca-certificates \
+ && rm -rf /var/lib/apt/lists/*
+RUN python3 -m venv /opt/venv
+ENV PATH=/opt/venv/bin:$PATH PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+WORKDIR /app
+COPY pyproject.toml README.md alembic.ini ./
+COPY patches ./patches
+COPY scripts/build-llama.sh ./scripts/build-llama.sh
+# our patched llama-cpp-python, for CUDA; libcuda comes from the driver at run time (the stub links)
+RUN CMAKE_ARGS="-DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=${CUDA_ARCHITECTURES} -DCMAKE_EXE_LINKER_FLAGS=-Wl,--allow-shlib-undefined" \
+    PYTHON=/opt/venv/bin/python SPECQ_HOME=/tmp/specq-build \
+    LIBRARY_PATH=/usr/local/cuda/lib64/stubs \
+    bash scripts/build-llama.sh \
+ && python -c "import importlib.metadata as m; v = m.version('llama-cpp-python'); print(v); assert v.endswith('.cuda'), v"
+COPY specq ./specq
+COPY migrations ./migrations
+RUN pip install . && mkdir -p /var/lib/specq
+
+# ---------------------------------------------------------------------------------------------- worker
+FROM nvidia/cuda:${CUDA_VERSION}-runtime-ubuntu${UBUNTU_VERSION} AS worker
+RUN apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
+      python3 libgomp1 ca-certificates \
+ && rm -rf /var/lib/apt/lists/*
+COPY --from=worker-build /opt/venv /opt/venv
+COPY --from=worker-build /app /app
+ENV PATH=/opt/venv/bin:$PATH PYTHONUNBUFFERED=1 SPECQ_HOME=/var/lib/specq SPECQ_MIGRATIONS_DIR=/app/migrations \
+    NVIDIA_VISIBLE_DEVICES=all NVIDIA_DRIVER_CAPABILITIES=compute,utility
+WORKDIR /app
+RUN mkdir -p /var/lib/specq
+# Celery's warm shutdown on SIGTERM: the running job finishes (compose gives it stop_grace_period)
+STOPSIGNAL SIGTERM
+CMD ["specq", "worker"]
