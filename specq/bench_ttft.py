@@ -105,8 +105,10 @@ def run_ttft_bench(
     window: int = 0,
     reps: int = 3,
     say: Callable[[str], None] = print,
+    on_report: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
-    """Run the side-by-side benchmark; returns the JSON-able report."""
+    """Run the side-by-side benchmark; returns the JSON-able report (`on_report` gets it after
+    every length, so a long run that dies still leaves what it measured)."""
     results: list[LengthResult] = []
     for n in lengths:
         doc = make_document(engine.target, n)
@@ -137,8 +139,16 @@ def run_ttft_bench(
             t0 = time.perf_counter()
             engine.scorer().score(prompt, scorer=scorer, lookahead=lookahead, window=window, capture=False)
             lr.forward_only_ms.append((time.perf_counter() - t0) * 1000.0)
-            say(f"length {n}: round {r + 1}/{reps} baseline {lr.baseline_ttft_ms[-1]:.0f} ms, specprefill {lr.spec_ttft_ms[-1]:.0f} ms")
+            ph = {k: v[-1] for k, v in lr.spec_phases_ms.items()}
+            say(f"length {n}: round {r + 1}/{reps} baseline {lr.baseline_ttft_ms[-1]:.0f} ms, specprefill "
+                f"{lr.spec_ttft_ms[-1]:.0f} ms (" + ", ".join(f"{k} {v:.0f}" for k, v in ph.items()) + ")")
         results.append(lr)
+        if on_report:
+            on_report(_report(engine, results, keep, scorer, lookahead, window, reps))
+    return _report(engine, results, keep, scorer, lookahead, window, reps)
+
+
+def _report(engine, results: list[LengthResult], keep: float, scorer: str, lookahead: int, window: int, reps: int) -> dict[str, Any]:
     import llama_cpp
 
     return {

@@ -901,7 +901,7 @@ def bench_ttft(
 
         engine = Engine(opts)
         report = run_ttft_bench(engine, sizes, keep=keep, scorer=scorer, lookahead=lookahead, window=window, reps=reps,
-                                say=lambda m: typer.echo(m, err=True))
+                                say=lambda m: typer.echo(m, err=True), on_report=lambda r: write_outputs(r, out, None))
     except EngineError as e:
         raise _fail(str(e)) from None
     except KeyboardInterrupt:

@@ -18,6 +18,6 @@ for s in 0.5b "$shape"; do
   fi
 done
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
-python3 -m specq.cli bench ttft --lengths "$lengths" --reps "$reps" --keep 0.3 \
+SPECQ_LLAMA_LOG=${SPECQ_LLAMA_LOG:-0} python3 -m specq.cli bench ttft --lengths "$lengths" --reps "$reps" --keep 0.3 \
   --target /tmp/models/$shape.gguf --speculator /tmp/models/0.5b.gguf --n-ctx "$ctx" \
   --out "$out/ttft-$shape.json" --plot "$out/ttft-$shape.png" 2>&1 | tee "$out/ttft-$shape.log"

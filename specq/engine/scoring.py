@@ -95,16 +95,33 @@ def attention_scores(q_rows: Sequence[dict[int, np.ndarray]], k: dict[int, np.nd
     layers = sorted(k)
     if not layers or not q_rows:
         raise EngineError("scoring captured no attention tensors from the speculator")
-    best: np.ndarray | None = None
     S = len(q_rows)
-    for il in layers:
+
+    def layer(il: int) -> np.ndarray:
         K = k[il][:n_keys]
         Q = np.stack([row[il] for row in q_rows])  # (S, h, d)
         probs = grouped_probs(Q, K)  # (g, S*r, n)
         pooled = avg_pool(probs, pool)
-        per_row = pooled.reshape(K.shape[1], S, -1, n_keys).max(axis=(0, 2))  # (S, n)
+        return pooled.reshape(K.shape[1], S, -1, n_keys).max(axis=(0, 2))  # (S, n)
+
+    # layers are independent and numpy releases the GIL in matmul/exp/cumsum: one thread per core
+    best: np.ndarray | None = None
+    for per_row in _pool().map(layer, layers):
         best = per_row if best is None else np.maximum(best, per_row)
     return best.mean(axis=0)
+
+
+_EXECUTOR = None
+
+
+def _pool():
+    global _EXECUTOR
+    if _EXECUTOR is None:
+        import os
+        from concurrent.futures import ThreadPoolExecutor
+
+        _EXECUTOR = ThreadPoolExecutor(max_workers=max(1, min(16, os.cpu_count() or 1)), thread_name_prefix="specq-score")
+    return _EXECUTOR
 
 
 def plan_windows(n_doc: int, size: int) -> list[tuple[int, int]]:
