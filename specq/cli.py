@@ -333,6 +333,7 @@ def up_cmd(
     n_gpu_layers: int = typer.Option(None, help="Layers offloaded to the GPU (-1 = all). [env SPECQ_N_GPU_LAYERS]"),
     n_ctx: int = typer.Option(None, help="Target context size. [env SPECQ_N_CTX]"),
     loglevel: str = typer.Option("INFO", help="Worker log level."),
+    detach: bool = typer.Option(False, "--detach", "-d", help="Start in the background (log: $SPECQ_HOME/up.log), return once the API answers; stop with `specq down`."),
 ) -> None:
     """The whole service on this machine, in the foreground: migrations, then the API and one worker.
 
@@ -349,6 +350,9 @@ def up_cmd(
 
     settings = _service_settings(api_host=host, api_port=port, gpu=gpu, target=target, speculator=speculator,
                                  n_gpu_layers=n_gpu_layers, n_ctx=n_ctx)
+    if detach:
+        _up_detached(settings, sys.argv[1:])
+        return
     _service_ready_db(upgrade=True)
     env = dict(os.environ)
     for name in ("api_host", "api_port", "gpu", "target", "speculator", "n_gpu_layers", "n_ctx"):
@@ -397,6 +401,89 @@ def up_cmd(
             p.kill()
             p.wait()
     raise typer.Exit(code)
+
+
+def _up_pidfile() -> Path:
+    from .config import specq_home
+
+    return specq_home() / "up.pid"
+
+
+def _up_detached(settings, argv: list[str]) -> None:
+    """Run `specq up` (without --detach) in a new session, logging to $SPECQ_HOME/up.log; wait for /healthz."""
+    import os
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    from .config import specq_home
+
+    pidfile = _up_pidfile()
+    if pidfile.exists():
+        try:
+            old = int(pidfile.read_text().strip())
+            os.kill(old, 0)
+            typer.echo(f"specq up: already running (pid {old}); `specq down` stops it", err=True)
+            return
+        except (ValueError, ProcessLookupError, PermissionError):
+            pidfile.unlink(missing_ok=True)
+    home = specq_home()
+    home.mkdir(parents=True, exist_ok=True)
+    log = home / "up.log"
+    args = [a for a in argv if a not in ("--detach", "-d")]
+    if "up" not in args:
+        args = ["up"] + args
+    with open(log, "ab") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "specq", *args], stdout=out, stderr=out,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+    pidfile.write_text(str(proc.pid))
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            pidfile.unlink(missing_ok=True)
+            raise _fail(f"specq up exited with status {proc.returncode}; see {log}")
+        try:
+            with urllib.request.urlopen(settings.api_url + "/healthz", timeout=2) as r:
+                if r.status == 200:
+                    typer.echo(f"specq up: running in the background (pid {proc.pid}), API at {settings.api_url}, log {log}; "
+                               "`specq down` stops it", err=True)
+                    return
+        except OSError:
+            pass
+        time.sleep(0.5)
+    raise _fail(f"specq up did not answer at {settings.api_url}/healthz within 120 s; see {log}")
+
+
+@app.command("down")
+def down_cmd() -> None:
+    """Stop a service started with `specq up --detach` (waits for the running job's phase to end, up to 60 s)."""
+    import os
+    import signal
+    import time
+
+    pidfile = _up_pidfile()
+    if not pidfile.exists():
+        typer.echo("specq down: nothing started with `specq up --detach`", err=True)
+        return
+    try:
+        pid = int(pidfile.read_text().strip())
+        os.kill(pid, signal.SIGTERM)
+    except (ValueError, ProcessLookupError):
+        pidfile.unlink(missing_ok=True)
+        typer.echo("specq down: it had already stopped", err=True)
+        return
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.2)
+    else:
+        os.killpg(pid, signal.SIGKILL)
+    pidfile.unlink(missing_ok=True)
+    typer.echo(f"specq down: stopped (pid {pid})", err=True)
 
 
 # --------------------------------------------------------------------------- jobs over HTTP: submit | status | result | jobs | cancel
@@ -816,6 +903,7 @@ def bench_decode(
     speculator: str = typer.Option(None, help="Speculator/drafter model: registry name or GGUF path."),
     n_gpu_layers: int = typer.Option(-1, help="Layers offloaded to the GPU (-1 = all)."),
     threads: int = typer.Option(0, help="CPU threads (0 = all cores)."),
+    repack: bool = typer.Option(True, "--repack/--no-repack", help="CPU weight repacking for the target (off: batch-invariant logits)."),
     as_json: bool = typer.Option(False, "--json", help="Print the rows as JSON."),
 ) -> None:
     """Decode tokens/s for none / ngram / model drafting, side by side, on copy-heavy and free-form jobs."""
@@ -825,7 +913,7 @@ def bench_decode(
     from .engine.errors import EngineError
     from .engine.options import EngineOptions
 
-    opts = EngineOptions(n_gpu_layers=n_gpu_layers, n_threads=threads)
+    opts = EngineOptions(n_gpu_layers=n_gpu_layers, n_threads=threads, repack=repack)
     if target:
         opts.target = target
     if speculator:

@@ -88,7 +88,7 @@ class Model:
     def __init__(self, path: str | Path, *, n_gpu_layers: int = -1, repack: bool = True) -> None:
         """repack: let llama.cpp repack weights into its CPU-specific layouts (extra buffer types). Their
         kernels differ by batch size (gemv below 4 tokens, gemm above), so logits of one token depend
-        on how many tokens were decoded with it; the target turns it off (see EngineOptions.repack)."""
+        on how many tokens were decoded with it (see EngineOptions.repack)."""
         init_backend()
         self.path = Path(path)
         if not self.path.is_file():

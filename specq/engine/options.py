@@ -40,15 +40,20 @@ class EngineOptions:
     n_ubatch: int = 0
     #: CPU threads; 0 = all cores
     n_threads: int = 0
-    #: let llama.cpp repack the target's weights into CPU-specific layouts. Off by default: the
-    #: repacked kernels switch from gemv to gemm with the batch size, so a token verified in a batch
-    #: of drafts got different logits (by up to ~0.5 on the Q4_K_M target) than the same token decoded
-    #: alone, and greedy speculative decoding stopped being token-identical to plain decoding.
-    #: Unrepacked Q4_K matmuls are batch-invariant (measured: identical logits for 1, 2 and 5 tokens).
-    repack: bool = False
+    #: let llama.cpp repack the target's weights into CPU-specific layouts (faster: measured ~1.4x
+    #: prefill on the 2-core CPU). Their kernels switch from gemv to gemm with the batch size, so a
+    #: token verified in a batch of drafts gets logits up to ~0.5 apart from the same token decoded
+    #: alone, and greedy speculative output can differ from plain greedy at near-ties. False makes
+    #: the Q4_K matmuls batch-invariant (measured: identical logits for 1, 2 and 5 tokens); with more
+    #: than one thread llama.cpp's CPU flash attention still splits a lone query's KV (>= 512 cells)
+    #: across threads, so bit-identity then also needs short contexts or one thread (see
+    #: docs/speculative-decoding.md).
+    repack: bool = True
     #: scoring windows run together as parallel sequences of the speculator (one batch per
-    #: lookahead step for all of them); 1 = one window at a time
-    n_parallel: int = 8
+    #: lookahead step for all of them); 1 = one window at a time; 0 = 8 on a GPU build, 1 on CPU.
+    #: They share one unified KV cache, so each window's prefill also attends (masked) over the other
+    #: windows' cells: cheap on a GPU, where it saves lookahead decode calls, but quadratic on a CPU.
+    n_parallel: int = 0
 
     def resolved_threads(self) -> int:
         return self.n_threads or (os.cpu_count() or 1)

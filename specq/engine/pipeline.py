@@ -194,6 +194,7 @@ class Engine:
             self._scorer = SpecPrefillScorer(
                 spec, n_ctx=n_ctx, n_batch=opts.n_batch, n_ubatch=self.n_ubatch,
                 n_threads=opts.resolved_threads(), flash_attn=opts.flash_attn,
+                n_parallel=opts.n_parallel or (8 if self.info.backend != "cpu" else 1),
             )
         return self._scorer
 
