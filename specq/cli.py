@@ -1029,6 +1029,48 @@ def bench_make_model(
     typer.echo(f"wrote {path} ({path.stat().st_size / 1e9:.2f} GB, {_time.perf_counter() - t0:.1f} s)")
 
 
+@bench_app.command("prefill")
+def bench_prefill(
+    model: str = typer.Option("qwen2.5-coder-1.5b-instruct-q4_k_m", help="Registry name or GGUF path."),
+    tokens: int = typer.Option(4000, help="Prompt length."),
+    keep: float = typer.Option(0.3, help="Share of tokens in the gapped / compressed prefill."),
+    decode_tokens: int = typer.Option(32, help="Single-token decode steps timed after a full prefill."),
+    reps: int = typer.Option(3, help="Rounds after a dropped warm-up (median counts)."),
+    n_gpu_layers: int = typer.Option(-1, help="Layers offloaded to the GPU (-1 = all)."),
+    threads: int = typer.Option(0, help="CPU threads (0 = all cores)."),
+    n_batch: int = typer.Option(4096, help="Largest batch handed to llama_decode."),
+    n_ubatch: int = typer.Option(512, help="Micro-batch."),
+    as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
+) -> None:
+    """Prefill and decode tokens/s of one model; gapped (original positions) vs contiguous prefill of the same count."""
+    import json
+    import os
+
+    from .engine.errors import EngineError
+    from .engine.models import resolve_model
+
+    if tokens < 64 or not 0 < keep <= 1 or reps < 1:
+        raise _fail("--tokens must be >= 64, --keep in (0, 1], --reps >= 1")
+    try:
+        from .bench_prefill import run_prefill_bench
+
+        path = resolve_model(model)
+        report = run_prefill_bench(str(path), n_tokens=tokens, keep=keep, decode_tokens=decode_tokens, reps=reps,
+                                   n_gpu_layers=n_gpu_layers, n_threads=threads or (os.cpu_count() or 1),
+                                   n_batch=n_batch, n_ubatch=n_ubatch, say=lambda m: typer.echo(m, err=True))
+    except EngineError as e:
+        raise _fail(str(e)) from None
+    if as_json:
+        typer.echo(json.dumps(report, indent=2))
+        return
+    r = report
+    typer.echo(f"{r['model']}: {r['prompt_tokens']} tokens")
+    typer.echo(f"  full prefill        {r['full_s']:8.3f} s  {r['full_tok_s']:8.1f} tok/s")
+    typer.echo(f"  gapped ({r['kept_tokens']} tokens) {r['gapped_s']:8.3f} s  {r['gapped_tok_s']:8.1f} tok/s  (original positions)")
+    typer.echo(f"  compressed (same)   {r['compressed_s']:8.3f} s  {r['compressed_tok_s']:8.1f} tok/s  -> gapped/compressed {r['gapped_vs_compressed']:.3f}")
+    typer.echo(f"  decode              {r['decode_tok_s']:8.2f} tok/s")
+
+
 def main() -> None:  # pragma: no cover - console entry
     app()
 

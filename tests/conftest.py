@@ -42,3 +42,19 @@ def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> TinyModels:
         mismatched=write_qwen2_gguf(root / "mismatched.gguf", "tiny", vocab="bytes-alt", seed=0, n_layer=2),
         root=root,
     )
+
+
+@pytest.fixture(scope="module")
+def real_engine():
+    """An Engine on the real Qwen2.5-Coder pair (CPU); skips when the models are not pulled."""
+    from specq.engine import models
+    from specq.engine.options import EngineOptions
+
+    for name in (models.DEFAULT_TARGET, models.DEFAULT_SPECULATOR):
+        if models.model_status(name).state not in ("verified", "present (not hashed)"):
+            pytest.skip(f"{name} not pulled (run `specq models pull`)")
+    from specq.engine.pipeline import Engine
+
+    eng = Engine(EngineOptions(n_gpu_layers=0, n_ctx=8192))
+    yield eng
+    eng.close()

@@ -181,19 +181,6 @@ def _haystack(depth: float) -> str:
     return "\n\n".join(paragraphs[:at] + [NEEDLE] + paragraphs[at:])
 
 
-@pytest.fixture(scope="module")
-def real_engine():
-    from specq.engine import models
-
-    for name in (models.DEFAULT_TARGET, models.DEFAULT_SPECULATOR):
-        if models.model_status(name).state not in ("verified", "present (not hashed)"):
-            pytest.skip(f"{name} not pulled (run `specq models pull`)")
-    from specq.engine.pipeline import Engine
-
-    eng = Engine(EngineOptions(n_gpu_layers=0, n_ctx=8192))
-    yield eng
-    eng.close()
-
 
 @pytest.mark.real_models
 def test_needle_is_kept_and_answered(real_engine):
