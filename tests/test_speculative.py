@@ -204,7 +204,9 @@ def test_auto_rule_and_factory() -> None:
     assert resolve_auto("model") == "model"
     p = Prompt(tokens=[1, 2, 3, 4], doc_start=1, doc_end=3)
     assert make_drafter("none", p) is None
-    assert isinstance(make_drafter("auto", p, ngram=3), NgramDrafter)
+    auto = make_drafter("auto", p)
+    assert isinstance(auto, NgramDrafter) and auto.ngram == 3  # max(--ngram, AUTO_NGRAM)
+    assert make_drafter("auto", p, ngram=5).ngram == 5
     assert make_drafter("ngram", p, ngram=3).ngram == 3
     with pytest.raises(InputError):
         make_drafter("model", p)  # no speculator

@@ -27,7 +27,8 @@ proposes.
   same temperature/top-k/top-p transform of its own logits (q known, with its own seeded generator).
   `p_min` (> 0) stops a draft once the speculator's top probability falls below it (greedy: the
   plain softmax at temperature 1; sampling: the transformed q).
-* `auto` — a fixed rule, `AUTO_RULE` below, chosen from measurements (docs/benchmarks.md).
+* `auto` — a fixed rule, `AUTO_RULE` / `AUTO_NGRAM` below, chosen from measurements: n-gram lookup
+  with n-gram size max(--ngram, 3) (docs/speculative-decoding.md).
 
 Sampling with speculation keeps the output distribution exact only for memoryless samplers
 (temperature, top-k, top-p — the only ones RunParams offers); a sampler with state (repetition
@@ -49,11 +50,15 @@ from .sampling import Sampler
 from .speculative import Draft, Drafter
 
 #: `--draft auto`: what it means. Measured on the 2-core CPU with the real pair (1.5B target, 0.5B
-#: speculator, docs/benchmarks.md): n-gram lookup gave the largest decode speed-up on copy-heavy jobs
-#: and costs ~nothing when it finds no match, while model drafting was slower than no drafting at all
-#: on CPU (the 0.5B speculator's per-token cost is too close to the 1.5B target's). So `auto` is
-#: n-gram lookup on every backend; on GPU model drafting is untested here, ask for it explicitly.
+#: speculator, docs/speculative-decoding.md): n-gram lookup gave the largest decode speed-up on
+#: copy-heavy jobs and costs ~nothing when it finds no match, while model drafting was slower than no
+#: drafting at all on CPU (0.40-0.73x: the 0.5B speculator's per-token cost is too close to the 1.5B
+#: target's). 3-grams beat 2-grams on every job measured (rename 1.93x vs 1.63x, quote 1.68x vs
+#: 1.51x, free-form 1.08x vs 0.77x: spurious 2-gram matches in free text waste verification batches).
+#: So `auto` = the ngram drafter with n-gram size max(--ngram, AUTO_NGRAM), on every backend; on GPU
+#: model drafting is unmeasured here, ask for it explicitly.
 AUTO_RULE = "ngram"
+AUTO_NGRAM = 3
 
 
 def resolve_auto(method: str, backend: str = "cpu") -> str:
@@ -296,6 +301,8 @@ def make_drafter(
     speculator_cache: returns the speculator context to draft on (called only for `model`).
     scored: the run scored this prompt, so the cache may hold a scored window to continue from.
     """
+    if method == "auto":
+        ngram = max(ngram, AUTO_NGRAM)
     method = resolve_auto(method, backend)
     if method == "none":
         return None
@@ -314,6 +321,6 @@ def make_drafter(
 
 
 __all__ = [
-    "AUTO_RULE", "DraftCache", "ModelDrafter", "NgramDrafter", "SpeculatorCache", "is_window_view",
+    "AUTO_NGRAM", "AUTO_RULE", "DraftCache", "ModelDrafter", "NgramDrafter", "SpeculatorCache", "is_window_view",
     "make_drafter", "resolve_auto",
 ]
