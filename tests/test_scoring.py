@@ -185,13 +185,14 @@ def _haystack(depth: float) -> str:
 @pytest.mark.real_models
 def test_needle_is_kept_and_answered(real_engine):
     """A planted fact at 10 depths of a ~3.4K-token document: specprefill (keep 0.3) keeps its chunk
-    and answers; the same keep budget chosen at random does clearly worse."""
+    and answers; the same keep budget chosen at random (at 5 of the depths) does clearly worse."""
     eng = real_engine
     rng = np.random.default_rng(1234)
     kept_hits = answered = random_hits = random_answered = 0
     depths = [i / 10 + 0.05 for i in range(10)]
     needle_ids = eng.target.tokenize(" " + NEEDLE)
-    for depth in depths:
+    controls = 0
+    for n_depth, depth in enumerate(depths):
         doc = _haystack(depth)
         params = RunParams(question=QUESTION, mode="specprefill", keep=0.3, min_tokens=0, max_tokens=8)
         r = eng.run(doc, params)
@@ -204,7 +205,10 @@ def test_needle_is_kept_and_answered(real_engine):
         hit = all(i in kept for i in span)
         kept_hits += hit
         answered += "4712" in r.text
-        # control: the same number of document chunks, chosen at random
+        # control (every other depth, to bound CI time): the same number of chunks, chosen at random
+        if n_depth % 2:
+            continue
+        controls += 1
         n_doc = len(prompt.document)
         n_chunks = -(-n_doc // 32)
         pick = rng.choice(n_chunks, size=int(np.ceil(n_chunks * 0.3)), replace=False)
@@ -220,10 +224,12 @@ def test_needle_is_kept_and_answered(real_engine):
         pre = sparse_prefill(eng.ctx, prompt.tokens, rand_kept, "original")
         gen = generate(eng.ctx, prompt.tokens, pre.logits, pre.next_pos, max_tokens=8, sampler=Sampler())
         random_answered += "4712" in eng.target.detokenize(gen.tokens)
-    print(f"\nneedle: kept {kept_hits}/10 answered {answered}/10 · random kept {random_hits}/10 answered {random_answered}/10")
+    print(f"\nneedle: kept {kept_hits}/10 answered {answered}/10 · random kept {random_hits}/{controls} answered {random_answered}/{controls}")
     assert kept_hits >= 9
     assert answered >= 9
-    assert random_answered <= answered - 4 and random_hits <= kept_hits - 4
+    # random selection keeps the needle's chunk about 30% of the time: clearly worse than >= 90%
+    assert random_answered / controls <= answered / 10 - 0.4
+    assert random_hits / controls <= kept_hits / 10 - 0.4
 
 
 def test_parallel_windows_score_like_one_at_a_time(tiny_models):
