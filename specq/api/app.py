@@ -37,6 +37,7 @@ from ..settings import ServiceSettings
 from ..storage import db, jobs, results
 from ..storage.errors import InputTooLarge
 from ..storage.models import JOB_STATUSES
+from .query import parse_statuses
 
 log = logging.getLogger("specq.api")
 
@@ -217,13 +218,7 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
         offset: int = Query(0, ge=0),
         tenant_: str = Depends(tenant),
     ) -> dict[str, Any]:
-        statuses = None
-        if status:
-            statuses = [x.strip() for x in status.split(",") if x.strip()]
-            bad = [x for x in statuses if x not in JOB_STATUSES]
-            if bad:
-                raise ApiError(422, f"unknown status {', '.join(bad)} (known: {', '.join(JOB_STATUSES)})",
-                               "invalid_params")
+        statuses = parse_statuses(status, JOB_STATUSES, ApiError)
         limit = min(limit, settings.max_list_limit)
         with db.session() as s:
             rows = jobs.list_jobs(s, status=statuses, tenant=tenant_, limit=limit, offset=offset)

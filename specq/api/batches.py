@@ -42,6 +42,7 @@ from ..engine.options import RunParams
 from ..settings import ServiceSettings
 from ..storage import batches, db, jobs, results, stats
 from ..storage.models import BATCH_STATUSES
+from .query import parse_statuses
 
 log = logging.getLogger("specq.api")
 
@@ -101,13 +102,7 @@ def batches_router(settings: ServiceSettings, tenant: Callable[..., str], api_er
         offset: int = Query(0, ge=0),
         tenant_: str = Depends(tenant),
     ) -> dict[str, Any]:
-        statuses = None
-        if status:
-            statuses = [x.strip() for x in status.split(",") if x.strip()]
-            bad = [x for x in statuses if x not in BATCH_STATUSES]
-            if bad:
-                raise ApiError(422, f"unknown status {', '.join(bad)} (known: {', '.join(BATCH_STATUSES)})",
-                               "invalid_params")
+        statuses = parse_statuses(status, BATCH_STATUSES, ApiError)
         limit = min(limit, settings.max_list_limit)
         with db.session() as s:
             if name:
