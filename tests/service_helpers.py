@@ -150,7 +150,7 @@ def base_env(home: Path, models, **extra: str) -> dict[str, str]:
         SPECQ_TARGET=str(models.target),
         SPECQ_SPECULATOR=str(models.speculator),
         SPECQ_N_GPU_LAYERS="0",
-        SPECQ_N_CTX="512",
+        SPECQ_N_CTX="4096",
         SPECQ_THREADS="2",
         SPECQ_PROGRESS_INTERVAL="0.2",
         PYTHONUNBUFFERED="1",

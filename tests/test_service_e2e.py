@@ -119,13 +119,13 @@ def test_submit_json_and_poll(stack, client):
 
 
 def test_too_long_fails_with_message_and_worker_keeps_serving(stack, client):
-    # byte-level vocabulary: ~1 token per byte, far over the worker's 512-token context
-    long_doc = "x = 1\n" * 400
+    # byte-level vocabulary: ~1 token per byte, far over the worker's 4096-token context
+    long_doc = "x = 1\n" * 1000
     r = client.post("/v1/jobs", json={"text": long_doc, "question": "?", "params": {"max_tokens": 4}})
     assert r.status_code == 202
     failed = wait_job(client, r.json()["id"])
     assert failed["status"] == "failed"
-    assert "exceeds the target's context of 512 tokens" in failed["error"]
+    assert "exceeds the target's context of 4096 tokens" in failed["error"]
     assert failed["attempts"] == 1  # bad input is never retried
     assert failed["result"] is None
 
@@ -142,7 +142,7 @@ def test_cancel_queued_and_running(stack, client):
 
     # a long job keeps the (single) worker busy ...
     blocker = client.post("/v1/jobs", json={"text": DOC, "question": QUESTION,
-                                            "params": {"max_tokens": 400, "seed": 3}}).json()
+                                            "params": {"max_tokens": 3500, "seed": 3}}).json()
     wait_job(client, blocker["id"], until=lambda j: j["status"] == "running" and (j["progress"]["phase"] == "decode"))
     # ... so the next one stays queued: cancelling it is immediate
     victim = client.post("/v1/jobs", json={"text": DOC, "question": QUESTION, "params": {"max_tokens": 4}}).json()
