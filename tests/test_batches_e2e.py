@@ -221,7 +221,7 @@ def test_cancel_mid_batch_keeps_finished_results(stack, client):
     from specq.storage.models import Job
 
     rows = [{"custom_id": "quick", "text": "a = 1\n", "params": {"max_tokens": 2}},
-            {"custom_id": "long", "text": "b = 2\n", "params": {"max_tokens": 400, "seed": 3}},
+            {"custom_id": "long", "text": "b = 2\n", "params": {"max_tokens": 3500, "seed": 3}},
             {"custom_id": "later-1", "text": "c = 3\n", "params": {"max_tokens": 2}},
             {"custom_id": "later-2", "text": "d = 4\n", "params": {"max_tokens": 2}}]
     b = client.post("/v1/batches", files={"input": ("r.jsonl", _jsonl(rows))}).json()
