@@ -67,7 +67,6 @@ class Engine:
         )
         self._speculator: Model | None = None
         self._scorer = None
-        self._drafters: dict = {}
 
     # -- models ------------------------------------------------------------------------------------
     @property

@@ -276,11 +276,7 @@ class SpecPrefillScorer:
             cap.disarm()
             if step == 0:
                 k = cap.k
-            if len(cap.q) != self.model.n_layer or (step == 0 and len(k) != self.model.n_layer):
-                raise EngineError(
-                    f"capture saw {len(cap.q)} query and {len(k)} key tensors for {self.model.n_layer} layers: "
-                    "this llama.cpp build names its graph tensors differently"
-                )
+            self._check_capture(k)
             rows.append({il: q[0] for il, q in cap.q.items()})
             if step + 1 == lookahead:
                 break
@@ -342,11 +338,7 @@ class SpecPrefillScorer:
             cap.disarm()
             if step == 0:
                 k = cap.k
-            if len(cap.q) != self.model.n_layer or (step == 0 and len(k) != self.model.n_layer):
-                raise EngineError(
-                    f"capture saw {len(cap.q)} query and {len(k)} key tensors for {self.model.n_layer} layers: "
-                    "this llama.cpp build names its graph tensors differently"
-                )
+            self._check_capture(k)
             rows.append(dict(cap.q))
             if step + 1 == lookahead:
                 break
@@ -372,6 +364,15 @@ class SpecPrefillScorer:
         timings["lookahead"] += (t2 - t1) * 1000.0
         timings["score_math"] += (t3 - t2) * 1000.0
         return out
+
+    def _check_capture(self, k: dict) -> None:
+        """Every layer's query (and, once, key) tensor must have been seen by the callback."""
+        n = self.model.n_layer
+        if len(self.capture.q) != n or len(k) != n:
+            raise EngineError(
+                f"capture saw {len(self.capture.q)} query and {len(k)} key tensors for {n} layers: "
+                "this llama.cpp build names its graph tensors differently"
+            )
 
     def _forward_only(self, tokens: Sequence[int], lookahead: int, timings: dict[str, float], t0: float, t1: float) -> np.ndarray:
         """The lookahead decodes alone (no capture, no score math)."""

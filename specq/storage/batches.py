@@ -88,12 +88,14 @@ def create_batch(
     return batch
 
 
+def _batch_query(batch_id: str, tenant: str | None):
+    q = select(Batch).where(Batch.id == batch_id)
+    return q.where(Batch.tenant == tenant) if tenant is not None else q
+
+
 def get_batch(session: Session, batch_id: str, tenant: str | None = None) -> Batch | None:
     """The batch, or None (another tenant's batch is None too)."""
-    q = select(Batch).where(Batch.id == batch_id)
-    if tenant is not None:
-        q = q.where(Batch.tenant == tenant)
-    batch = session.scalars(q.execution_options(populate_existing=True)).one_or_none()
+    batch = session.scalars(_batch_query(batch_id, tenant).execution_options(populate_existing=True)).one_or_none()
     session.commit()
     return batch
 
@@ -233,10 +235,8 @@ def add_requests(
 
 
 def _locked_batch(session: Session, batch_id: str, tenant: str | None = None) -> Batch | None:
-    q = select(Batch).where(Batch.id == batch_id)
-    if tenant is not None:
-        q = q.where(Batch.tenant == tenant)
-    return session.scalars(q.with_for_update().execution_options(populate_existing=True)).one_or_none()
+    q = _batch_query(batch_id, tenant).with_for_update()
+    return session.scalars(q.execution_options(populate_existing=True)).one_or_none()
 
 
 def _recount(session: Session, batch_id: str) -> tuple[dict[str, int], int]:
