@@ -170,3 +170,29 @@ def wait_job(client: httpx.Client, job_id: str, statuses=("succeeded", "failed",
         if time.monotonic() > deadline:
             raise AssertionError(f"job {job_id} still {job['status']} ({job.get('progress')}) after {timeout}s")
         time.sleep(0.1)
+
+
+def require_servers() -> None:
+    """Skip (with the reason) when the local Redis or PostgreSQL does not answer."""
+    import pytest
+
+    for reason in (redis_reachable(), pg_reachable()):
+        if reason:
+            pytest.skip(reason)
+
+
+def redis_pg_env(pg_url: str, queue_prefix: str) -> dict[str, str]:
+    """Settings for a stack on the real Redis + a throwaway PostgreSQL database, with its own queue."""
+    return dict(SPECQ_DATABASE_URL=pg_url, SPECQ_BROKER_URL=REDIS_URL, SPECQ_QUEUE=f"{queue_prefix}-{secrets.token_hex(4)}")
+
+
+@contextlib.contextmanager
+def running(st: Stack, *services: tuple[str, ...]):
+    """Start each (name, *args) service of `st`, wait for /healthz, yield the stack, stop it all."""
+    try:
+        for name, *args in services:
+            st.start(name, *args)
+        st.wait_healthy()
+        yield st
+    finally:
+        st.stop()

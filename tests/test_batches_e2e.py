@@ -16,14 +16,13 @@ from __future__ import annotations
 import csv
 import io
 import json
-import secrets
 import time
 
 import httpx
 import pytest
 from sqlalchemy import func, select
 
-from service_helpers import REDIS_URL, Stack, base_env, free_port, pg_database, pg_reachable, redis_reachable
+from service_helpers import Stack, base_env, free_port, pg_database, redis_pg_env, require_servers, running
 
 pytestmark = pytest.mark.services
 
@@ -37,23 +36,15 @@ QUESTION = "What does this file define?"
 
 @pytest.fixture(scope="module")
 def stack(tiny_models, tmp_path_factory):
-    for reason in (redis_reachable(), pg_reachable()):
-        if reason:
-            pytest.skip(reason)
+    require_servers()
     home = tmp_path_factory.mktemp("batches")
     port = free_port()
     with pg_database() as pg_url:
-        env = base_env(home, tiny_models, SPECQ_DATABASE_URL=pg_url, SPECQ_BROKER_URL=REDIS_URL,
-                       SPECQ_QUEUE=f"specq-test-{secrets.token_hex(4)}", SPECQ_API_PORT=str(port))
+        env = base_env(home, tiny_models, SPECQ_API_PORT=str(port), **redis_pg_env(pg_url, "specq-test"))
         st = Stack(env=env, port=port, logdir=home)
         st.cli("db", "upgrade", check=True)
-        st.start("api", "api")
-        st.start("worker", "worker", "--loglevel", "INFO")
-        try:
-            st.wait_healthy()
+        with running(st, ("api", "api"), ("worker", "worker", "--loglevel", "INFO")):
             yield st
-        finally:
-            st.stop()
 
 
 @pytest.fixture
@@ -301,9 +292,7 @@ def test_metrics_prometheus_text_matches_the_database(stack, client):
 
 
 def test_warnings_round_trip_through_the_store_on_postgresql():
-    for reason in (pg_reachable(),):
-        if reason:
-            pytest.skip(reason)
+    require_servers()
     from specq.engine.result import RunResult
     from specq.storage import db, jobs, results
 

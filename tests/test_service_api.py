@@ -6,13 +6,12 @@ Run on the embedded default (SQLite + SQLAlchemy broker) and on PostgreSQL + Red
 from __future__ import annotations
 
 import json
-import secrets
 
 import httpx
 import pytest
 from sqlalchemy import func, select, text
 
-from service_helpers import REDIS_URL, Stack, free_port, pg_database, pg_reachable, redis_reachable
+from service_helpers import Stack, free_port, pg_database, redis_pg_env, require_servers, running
 
 MAX_INPUT = 4096
 MAX_REQUEST = 16384
@@ -32,28 +31,15 @@ def api(request, tmp_path_factory):
     home = tmp_path_factory.mktemp(f"api_{request.param}")
     port = free_port()
     if request.param == "embedded":
-        st = Stack(env=_env(home, SPECQ_API_PORT=str(port)), port=port, logdir=home)
-        st.start("api", "api")
-        try:
-            st.wait_healthy()
+        with running(Stack(env=_env(home, SPECQ_API_PORT=str(port)), port=port, logdir=home), ("api", "api")) as st:
             yield st
-        finally:
-            st.stop()
         return
-    for reason in (redis_reachable(), pg_reachable()):
-        if reason:
-            pytest.skip(reason)
+    require_servers()
     with pg_database() as pg_url:
-        env = _env(home, SPECQ_API_PORT=str(port), SPECQ_DATABASE_URL=pg_url, SPECQ_BROKER_URL=REDIS_URL,
-                   SPECQ_QUEUE=f"specq-apitest-{secrets.token_hex(4)}")
-        st = Stack(env=env, port=port, logdir=home)
+        st = Stack(env=_env(home, SPECQ_API_PORT=str(port), **redis_pg_env(pg_url, "specq-apitest")), port=port, logdir=home)
         st.cli("db", "upgrade", check=True)
-        st.start("api", "api")
-        try:
-            st.wait_healthy()
+        with running(st, ("api", "api")):
             yield st
-        finally:
-            st.stop()
 
 
 @pytest.fixture

@@ -18,7 +18,7 @@ import httpx
 import pytest
 from sqlalchemy import select
 
-from service_helpers import Stack, base_env, free_port, pg_database, pg_reachable, redis_reachable, wait_job
+from service_helpers import Stack, base_env, free_port, pg_database, redis_pg_env, require_servers, running, wait_job
 
 QUESTION = "What does this file define?"
 DOC = "def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n    return a - b\n"
@@ -29,34 +29,17 @@ def stack(request, tiny_models, tmp_path_factory):
     home = tmp_path_factory.mktemp(f"svc_{request.param}")
     port = free_port()
     if request.param == "redis_pg":
-        for reason in (redis_reachable(), pg_reachable()):
-            if reason:
-                pytest.skip(reason)
-        import secrets
-
-        from service_helpers import REDIS_URL
-
+        require_servers()
         with pg_database() as pg_url:
-            env = base_env(home, tiny_models, SPECQ_DATABASE_URL=pg_url, SPECQ_BROKER_URL=REDIS_URL,
-                           SPECQ_QUEUE=f"specq-test-{secrets.token_hex(4)}", SPECQ_API_PORT=str(port))
+            env = base_env(home, tiny_models, SPECQ_API_PORT=str(port), **redis_pg_env(pg_url, "specq-test"))
             st = Stack(env=env, port=port, logdir=home)
-            r = st.cli("db", "upgrade", check=True)
-            st.start("api", "api")
-            st.start("worker", "worker", "--loglevel", "INFO")
-            try:
-                st.wait_healthy()
+            st.cli("db", "upgrade", check=True)
+            with running(st, ("api", "api"), ("worker", "worker", "--loglevel", "INFO")):
                 yield st
-            finally:
-                st.stop()
     else:
-        env = base_env(home, tiny_models, SPECQ_API_PORT=str(port))
-        st = Stack(env=env, port=port, logdir=home)
-        st.start("up", "up")
-        try:
-            st.wait_healthy()
+        st = Stack(env=base_env(home, tiny_models, SPECQ_API_PORT=str(port)), port=port, logdir=home)
+        with running(st, ("up", "up")):
             yield st
-        finally:
-            st.stop()
 
 
 @pytest.fixture
