@@ -108,12 +108,6 @@ models_app = typer.Typer(help="The model registry: pull, list and verify GGUF fi
 app.add_typer(models_app, name="models")
 
 
-def _models_fail(message: str) -> typer.Exit:
-    """Print one line to stderr; the typer.Exit(1) to raise."""
-    typer.echo(f"error: {message}", err=True)
-    return typer.Exit(1)
-
-
 def _models_progress():
     from rich.console import Console
     from rich.progress import (
@@ -159,9 +153,9 @@ def models_pull(
                 path = m.pull_model(spec, force=force, progress=lambda done, total: bar.update(task, completed=done, total=total))
             typer.echo(f"{spec.name}: {path} (verified, {time.monotonic() - t0:.1f}s)")
     except EngineError as e:
-        raise _models_fail(str(e)) from None
+        raise _fail(str(e)) from None
     except KeyboardInterrupt:
-        raise _models_fail("pull interrupted; run it again to resume") from None
+        raise _fail("pull interrupted; run it again to resume") from None
 
 
 @models_app.command("list")
@@ -192,7 +186,7 @@ def models_verify(
     try:
         specs = [m.get_spec(n) for n in (names or m.DEFAULT_PAIR)]
     except EngineError as e:
-        raise _models_fail(str(e)) from None
+        raise _fail(str(e)) from None
     failures = 0
     for spec in specs:
         try:
@@ -243,13 +237,6 @@ def db_upgrade(
 
 # --------------------------------------------------------------------------- service: up | api | worker
 
-from pathlib import Path as Path  # service section: FILE arguments (self-contained section)
-
-
-def _svc_fail(message: str) -> typer.Exit:
-    """Print one line to stderr; return the typer.Exit(1) to raise."""
-    typer.echo(f"error: {message}", err=True)
-    return typer.Exit(1)
 
 
 def _service_settings(**overrides):
@@ -258,7 +245,7 @@ def _service_settings(**overrides):
     try:
         return ServiceSettings.from_env(**overrides)
     except SettingsError as e:
-        raise _svc_fail(str(e)) from None
+        raise _fail(str(e)) from None
 
 
 def _service_ready_db(upgrade: bool) -> None:
@@ -272,9 +259,9 @@ def _service_ready_db(upgrade: bool) -> None:
         else:
             ensure_schema()
     except SchemaNotReady as e:
-        raise _svc_fail(str(e)) from None
+        raise _fail(str(e)) from None
     except Exception as e:  # unreachable server, bad URL
-        raise _svc_fail(f"database {db.masked_url()}: {str(e).splitlines()[0]}") from None
+        raise _fail(f"database {db.masked_url()}: {str(e).splitlines()[0]}") from None
 
 
 @app.command("worker")
@@ -303,7 +290,7 @@ def worker_cmd(
     try:
         run_worker(settings, loglevel=loglevel)
     except EngineError as e:
-        raise _svc_fail(f"worker could not load its models: {e}") from None
+        raise _fail(f"worker could not load its models: {e}") from None
 
 
 @app.command("api")
@@ -503,7 +490,7 @@ def _api_call(fn):
         with _client() as c:
             return fn(c)
     except ApiError as e:
-        raise _svc_fail(str(e)) from None
+        raise _fail(str(e)) from None
 
 
 def _print_job(job: dict) -> None:
@@ -562,12 +549,12 @@ def _finish_job(job: dict, as_json: bool) -> None:
             print_result(job["result"])
         return
     if job["status"] == "failed":
-        raise _svc_fail(f"job {job['id']} failed: {job.get('error') or 'no message'}")
+        raise _fail(f"job {job['id']} failed: {job.get('error') or 'no message'}")
     if job["status"] == "cancelled":
-        raise _svc_fail(f"job {job['id']} was cancelled")
+        raise _fail(f"job {job['id']} was cancelled")
     from .client import progress_text
 
-    raise _svc_fail(f"job {job['id']} is {progress_text(job)}: no result yet (wait with `specq status {job['id']}`)")
+    raise _fail(f"job {job['id']} is {progress_text(job)}: no result yet (wait with `specq status {job['id']}`)")
 
 
 @app.command("submit")
@@ -608,7 +595,6 @@ def submit_cmd(
     GPU layers, context) belong to the worker: `specq worker --help`.
     """
     from .engine.errors import InputError
-    from .engine.inputs import decode_document
 
     given = dict(mode=mode, positions=positions, keep=keep, scorer=scorer, lookahead=lookahead, chunk=chunk,
                  max_keep=max_keep, min_tokens=min_tokens, pool=pool, window=window, max_tokens=max_tokens,
@@ -619,14 +605,12 @@ def submit_cmd(
     if jsonl is not None or batch_name is not None or len(files) > 1:
         return _submit_batch(files, jsonl, question, params, batch_name, wait)  # the batches section below
     if not files:
-        raise _svc_fail("give a FILE to submit (or several, or --jsonl FILE for a batch)")
+        raise _fail("give a FILE to submit (or several, or --jsonl FILE for a batch)")
     file = files[0]
     try:  # the server's checks, before uploading
-        if not file.is_file():
-            raise InputError(f"file not found: {file}" if not file.exists() else f"{file} is not a file")
-        decode_document(file.read_bytes(), name=str(file))
+        read_document(file)
     except InputError as e:
-        raise _svc_fail(str(e)) from None
+        raise _fail(str(e)) from None
 
     def go(c):
         job = c.submit_file(file, question=question, params=params)
@@ -637,7 +621,7 @@ def submit_cmd(
         try:
             done = _wait_with_progress(c, job["id"])
         except KeyboardInterrupt:
-            raise _svc_fail(f"stopped waiting; job {job['id']} keeps running (`specq status {job['id']}`)") from None
+            raise _fail(f"stopped waiting; job {job['id']} keeps running (`specq status {job['id']}`)") from None
         _finish_job(done, as_json)
 
     _api_call(go)
@@ -707,20 +691,18 @@ def cancel_cmd(job_id: str = typer.Argument(..., help="A job id (job_…).")) ->
 def _submit_batch(files: list, jsonl, question, params: dict, name, wait: bool) -> None:
     """`specq submit` with several files, --jsonl or --batch: one batch; prints its id."""
     from .engine.errors import InputError
-    from .engine.inputs import decode_document
 
     if jsonl is not None and files:
-        raise _svc_fail("give either FILEs or --jsonl FILE, not both")
+        raise _fail("give either FILEs or --jsonl FILE, not both")
     if jsonl is None and not files:
-        raise _svc_fail("give the FILEs of the batch, or --jsonl FILE")
+        raise _fail("give the FILEs of the batch, or --jsonl FILE")
     try:  # the server's checks, before uploading
-        for f in ([jsonl] if jsonl is not None else files):
-            if not f.is_file():
-                raise InputError(f"file not found: {f}" if not f.exists() else f"{f} is not a file")
-            if jsonl is None:
-                decode_document(f.read_bytes(), name=str(f))
+        if jsonl is not None and not jsonl.is_file():
+            raise InputError(f"file not found: {jsonl}" if not jsonl.exists() else f"{jsonl} is not a file")
+        for f in files:
+            read_document(f)
     except InputError as e:
-        raise _svc_fail(str(e)) from None
+        raise _fail(str(e)) from None
     metadata = {"name": name} if name else None
 
     def go(c):
@@ -738,7 +720,7 @@ def _submit_batch(files: list, jsonl, question, params: dict, name, wait: bool) 
         try:
             done = _wait_batch_with_progress(c, batch)
         except KeyboardInterrupt:
-            raise _svc_fail(f"stopped waiting; batch {batch['id']} keeps running (`specq batches`)") from None
+            raise _fail(f"stopped waiting; batch {batch['id']} keeps running (`specq batches`)") from None
         counts = done["request_counts"]
         typer.echo(f"batch {done['id']} {done['status']}: {counts['completed']}/{counts['total']} completed, "
                    f"{counts['failed']} failed; `specq results {done['id']} --format csv`", err=True)
@@ -754,7 +736,7 @@ def _batch_fail(batch: dict) -> None:
         typer.echo(f"error: {e.get('message')}", err=True)
     if len(errors) > 20:
         typer.echo(f"error: … and {len(errors) - 20} more", err=True)
-    raise _svc_fail(f"batch {batch['id']} failed validation: nothing was queued")
+    raise _fail(f"batch {batch['id']} failed validation: nothing was queued")
 
 
 def _wait_batch_with_progress(client, batch: dict) -> dict:
@@ -802,7 +784,7 @@ def results_cmd(
 ) -> None:
     """The answers of a batch's finished requests, one per request in submission order."""
     if fmt not in ("jsonl", "csv", "table"):
-        raise _svc_fail(f"--format must be jsonl, csv or table, not {fmt!r}")
+        raise _fail(f"--format must be jsonl, csv or table, not {fmt!r}")
 
     def go(c):
         b = c.resolve_batch(batch)

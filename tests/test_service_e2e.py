@@ -136,7 +136,7 @@ def test_cancel_queued_and_running(stack, client):
     assert r.status_code == 200 and r.json()["cancel_requested"] is True
     stopped = wait_job(client, blocker["id"], timeout=30)
     assert stopped["status"] == "cancelled", stopped
-    assert stopped["progress"]["done"] < 400
+    assert stopped["progress"]["done"] < 3500  # stopped before its max_tokens
 
     # the worker takes the cancelled job's message, does nothing, and serves the next job
     nxt = client.post("/v1/jobs", json={"text": DOC, "question": QUESTION, "params": {"max_tokens": 4}}).json()
