@@ -264,8 +264,33 @@ class PhaseTiming(Base):
     ms: Mapped[float] = mapped_column(Float)
 
 
+class ApiKey(Base):
+    """An API key of one tenant. Only the sha256 of the secret is stored (the secret is shown once, at
+    creation); `prefix`, its first characters, names it in listings. Admin keys see every tenant."""
+
+    __tablename__ = "api_keys"
+    __table_args__ = (UniqueConstraint("key_hash"), Index(None, "tenant"))
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    tenant: Mapped[str] = mapped_column(String(64))
+    admin: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    #: a note for people (`specq keys create --name`)
+    name: Mapped[str | None] = mapped_column(String(255))
+    prefix: Mapped[str] = mapped_column(String(32))
+    #: hex sha256 of the whole key
+    key_hash: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"id": self.id, "object": "api_key", "tenant": self.tenant, "admin": bool(self.admin),
+                "name": self.name, "prefix": self.prefix, "created_at": _iso(self.created_at),
+                "revoked_at": _iso(self.revoked_at)}
+
+
 __all__ = [
     "Base",
+    "ApiKey",
     "Batch",
     "Job",
     "JobInput",
