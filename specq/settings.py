@@ -15,7 +15,8 @@ Read by other modules, not here (listed so that this file is the one place to lo
 * ``SPECQ_MAX_INPUT_BYTES`` — the largest document accepted, in UTF-8 bytes (default 8 MiB;
   `specq.storage.jobs`). The API answers 413 above it.
 * ``SPECQ_API_URL`` / ``SPECQ_API_KEY`` — where the CLI (`specq submit`, `status`, `result`) sends its
-  requests, and the bearer key it sends (`specq.client`).
+  requests, and the bearer key it sends (`specq.client`). The server never reads SPECQ_API_KEY: with
+  ``SPECQ_AUTH=keys`` it checks keys made by `specq keys create` (stored hashed, `specq.storage.keys`).
 
 This module imports nothing heavy: the API process reads it without loading llama.cpp.
 """
@@ -106,9 +107,14 @@ class ServiceSettings:
     #: address `specq api` / `specq up` listen on
     api_host: str = DEFAULT_API_HOST
     api_port: int = DEFAULT_API_PORT
-    #: when set, every /v1 request must send ``Authorization: Bearer <this key>`` (one shared key;
-    #: per-tenant keys come with the keys issue). Empty = no authentication (single user, local)
-    api_key: str = ""
+    #: ``none``: no authentication, every caller is one user who sees everything (the single-user
+    #: default, e.g. `specq up` on SQLite); ``keys``: every /v1 request and /metrics must send
+    #: ``Authorization: Bearer <key>`` with a key from `specq keys create` (401 otherwise), and each
+    #: key sees only its tenant's jobs and batches (admin keys see all). docs/security.md
+    auth: str = "none"
+    #: most unfinished (queued or running) jobs per tenant; a submit or batch over it answers 429
+    #: and stores nothing (0 = no limit)
+    max_queued_jobs: int = 100_000
     #: largest request body, bytes; 0 = 2 x SPECQ_MAX_INPUT_BYTES + 1 MiB (JSON escaping, multipart framing)
     max_request_bytes: int = 0
     #: largest page of GET /v1/jobs
@@ -153,6 +159,8 @@ class ServiceSettings:
             (self.max_request_bytes >= 0, "SPECQ_MAX_REQUEST_BYTES must be >= 0"),
             (self.max_batch_bytes > 0, "SPECQ_MAX_BATCH_BYTES must be > 0"),
             (self.max_batch_requests >= 1, "SPECQ_MAX_BATCH_REQUESTS must be >= 1"),
+            (self.auth in ("none", "keys"), f"SPECQ_AUTH must be none or keys, not {self.auth!r}"),
+            (self.max_queued_jobs >= 0, "SPECQ_MAX_QUEUED_JOBS must be >= 0 (0 = no limit)"),
             (bool(self.queue.strip()), "SPECQ_QUEUE must not be empty"),
         ]
         for ok, message in checks:

@@ -168,21 +168,23 @@ def test_healthz_and_openapi(api, client):
     assert {"get", "delete"} <= set(spec["paths"]["/v1/jobs/{job_id}"])
 
 
-def test_api_key_required_when_set(tmp_path):
+def test_api_keys_on_the_embedded_default(tmp_path):
+    """SPECQ_AUTH=keys on SQLite too: a key from `specq keys create`, sent by the CLI from SPECQ_API_KEY
+    (per-tenant isolation on PostgreSQL: tests/test_security.py)."""
     port = free_port()
-    st = Stack(env=_env(tmp_path, SPECQ_API_PORT=str(port), SPECQ_API_KEY="s3cret"), port=port, logdir=tmp_path)
+    st = Stack(env=_env(tmp_path, SPECQ_API_PORT=str(port), SPECQ_AUTH="keys"), port=port, logdir=tmp_path)
+    key = st.cli("keys", "create", "--tenant", "me", check=True).stdout.strip()
     st.start("api", "api")
     try:
         st.wait_healthy()  # /healthz needs no key
         with httpx.Client(base_url=st.url) as c:
-            _err(c.get("/v1/jobs"), 401, "missing or wrong API key")
-            _err(c.get("/v1/jobs", headers={"Authorization": "Bearer nope"}), 401, "API key")
-            assert c.get("/v1/jobs", headers={"Authorization": "Bearer s3cret"}).status_code == 200
+            _err(c.get("/v1/jobs"), 401, "missing API key")
+            _err(c.get("/v1/jobs", headers={"Authorization": "Bearer nope"}), 401, "unknown or revoked API key")
+            assert c.get("/v1/jobs", headers={"Authorization": f"Bearer {key}"}).status_code == 200
         # the CLI sends SPECQ_API_KEY (the API process has its environment already)
-        st.env.pop("SPECQ_API_KEY")
         r = st.cli("jobs")
-        assert r.returncode == 1 and "missing or wrong API key" in r.stderr
-        st.env["SPECQ_API_KEY"] = "s3cret"
+        assert r.returncode == 1 and "missing API key" in r.stderr
+        st.env["SPECQ_API_KEY"] = key
         assert st.cli("jobs").returncode == 0
     finally:
         st.stop()

@@ -10,6 +10,7 @@
     GET    /healthz         database and broker reachable
     GET    /docs, /openapi.json
 
+Who may call, and which tenant's jobs each caller sees: `specq.api.auth` (SPECQ_AUTH).
 Every error is JSON `{"error": {"message": "...", "type": "..."}}` with a 4xx/5xx status. Params
 are `RunParams` fields (the CLI's long options in snake_case); unknown or bad ones answer 422 and
 nothing is stored. The API stores the job, then sends only its id to the broker by task name, so
@@ -36,7 +37,10 @@ from ..engine.options import RunParams
 from ..settings import ServiceSettings
 from ..storage import db, jobs, results
 from ..storage.errors import InputTooLarge
+from ..storage.keys import Caller
+from ..storage.quotas import QuotaExceeded, reserve_queued
 from ..storage.models import JOB_STATUSES
+from .auth import admin_only, authenticator
 from .query import parse_statuses
 
 log = logging.getLogger("specq.api")
@@ -57,9 +61,9 @@ def _error(status: int, message: str, type_: str) -> JSONResponse:
     return JSONResponse(status_code=status, content={"error": {"message": message, "type": type_}})
 
 
-_TYPES = {400: "invalid_request", 401: "unauthorized", 404: "not_found", 405: "method_not_allowed",
+_TYPES = {400: "invalid_request", 401: "unauthorized", 403: "forbidden", 404: "not_found", 405: "method_not_allowed",
           409: "conflict", 413: "too_large", 415: "unsupported_media_type", 422: "invalid_params",
-          503: "unavailable"}
+          429: "too_many_requests", 503: "unavailable"}
 
 
 class _BodyLimit:
@@ -136,18 +140,8 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
         log.exception("internal error on %s %s", request.method, request.url.path)
         return _error(500, f"internal error: {type(exc).__name__}", "internal")
 
-    def tenant(request: Request) -> str:
-        """The caller's tenant. With SPECQ_API_KEY set, the request must carry that key."""
-        key = settings.api_key
-        if key:
-            import hmac
-
-            header = request.headers.get("authorization", "")
-            scheme, _, token = header.partition(" ")
-            if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), key.encode()):
-                raise ApiError(401, "missing or wrong API key: send `Authorization: Bearer <key>` "
-                                    "(the CLI sends SPECQ_API_KEY)", "unauthorized")
-        return "default"
+    #: the caller (tenant, admin) of each request; SPECQ_AUTH=keys checks its key (specq.api.auth)
+    caller_of = authenticator(settings)
 
     # --- jobs -----------------------------------------------------------------------------------------
     job_body_doc = {
@@ -183,7 +177,7 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
     }
 
     @app.post("/v1/jobs", status_code=202, openapi_extra=job_body_doc, summary="Submit a job")
-    async def submit_job(request: Request, tenant_: str = Depends(tenant)) -> JSONResponse:
+    async def submit_job(request: Request, caller: Caller = Depends(caller_of)) -> JSONResponse:
         ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
         if ctype == "application/json":
             text, question, raw_params, filename = await _read_json(request)
@@ -199,14 +193,14 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
             params = RunParams.from_dict(merged)
         except InputError as e:
             raise ApiError(422, str(e), "invalid_params") from None
-        job = await run_in_threadpool(_store_and_enqueue, settings, text, params, filename, tenant_)
+        job = await run_in_threadpool(_store_and_enqueue, settings, text, params, filename, caller.tenant)
         body = {"id": job.id, "object": "job", "status": job.status}
         return JSONResponse(status_code=202, content=body, headers={"Location": f"/v1/jobs/{job.id}"})
 
     @app.get("/v1/jobs/{job_id}", summary="A job: status, progress and, when done, its result")
-    def get_job(job_id: str, tenant_: str = Depends(tenant)) -> dict[str, Any]:
+    def get_job(job_id: str, caller: Caller = Depends(caller_of)) -> dict[str, Any]:
         with db.session() as s:
-            job = jobs.get_job(s, job_id, tenant=tenant_)
+            job = jobs.get_job(s, job_id, tenant=caller.scope)
             if job is None:
                 raise ApiError(404, f"no job {job_id}", "not_found")
             return _job_view(s, job, with_result=True)
@@ -216,20 +210,20 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
         status: str | None = Query(None, description="one status or several, comma-separated"),
         limit: int = Query(50, ge=1),
         offset: int = Query(0, ge=0),
-        tenant_: str = Depends(tenant),
+        caller: Caller = Depends(caller_of),
     ) -> dict[str, Any]:
         statuses = parse_statuses(status, JOB_STATUSES, ApiError)
         limit = min(limit, settings.max_list_limit)
         with db.session() as s:
-            rows = jobs.list_jobs(s, status=statuses, tenant=tenant_, limit=limit, offset=offset)
-            total = jobs.count_jobs(s, status=statuses, tenant=tenant_)
+            rows = jobs.list_jobs(s, status=statuses, tenant=caller.scope, limit=limit, offset=offset)
+            total = jobs.count_jobs(s, status=statuses, tenant=caller.scope)
             return {"object": "list", "data": [_job_view(s, j) for j in rows], "total": total,
                     "limit": limit, "offset": offset}
 
     @app.delete("/v1/jobs/{job_id}", summary="Cancel a queued or running job")
-    def cancel_job(job_id: str, tenant_: str = Depends(tenant)) -> dict[str, Any]:
+    def cancel_job(job_id: str, caller: Caller = Depends(caller_of)) -> dict[str, Any]:
         with db.session() as s:
-            job = jobs.request_cancel(s, job_id, tenant=tenant_)
+            job = jobs.request_cancel(s, job_id, tenant=caller.scope)
             if job is None:
                 raise ApiError(404, f"no job {job_id}", "not_found")
             if job.status in ("succeeded", "failed"):
@@ -261,8 +255,9 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
     from .batches import batches_router
     from .metrics import metrics_router
 
-    app.include_router(batches_router(settings, tenant, ApiError))
-    app.include_router(metrics_router(settings))
+    app.include_router(batches_router(settings, caller_of, ApiError))
+    # /metrics counts every tenant's jobs: with keys on, only admin keys may read it
+    app.include_router(metrics_router(settings), dependencies=[Depends(admin_only(caller_of))])
 
     return app
 
@@ -278,7 +273,7 @@ async def _read_json(request: Request) -> tuple[str, str | None, dict, str | Non
     raw = await request.body()
     try:
         data = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as e:
+    except (ValueError, UnicodeDecodeError, RecursionError) as e:
         raise ApiError(400, f"request body is not valid JSON: {e}", "invalid_request") from None
     if not isinstance(data, dict):
         raise ApiError(400, "request body must be a JSON object {text, question, params}", "invalid_request")
@@ -347,7 +342,7 @@ async def _read_form(request: Request) -> tuple[str, str | None, dict, str | Non
             if raw.strip():
                 try:
                     params = json.loads(raw)
-                except ValueError as e:
+                except (ValueError, RecursionError) as e:
                     raise ApiError(422, f"params is not valid JSON: {e}", "invalid_params") from None
                 if not isinstance(params, dict):
                     raise ApiError(422, "params must be a JSON object", "invalid_params")
@@ -361,8 +356,11 @@ def _store_and_enqueue(settings: ServiceSettings, text: str, params: RunParams, 
 
     with db.session() as s:
         try:
+            reserve_queued(s, tenant, 1, settings.max_queued_jobs)  # the insert below is in its transaction
             job = jobs.create_job(s, text=text, params=params, filename=filename, tenant=tenant,
                                   max_attempts=settings.max_attempts)
+        except QuotaExceeded as e:
+            raise ApiError(429, str(e), "too_many_requests") from None
         except InputTooLarge as e:
             raise ApiError(413, str(e), "too_large") from None
         try:

@@ -41,6 +41,8 @@ from ..engine.inputs import check_text, decode_document
 from ..engine.options import RunParams
 from ..settings import ServiceSettings
 from ..storage import batches, db, jobs, results, stats
+from ..storage.keys import Caller
+from ..storage.quotas import QuotaExceeded, reserve_queued
 from ..storage.models import BATCH_STATUSES
 from .query import parse_statuses
 
@@ -64,21 +66,22 @@ class _Invalid(Exception):
         self.item = {"line": line, "code": code, "message": message, "param": param}
 
 
-def batches_router(settings: ServiceSettings, tenant: Callable[..., str], api_error: type) -> APIRouter:
-    """The /v1/batches routes; `tenant` is the API's auth dependency, `api_error` its error class."""
+def batches_router(settings: ServiceSettings, caller_of: Callable[..., Caller], api_error: type) -> APIRouter:
+    """The /v1/batches routes; `caller_of` is the API's auth dependency (its Caller's `scope` filters
+    every read by tenant), `api_error` its error class."""
     router = APIRouter()
     ApiError = api_error
 
-    def _get(s, batch_id: str, tenant_: str):
-        batch = batches.get_batch(s, batch_id, tenant=tenant_)
+    def _get(s, batch_id: str, scope: str | None):
+        batch = batches.get_batch(s, batch_id, tenant=scope)
         if batch is None:
             raise ApiError(404, f"no batch {batch_id}", "not_found")
         if batch.status in ("in_progress", "finalizing", "cancelling"):
-            batch = batches.advance_batch(s, batch_id, tenant_) or batch
+            batch = batches.advance_batch(s, batch_id, scope) or batch
         return batch
 
     @router.post("/v1/batches", summary="Create a batch from a JSONL file or several documents")
-    async def create_batch(request: Request, tenant_: str = Depends(tenant)) -> JSONResponse:
+    async def create_batch(request: Request, caller: Caller = Depends(caller_of)) -> JSONResponse:
         ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
         defaults: dict[str, Any] = {}
         metadata = None
@@ -91,7 +94,7 @@ def batches_router(settings: ServiceSettings, tenant: Callable[..., str], api_er
         else:
             raise ApiError(415, "send multipart/form-data (an `input` JSONL file, or `file` parts + question + "
                                 "params) or a JSONL body (content-type application/jsonl)", "unsupported_media_type")
-        batch, code = await run_in_threadpool(_create, settings, tenant_, source, defaults, metadata, extra, ApiError)
+        batch, code = await run_in_threadpool(_create, settings, caller.tenant, source, defaults, metadata, extra, ApiError)
         return JSONResponse(status_code=code, content=batch, headers={"Location": f"/v1/batches/{batch['id']}"})
 
     @router.get("/v1/batches", summary="List batches, newest first")
@@ -100,16 +103,16 @@ def batches_router(settings: ServiceSettings, tenant: Callable[..., str], api_er
         name: str | None = Query(None, description="only batches whose metadata name is this"),
         limit: int = Query(20, ge=1),
         offset: int = Query(0, ge=0),
-        tenant_: str = Depends(tenant),
+        caller: Caller = Depends(caller_of),
     ) -> dict[str, Any]:
         statuses = parse_statuses(status, BATCH_STATUSES, ApiError)
         limit = min(limit, settings.max_list_limit)
         with db.session() as s:
             if name:
-                rows = [b for b in batches.find_batches(s, name, tenant=tenant_, limit=offset + limit)
+                rows = [b for b in batches.find_batches(s, name, tenant=caller.scope, limit=offset + limit)
                         if statuses is None or b.status in statuses][offset:]
             else:
-                rows = batches.list_batches(s, tenant=tenant_, status=statuses, limit=limit, offset=offset)
+                rows = batches.list_batches(s, tenant=caller.scope, status=statuses, limit=limit, offset=offset)
             data = []
             for b in rows:
                 if b.status in ("in_progress", "finalizing", "cancelling"):
@@ -118,14 +121,14 @@ def batches_router(settings: ServiceSettings, tenant: Callable[..., str], api_er
             return {"object": "list", "data": data, "limit": limit, "offset": offset}
 
     @router.get("/v1/batches/{batch_id}", summary="A batch: status, request counts, timestamps")
-    def get_batch(batch_id: str, tenant_: str = Depends(tenant)) -> dict[str, Any]:
+    def get_batch(batch_id: str, caller: Caller = Depends(caller_of)) -> dict[str, Any]:
         with db.session() as s:
-            return _get(s, batch_id, tenant_).to_dict()
+            return _get(s, batch_id, caller.scope).to_dict()
 
     @router.post("/v1/batches/{batch_id}/cancel", summary="Cancel a batch (finished results stay)")
-    def cancel_batch(batch_id: str, tenant_: str = Depends(tenant)) -> dict[str, Any]:
+    def cancel_batch(batch_id: str, caller: Caller = Depends(caller_of)) -> dict[str, Any]:
         with db.session() as s:
-            batch = batches.cancel_batch(s, batch_id, tenant_)
+            batch = batches.cancel_batch(s, batch_id, caller.scope)
             if batch is None:
                 raise ApiError(404, f"no batch {batch_id}", "not_found")
             if batch.status in ("completed", "failed", "expired"):
@@ -134,24 +137,24 @@ def batches_router(settings: ServiceSettings, tenant: Callable[..., str], api_er
 
     @router.get("/v1/batches/{batch_id}/results", summary="Results of the succeeded requests: JSONL or CSV")
     def batch_results(batch_id: str, format: str = Query("jsonl", pattern="^(jsonl|csv)$"),
-                      tenant_: str = Depends(tenant)):
+                      caller: Caller = Depends(caller_of)):
         with db.session() as s:
-            batch = _get(s, batch_id, tenant_)
+            batch = _get(s, batch_id, caller.scope)
         if format == "csv":
             return StreamingResponse(_csv_lines(batch.id), media_type="text/csv; charset=utf-8",
                                      headers={"Content-Disposition": f'attachment; filename="{batch.id}.csv"'})
         return StreamingResponse(_result_lines(batch.id), media_type="application/jsonl")
 
     @router.get("/v1/batches/{batch_id}/errors", summary="Failed and cancelled requests: JSONL")
-    def batch_errors(batch_id: str, tenant_: str = Depends(tenant)):
+    def batch_errors(batch_id: str, caller: Caller = Depends(caller_of)):
         with db.session() as s:
-            batch = _get(s, batch_id, tenant_)
+            batch = _get(s, batch_id, caller.scope)
         return StreamingResponse(_error_lines(batch.id), media_type="application/jsonl")
 
     @router.get("/v1/batches/{batch_id}/stats", summary="Per-phase p50/p95, mean kept ratio (computed in SQL)")
-    def batch_stats(batch_id: str, tenant_: str = Depends(tenant)) -> dict[str, Any]:
+    def batch_stats(batch_id: str, caller: Caller = Depends(caller_of)) -> dict[str, Any]:
         with db.session() as s:
-            batch = _get(s, batch_id, tenant_)
+            batch = _get(s, batch_id, caller.scope)
             summary = stats.batch_summary(s, batch.id)
         return {"object": "batch.stats", "batch_id": batch.id, "status": batch.status,
                 "request_counts": batch.to_dict()["request_counts"], **summary}
@@ -209,7 +212,7 @@ def _json_field(raw, name: str, ApiError) -> dict | None:
         raise ApiError(422, f"{name} must be a text field holding a JSON object", "invalid_params")
     try:
         value = json.loads(raw)
-    except ValueError as e:
+    except (ValueError, RecursionError) as e:
         raise ApiError(422, f"{name} is not valid JSON: {e}", "invalid_params") from None
     if not isinstance(value, dict):
         raise ApiError(422, f"{name} must be a JSON object", "invalid_params")
@@ -240,7 +243,7 @@ def _parse_jsonl(data: bytes, defaults: dict[str, Any], limit: int, max_requests
                 line = json.loads(raw.decode("utf-8"))
             except UnicodeDecodeError:
                 raise _Invalid(n, "invalid_encoding", f"line {n} is not UTF-8") from None
-            except ValueError as e:
+            except (ValueError, RecursionError) as e:
                 raise _Invalid(n, "invalid_json", f"line {n} is not valid JSON: {e}") from None
             if not isinstance(line, dict):
                 raise _Invalid(n, "invalid_request", f"line {n} must be a JSON object {{custom_id, text, question, params}}")
@@ -332,22 +335,43 @@ def _create(settings: ServiceSettings, tenant: str, source, defaults, metadata, 
 
     kind, payload, input_name = source
     limit = jobs.max_input_bytes()
+    # parse before storing anything: an upload over a limit is refused with a 4xx and leaves no row
+    if kind == "jsonl":
+        requests, errors = _parse_jsonl(payload, defaults, limit, settings.max_batch_requests)
+    else:
+        requests, errors = _parse_files(payload, defaults, limit)
+    over = [e for e in errors if e["code"] == "too_many_requests"]
+    if over:
+        raise ApiError(422, over[0]["message"], "invalid_params")
     with db.session() as s:
+        if not errors:
+            try:  # refuse before creating the batch; checked again under the lock when the jobs go in
+                reserve_queued(s, tenant, len(requests), settings.max_queued_jobs)
+                s.rollback()
+            except QuotaExceeded as e:
+                raise ApiError(429, str(e), "too_many_requests") from None
         batch = batches.create_batch(
             s, tenant=tenant, endpoint=extra.get("endpoint") or "/v1/jobs",
             completion_window=extra.get("completion_window") or None,
             input_filename=input_name if kind == "jsonl" else f"{len(payload)} files",
             params={k: v for k, v in defaults.items()}, metadata=metadata)
-        if kind == "jsonl":
-            requests, errors = _parse_jsonl(payload, defaults, limit, settings.max_batch_requests)
-        else:
-            requests, errors = _parse_files(payload, defaults, limit)
         if errors:
             batches.set_batch_status(s, batch.id, "failed", errors={"object": "list", "data": errors})
             log.info("batch %s failed validation: %s", batch.id, errors[0]["message"])
             return batches.get_batch(s, batch.id).to_dict(), 200
-        ids = batches.add_requests(s, batch.id, requests, tenant=tenant, max_attempts=settings.max_attempts,
-                                   limit_bytes=limit)
+        try:
+            reserve_queued(s, tenant, len(requests), settings.max_queued_jobs)  # add_requests commits it
+            ids = batches.add_requests(s, batch.id, requests, tenant=tenant, max_attempts=settings.max_attempts,
+                                       limit_bytes=limit)
+        except BaseException as e:  # nothing of the requests was stored: the batch must not stay `validating`
+            quota = isinstance(e, QuotaExceeded)
+            message = str(e) if quota else f"storing the requests failed: {type(e).__name__}"
+            batches.set_batch_status(s, batch.id, "failed", errors={"object": "list", "data": [
+                {"line": None, "code": "too_many_queued_jobs" if quota else "internal", "message": message,
+                 "param": None}]})
+            if quota:
+                raise ApiError(429, message, "too_many_requests") from None
+            raise
         batches.set_batch_status(s, batch.id, "in_progress")
         for i, job_id in enumerate(ids):
             try:
