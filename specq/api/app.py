@@ -42,6 +42,7 @@ from ..storage.quotas import QuotaExceeded, reserve_queued
 from ..storage.models import JOB_STATUSES
 from .auth import admin_only, authenticator
 from .query import parse_statuses
+from .validate import MAX_NAME_CHARS, check_storable
 
 log = logging.getLogger("specq.api")
 
@@ -299,6 +300,9 @@ async def _read_json(request: Request) -> tuple[str, str | None, dict, str | Non
     try:
         text.encode("utf-8")
         check_text(text, name="text")
+        check_storable(question, "question")
+        check_storable(filename, "filename", MAX_NAME_CHARS)
+        check_storable(params, "params")
     except UnicodeEncodeError:
         raise ApiError(422, "text contains lone surrogates; send UTF-8 text", "invalid_input") from None
     except InputError as e:
@@ -328,6 +332,7 @@ async def _read_form(request: Request) -> tuple[str, str | None, dict, str | Non
             size = upload.size if upload.size is not None else len(data)
             raise ApiError(413, str(InputTooLarge(max(size, len(data)), limit)), "too_large")
         try:
+            check_storable(filename, "the file name", MAX_NAME_CHARS)
             text = decode_document(data, name=filename)
         except InputError as e:
             raise ApiError(422, str(e), "invalid_input") from None
@@ -346,6 +351,11 @@ async def _read_form(request: Request) -> tuple[str, str | None, dict, str | Non
                     raise ApiError(422, f"params is not valid JSON: {e}", "invalid_params") from None
                 if not isinstance(params, dict):
                     raise ApiError(422, "params must be a JSON object", "invalid_params")
+        try:
+            check_storable(question, "question")
+            check_storable(params, "params")
+        except InputError as e:
+            raise ApiError(422, str(e), "invalid_input") from None
         return text, question, params, filename
     finally:
         await form.close()

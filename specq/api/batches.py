@@ -45,6 +45,7 @@ from ..storage.keys import Caller
 from ..storage.quotas import QuotaExceeded, reserve_queued
 from ..storage.models import BATCH_STATUSES
 from .query import parse_statuses
+from .validate import MAX_NAME_CHARS, check_storable
 
 log = logging.getLogger("specq.api")
 
@@ -58,6 +59,31 @@ MAX_ERRORS = 100
 #: CSV columns before the per-phase timing columns (`<phase>_ms`)
 CSV_COLUMNS = ["custom_id", "job_id", "status", "filename", "answer", "finish_reason", "prompt_tokens", "kept_tokens",
                "completion_tokens", "kept_ratio", "mode", "draft", "accept_rate", "queue_wait_ms"]
+
+
+#: the request body of POST /v1/batches, for /openapi.json (the route reads the body itself)
+BATCH_BODY_DOC = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "multipart/form-data": {
+                "schema": {
+                    "type": "object",
+                    "properties": {
+                        "input": {"type": "string", "format": "binary",
+                                  "description": "JSONL, one request per line: {custom_id, text, question, params}"},
+                        "file": {"type": "array", "items": {"type": "string", "format": "binary"},
+                                 "description": "documents (custom_id = file name); instead of input"},
+                        "question": {"type": "string"},
+                        "params": {"type": "string", "description": "a JSON object: defaults of every request"},
+                        "metadata": {"type": "string", "description": "a JSON object; `name` names the batch"},
+                    },
+                }
+            },
+            "application/jsonl": {"schema": {"type": "string", "description": "the JSONL itself"}},
+        },
+    }
+}
 
 
 class _Invalid(Exception):
@@ -80,7 +106,8 @@ def batches_router(settings: ServiceSettings, caller_of: Callable[..., Caller], 
             batch = batches.advance_batch(s, batch_id, scope) or batch
         return batch
 
-    @router.post("/v1/batches", summary="Create a batch from a JSONL file or several documents")
+    @router.post("/v1/batches", summary="Create a batch from a JSONL file or several documents",
+                 openapi_extra=BATCH_BODY_DOC)
     async def create_batch(request: Request, caller: Caller = Depends(caller_of)) -> JSONResponse:
         ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
         defaults: dict[str, Any] = {}
@@ -192,6 +219,14 @@ async def _read_batch_form(request: Request, settings: ServiceSettings, ApiError
         if question is not None:
             defaults["question"] = question
         extra = {k: form.get(k) for k in ("completion_window", "endpoint") if isinstance(form.get(k), str)}
+        try:  # what the batch row keeps: checked here, before anything is stored
+            for value, name, size in ((defaults, "params", None), (metadata, "metadata", None),
+                                      (extra.get("completion_window"), "completion_window", 32),
+                                      (extra.get("endpoint"), "endpoint", 128),
+                                      *((u.filename, "a file name", MAX_NAME_CHARS) for u in inputs + files)):
+                check_storable(value, name, size)
+        except InputError as e:
+            raise ApiError(422, str(e), "invalid_input") from None
         if inputs:
             source = ("jsonl", await inputs[0].read(), inputs[0].filename)
         else:
@@ -252,7 +287,7 @@ def _parse_jsonl(data: bytes, defaults: dict[str, Any], limit: int, max_requests
                 raise _Invalid(n, "invalid_request", f"line {n}: unknown field(s) {', '.join(unknown)} "
                                                      f"(known: {', '.join(sorted(LINE_KEYS))})")
             cid = line.get("custom_id")
-            if not isinstance(cid, str) or not cid.strip() or len(cid) > 255:
+            if not isinstance(cid, str) or not cid.strip() or len(cid) > MAX_NAME_CHARS:
                 raise _Invalid(n, "missing_custom_id", f"line {n}: custom_id is required (a string of 1-255 characters)",
                                "custom_id")
             if cid in seen:
@@ -282,6 +317,15 @@ def _parse_jsonl(data: bytes, defaults: dict[str, Any], limit: int, max_requests
                 raise _Invalid(n, "invalid_input", f"line {n}: text contains lone surrogates", "text") from None
             except InputError as e:
                 raise _Invalid(n, "invalid_input", f"line {n}: {e}", "text") from None
+            for value, field_ in ((cid, "custom_id"), (question, "question"), (own, "params")):
+                try:
+                    check_storable(value, field_)
+                except InputError as e:
+                    raise _Invalid(n, "invalid_input", f"line {n}: {e}", field_) from None
+            try:
+                check_storable(filename, "filename", MAX_NAME_CHARS)
+            except InputError as e:
+                raise _Invalid(n, "invalid_input", f"line {n}: {e}", "filename") from None
             try:
                 params, q = _check_params(defaults, own, question)
             except InputError as e:

@@ -23,9 +23,12 @@ def decode_document(data: bytes, *, name: str = "input") -> str:
 
 
 def check_text(text: str, *, name: str = "input") -> None:
-    """InputError if `text` is empty or mostly control characters."""
+    """InputError if `text` is empty, holds a NUL (no text does; PostgreSQL cannot store it) or is
+    mostly control characters."""
     if not text.strip():
         raise InputError(f"{name} is empty")
+    if "\x00" in text:
+        raise InputError(f"{name} looks binary (it contains NUL characters); specq reads UTF-8 text")
     controls = sum(1 for c in text if (ord(c) < 32 and c not in _ALLOWED_CONTROLS) or c == "\x7f")
     if controls > max(8, len(text) // 100):
         raise InputError(f"{name} looks binary ({controls} control characters); specq reads UTF-8 text")

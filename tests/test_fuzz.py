@@ -1,0 +1,321 @@
+"""Property-based tests: no input crashes the service.
+
+* the engine's input path (`specq.engine.inputs`): random bytes, text in other encodings, control
+  characters, huge lines -> a UTF-8 document or InputError with a one-line message, nothing else;
+* the API's request validation, in process: random JSONL uploads and random `params` values -> a
+  request or an error naming its line, never an exception;
+* the engine itself on the tiny models: random documents and random in-range params -> a result or
+  an EngineError (what the worker turns into a `failed` job), never another exception;
+* the whole API from its OpenAPI schema (schemathesis) against a real `specq api` (keys on) on
+  PostgreSQL + Redis: no 5xx; afterwards nothing is half-stored.
+
+Every suite is derandomized (a fixed seed: the same examples on every run) and bounded, so CI time
+stays small; SPECQ_FUZZ_EXAMPLES scales the example counts up for a longer local run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from specq.engine.errors import EngineError, InputError
+from specq.engine.inputs import check_text, decode_document
+from specq.engine.options import RUN_PARAM_NAMES, RunParams
+
+SCALE = float(os.environ.get("SPECQ_FUZZ_EXAMPLES", "1"))
+
+
+def fuzz(n: int):
+    """Hypothesis settings of one suite: `n` examples (times SPECQ_FUZZ_EXAMPLES), the fixed seed of
+    derandomize, no example database, no deadline (a loaded 2-core CI box is slow at times)."""
+    return settings(max_examples=max(1, int(n * SCALE)), derandomize=True, database=None, deadline=None,
+                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
+                                           HealthCheck.function_scoped_fixture])
+
+
+def _one_line(e: Exception) -> None:
+    message = str(e)
+    assert message and "\n" not in message and len(message) < 1000, message
+
+
+# --- the engine's input path ------------------------------------------------------------------------------
+
+ENCODINGS = ["utf-8", "utf-8-sig", "utf-16", "utf-16-le", "utf-32", "latin-1", "cp1252", "shift_jis", "koi8-r"]
+CONTROLS = st.characters(codec="utf-8", max_codepoint=0x9F, categories=["Cc"])
+#: text as people paste it: letters, code, whitespace, emoji, RTL, combining marks, and chat-template tokens
+TEXT = st.text(st.one_of(st.characters(codec="utf-8"), CONTROLS,
+                         st.sampled_from(["\n", "\r", "\t", "\u202e", "\u0301", "\ufeff", "\U0001f600", "\u4e2d"])),
+               max_size=300)
+SPECIALS = st.sampled_from(["<|im_start|>", "<|im_end|>", "<|endoftext|>", "<|fim_prefix|>", "system\n", "\x00"])
+
+
+def _check_decoded(data: bytes) -> str | None:
+    try:
+        text = decode_document(data, name="doc")
+    except InputError as e:
+        _one_line(e)
+        return None
+    assert isinstance(text, str) and text.strip()
+    assert "\x00" not in text  # PostgreSQL text cannot hold NUL
+    text.encode("utf-8")  # no lone surrogates: storable and tokenizable
+    return text
+
+
+@fuzz(300)
+@given(st.binary(max_size=2048))
+def test_random_bytes(data):
+    text = _check_decoded(data)
+    if text is not None:  # only valid UTF-8 is accepted, and it comes back unchanged
+        assert data.decode("utf-8-sig") == text
+
+
+@fuzz(200)
+@given(TEXT, st.sampled_from(ENCODINGS))
+def test_text_in_any_encoding(text, encoding):
+    data = text.encode(encoding, errors="replace")
+    decoded = _check_decoded(data)
+    if decoded is not None and encoding in ("utf-8", "utf-8-sig"):
+        assert decoded == text.removeprefix("\ufeff") if encoding == "utf-8" else decoded == text
+
+
+@fuzz(150)
+@given(st.lists(st.one_of(TEXT, CONTROLS, SPECIALS), max_size=40).map("".join))
+def test_control_characters_and_template_tokens(text):
+    _check_decoded(text.encode("utf-8", errors="surrogatepass"))
+    try:
+        check_text(text)
+    except InputError as e:
+        _one_line(e)
+
+
+@fuzz(12)
+@given(st.integers(0, 4 * 1024 * 1024), st.sampled_from(["x", "é", "\U0001f600", "\x01", " "]), st.booleans())
+def test_huge_lines(n, ch, newline_at_end):
+    """One line of up to 4 MiB: decided in linear time, never a crash."""
+    data = (ch * (n // len(ch.encode()))).encode() + (b"\n" if newline_at_end else b"")
+    _check_decoded(data)
+
+
+# --- the API's request validation, in process -------------------------------------------------------------
+
+#: strings PostgreSQL cannot store (NUL, lone surrogates) or that overflow a column, among ordinary ones
+NASTY = st.sampled_from(["\x00", "a\x00b", "\ud800", "x\udfff", "n" * 256, "", " ", "\u0000"])
+JSON_SCALARS = st.one_of(st.none(), st.booleans(), st.integers(-(2**70), 2**70), st.floats(allow_nan=True),
+                         st.text(max_size=20), NASTY)
+JSON_VALUES = st.recursive(JSON_SCALARS, lambda inner: st.one_of(st.lists(inner, max_size=4),
+                                                                  st.dictionaries(st.text(max_size=8), inner, max_size=4)),
+                           max_leaves=10)
+PARAMS = st.dictionaries(st.sampled_from(RUN_PARAM_NAMES + ("bogus",)), JSON_VALUES, max_size=6)
+
+
+@fuzz(300)
+@given(PARAMS)
+def test_params_are_accepted_or_refused_with_input_error(raw):
+    try:
+        params = RunParams.from_dict(raw)
+    except InputError as e:
+        _one_line(e)
+        return
+    again = RunParams.from_dict(json.loads(json.dumps(params.to_dict())))  # what the worker reads back
+    assert again == params
+
+
+JSONL_LINE = st.one_of(
+    st.binary(max_size=80),
+    st.builds(lambda d: json.dumps(d).encode(),
+              st.fixed_dictionaries({}, optional={"custom_id": JSON_SCALARS, "text": st.one_of(TEXT, JSON_SCALARS),
+                                                  "question": JSON_SCALARS, "params": st.one_of(PARAMS, JSON_VALUES),
+                                                  "filename": JSON_SCALARS, "extra": JSON_SCALARS})),
+    st.sampled_from([b"[" * 5000, b'{"custom_id": "a", "text": "' + b"\\ud800" + b'"}', b"\xff\xfe", b"{}", b"null"]),
+)
+
+
+@fuzz(200)
+@given(st.lists(JSONL_LINE, max_size=12), st.sampled_from([b"\n", b"\r\n", b"\r"]))
+def test_jsonl_uploads(lines, newline):
+    from specq.api.batches import _parse_jsonl
+
+    requests, errors = _parse_jsonl(newline.join(lines), {}, 4096, 8)
+    for e in errors:
+        assert set(e) == {"line", "code", "message", "param"} and isinstance(e["message"], str)
+        assert e["line"] is None or e["line"] >= 1
+    for r in requests:
+        RunParams.from_dict({**r.params, "question": r.question})
+        assert len(r.text.encode()) <= 4096
+        for value in (r.text, r.custom_id, r.question, r.filename or "", json.dumps(r.params, ensure_ascii=False)):
+            assert "\x00" not in value and "\\u0000" not in value  # storable in PostgreSQL text and JSONB
+            value.encode("utf-8")  # no lone surrogates
+        assert len(r.custom_id) <= 255 and len(r.filename or "") <= 255
+    assert len({r.custom_id for r in requests}) == len(requests)
+
+
+# --- the engine on the tiny models: what the worker runs --------------------------------------------------
+
+#: in-range params; max_tokens always small (the default 256 would make each example a long decode)
+RUNNABLE = st.fixed_dictionaries({"max_tokens": st.integers(1, 3)}, optional={
+    "mode": st.sampled_from(["baseline", "specprefill"]), "positions": st.sampled_from(["original", "compressed"]),
+    "keep": st.floats(0.01, 1.0), "chunk": st.integers(1, 4096), "max_keep": st.integers(0, 2**40),
+    "min_tokens": st.integers(-1, 2**40), "lookahead": st.integers(1, 64), "pool": st.integers(0, 50).map(lambda x: 2 * x + 1),
+    "scorer": st.sampled_from(["windowed", "sliding", "full"]), "window": st.one_of(st.just(0), st.integers(64, 2**31)),
+    "temperature": st.floats(0, 10), "top_k": st.integers(0, 2**40),
+    "top_p": st.floats(0.01, 1.0), "seed": st.integers(-1, 2**64), "draft": st.sampled_from(["none", "ngram", "model", "auto"]),
+    "n_draft": st.integers(1, 64), "ngram": st.integers(1, 16), "question": TEXT, "system": TEXT,
+})
+
+
+@pytest.fixture(scope="module")
+def tiny_engine(tiny_models):
+    from specq.engine.options import EngineOptions
+    from specq.engine.pipeline import Engine
+
+    eng = Engine(EngineOptions(target=str(tiny_models.target), speculator=str(tiny_models.speculator), n_gpu_layers=0,
+                               n_ctx=1024, n_threads=2))
+    yield eng
+    eng.close()
+
+
+@fuzz(40)
+@given(st.lists(st.one_of(TEXT, SPECIALS), min_size=1, max_size=8).map("".join), RUNNABLE)
+def test_engine_runs_or_refuses(tiny_engine, text, raw):
+    try:
+        document = decode_document(text.encode("utf-8", errors="surrogatepass"))
+        params = RunParams.from_dict(raw)
+    except InputError:
+        return
+    try:
+        result = tiny_engine.run(document, params)
+    except EngineError as e:  # InputError (e.g. too long for the context), ModelError: the job fails with it
+        _one_line(e)
+        return
+    assert 1 <= result.usage.completion_tokens <= params.max_tokens
+    assert 0 < result.usage.kept_tokens <= result.usage.prompt_tokens
+    json.dumps(result.to_dict())  # storable
+
+
+# --- the whole API from its OpenAPI schema ----------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def fuzz_stack(tmp_path_factory):
+    """A real API with keys on, on PostgreSQL + Redis, no worker (accepted jobs stay queued)."""
+    from service_helpers import Stack, free_port, pg_database, redis_pg_env, require_servers, running
+
+    require_servers()
+    home = tmp_path_factory.mktemp("fuzz")
+    port = free_port()
+    with pg_database() as pg_url:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SPECQ_")}
+        env.update(SPECQ_HOME=str(home), SPECQ_API_PORT=str(port), SPECQ_AUTH="keys", SPECQ_MAX_INPUT_BYTES="65536",
+                   SPECQ_MAX_BATCH_REQUESTS="50", PYTHONUNBUFFERED="1", **redis_pg_env(pg_url, "specq-fuzz"))
+        st_ = Stack(env=env, port=port, logdir=home)
+        st_.cli("db", "upgrade", check=True)
+        from specq.storage import db, keys
+
+        with db.session(st_.database_url) as s:
+            st_.fuzz_key = keys.create_key(s, "fuzzer")[1]
+        with running(st_, ("api", "api")):
+            yield st_
+        import redis
+
+        redis.Redis.from_url(env["SPECQ_BROKER_URL"]).delete(env["SPECQ_QUEUE"])
+
+
+@pytest.mark.services
+def test_api_from_its_openapi_schema(fuzz_stack):
+    """Requests generated from /openapi.json (schemathesis: valid and invalid ones) to every operation,
+    with a tenant key: never a 5xx. One hypothesis run per operation, `fuzz(40)` examples each."""
+    schemathesis = pytest.importorskip("schemathesis")
+    from schemathesis import GenerationMode
+    from schemathesis.checks import not_a_server_error
+
+    schema = schemathesis.openapi.from_url(f"{fuzz_stack.url}/openapi.json")
+    headers = {"Authorization": f"Bearer {fuzz_stack.fuzz_key}"}
+    from collections import Counter
+
+    ran: dict[str, Counter] = {}
+    for result in schema.get_all_operations():
+        op = result.ok()
+        strategies = [op.as_strategy(mode) for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE)]
+
+        @fuzz(40)
+        @given(case=st.one_of(strategies))
+        def call(case):
+            r = case.call_and_validate(base_url=fuzz_stack.url, headers=headers, checks=[not_a_server_error], timeout=30)
+            ran.setdefault(op.label, Counter())[r.status_code] += 1
+
+        call()
+    print(f"schemathesis: {sum(sum(c.values()) for c in ran.values())} requests over {len(ran)} operations: "
+          + "; ".join(f"{label} {dict(c)}" for label, c in ran.items()))
+    assert {"POST /v1/jobs", "GET /v1/jobs/{job_id}", "POST /v1/batches", "GET /v1/batches/{batch_id}/results"} <= set(ran)
+
+
+UNSTORABLE = [  # (what, request) -> 422 each; raw JSON so that "\\u0000" and "\\ud800" reach the server as such
+    ("NUL in the document", ("/v1/jobs", r'{"text": "a\u0000b"}')),
+    ("NUL in the question", ("/v1/jobs", r'{"text": "x = 1", "question": "why\u0000"}')),
+    ("lone surrogate in the question", ("/v1/jobs", r'{"text": "x = 1", "question": "\ud800"}')),
+    ("NUL in a params value", ("/v1/jobs", r'{"text": "x = 1", "params": {"system": "\u0000"}}')),
+    ("NUL in the file name", ("/v1/jobs", r'{"text": "x = 1", "filename": "a\u0000.py"}')),
+    ("a 256-character file name", ("/v1/jobs", '{"text": "x = 1", "filename": "%s"}' % ("f" * 256))),
+    ("NUL in a custom_id", ("/v1/batches", r'{"custom_id": "\u0000", "text": "x = 1"}')),
+    ("lone surrogate in a line's question", ("/v1/batches", r'{"custom_id": "a", "text": "x", "question": "\udfff"}')),
+]
+
+
+@pytest.mark.services
+@pytest.mark.parametrize("request_", [r for _, r in UNSTORABLE], ids=[w for w, _ in UNSTORABLE])
+def test_strings_the_store_cannot_hold_are_refused(fuzz_stack, request_):
+    import httpx
+    from sqlalchemy import func, select
+
+    from specq.storage import db
+    from specq.storage.models import Batch, Job
+
+    def counts():
+        with db.session(fuzz_stack.database_url) as s:
+            return s.scalar(select(func.count()).select_from(Job)), s.scalar(select(func.count()).select_from(Batch))
+
+    path, body = request_
+    before = counts()
+    ctype = "application/json" if path == "/v1/jobs" else "application/jsonl"
+    r = httpx.post(f"{fuzz_stack.url}{path}", content=body.encode(), timeout=30,
+                   headers={"content-type": ctype, "Authorization": f"Bearer {fuzz_stack.fuzz_key}"})
+    if path == "/v1/jobs":
+        assert r.status_code == 422, r.text
+        message = r.json()["error"]["message"]
+    else:  # a bad line fails the batch with the line's message; no job is stored
+        assert r.status_code == 200 and r.json()["status"] == "failed", r.text
+        message = r.json()["errors"]["data"][0]["message"]
+        before = (before[0], before[1] + 1)
+    assert any(w in message for w in ("NUL", "surrogate", "over the limit of 255")), message
+    assert counts() == before
+
+
+@pytest.mark.services
+def test_fuzzing_left_nothing_half_stored(fuzz_stack):
+    """After the schema fuzz: every job has its input and valid params, no batch is stuck in
+    `validating`, every batch's request_total counts its jobs, everything belongs to the fuzzer."""
+    pytest.importorskip("schemathesis")
+    from sqlalchemy import func, select
+
+    from specq.storage import db
+    from specq.storage.models import Batch, Job, JobInput
+
+    with db.session(fuzz_stack.database_url) as s:
+        jobs = s.execute(select(Job, JobInput).outerjoin(JobInput, JobInput.job_id == Job.id)).all()
+        assert jobs, "the fuzz stored no job at all: it did not reach the API"
+        for job, inp in jobs:
+            assert inp is not None and inp.text.strip(), job.id
+            RunParams.from_dict({**job.params, "question": inp.question})
+            assert job.tenant == "fuzzer" and job.status == "queued"
+        counts = dict(s.execute(select(Job.batch_id, func.count()).where(Job.batch_id.is_not(None))
+                                .group_by(Job.batch_id)).all())
+        for batch in s.scalars(select(Batch)):
+            assert batch.status in ("in_progress", "failed"), (batch.id, batch.status)
+            assert batch.tenant == "fuzzer"
+            assert batch.request_total == counts.get(batch.id, 0), batch.id
+            if batch.status == "failed":
+                assert counts.get(batch.id, 0) == 0 and batch.errors["data"], batch.id
