@@ -363,6 +363,28 @@ def worker_cmd(
         raise _fail(f"worker could not load its models: {e}") from None
 
 
+@app.command("reconcile")
+def reconcile_cmd(
+    republish_queued: bool = typer.Option(False, "--republish-queued", help="Also send every queued job to the broker again (after a broker lost its messages, e.g. Redis restarted without persistence); duplicates do nothing."),
+) -> None:
+    """Requeue (or fail, after max attempts) jobs left running by workers that stopped heartbeating
+    for SPECQ_STALE_AFTER seconds, once. Every worker also does this every SPECQ_RECONCILE_INTERVAL seconds."""
+    from .reconciler import reconcile_once, republish_queued as republish
+
+    settings = _service_settings()
+    _service_ready_db(upgrade=False)
+    try:
+        sweep = reconcile_once(settings)
+        if republish_queued:
+            sweep.republished = republish(settings).republished
+    except Exception as e:  # unreachable store or broker: one line
+        raise _fail(f"reconcile: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from None
+    for name in ("requeued", "failed", "cancelled", "unsent"):
+        for job_id in getattr(sweep, name):
+            typer.echo(f"{job_id}\t{name}")
+    typer.echo(f"reconcile: {sweep.summary()} (stale after {settings.stale_after:g}s)", err=True)
+
+
 @app.command("api")
 def api_cmd(
     host: str = typer.Option(None, help="Address to listen on (default 127.0.0.1). [env SPECQ_API_HOST]"),

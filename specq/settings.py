@@ -90,8 +90,15 @@ class ServiceSettings:
     #: seconds between writes of a running job's progress and heartbeat, and between checks for a
     #: cancel request (a cancel takes effect at the next phase, window or token after that)
     progress_interval: float = 0.5
-    #: a running job whose heartbeat is older than this (seconds) may be claimed again by a redelivery
+    #: a running job whose heartbeat is older than this (seconds) was left by a dead worker: a
+    #: redelivery may claim it, and the reconciler requeues it (or fails it after max_attempts)
     stale_after: float = 120.0
+    #: seconds between the reconciler's sweeps in each worker process (specq.reconciler: stale running
+    #: jobs are requeued and re-sent, or failed); 0 = none in the workers (run `specq reconcile` instead)
+    reconcile_interval: float = 30.0
+    #: seconds a worker keeps retrying a store write (a result, a final status) while the database is
+    #: unreachable (a PostgreSQL restart or failover) before giving the job back to the broker
+    store_retry_for: float = 300.0
     #: engine options of the worker's models (see specq.engine.options.EngineOptions); empty/None =
     #: the engine's defaults (the registry's default target and speculator, all layers on the GPU)
     target: str = ""
@@ -154,6 +161,8 @@ class ServiceSettings:
             (self.concurrency >= 1, "SPECQ_CONCURRENCY must be >= 1"),
             (self.progress_interval > 0, "SPECQ_PROGRESS_INTERVAL must be > 0"),
             (self.stale_after > self.progress_interval * 4, "SPECQ_STALE_AFTER must be well above SPECQ_PROGRESS_INTERVAL"),
+            (self.reconcile_interval >= 0, "SPECQ_RECONCILE_INTERVAL must be >= 0 (0 = off)"),
+            (self.store_retry_for >= 0, "SPECQ_STORE_RETRY_FOR must be >= 0"),
             (self.broker_poll_interval > 0, "SPECQ_BROKER_POLL_INTERVAL must be > 0"),
             (1 <= self.api_port <= 65535, "SPECQ_API_PORT must be a TCP port"),
             (self.max_request_bytes >= 0, "SPECQ_MAX_REQUEST_BYTES must be >= 0"),

@@ -10,7 +10,12 @@ A job's life in the worker (`WorkerRuntime.execute`):
 3. Finish: the result and its phase timings in one transaction (`results.save_result`, idempotent);
    or `failed` with the engine's one-line message for bad input (InputError, never retried), the time
    limit and model errors; or back to `queued` with a backoff for anything else (transient: a decode
-   failure, a lost database connection, …) until `max_attempts`, then `failed`.
+   failure, a lost database connection, …) until `max_attempts`, then `failed`. These writes are
+   repeated through a database restart for up to `store_retry_for` seconds (`storage.retry`), so a
+   computed result is not dropped.
+
+Each worker process also runs the reconciler (`specq.reconciler`) in a thread: jobs whose worker died
+go back to the queue from there.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from ..engine.errors import EngineError, InputError, ModelError, RunCancelled
 from ..engine.options import RunParams
 from ..settings import ServiceSettings
 from ..storage import claims, db, jobs, results
+from ..storage.retry import retry_transient
 
 log = logging.getLogger("specq.worker")
 
@@ -93,6 +99,10 @@ class _Watcher(threading.Thread):
                         self.cancelled.set()
                 except Exception as e:  # the store is briefly unreachable: keep running, try again
                     log.warning("job %s: progress write failed: %s", self.job_id, e)
+                    try:
+                        s.rollback()  # a dropped connection leaves the session needing one
+                    except Exception:
+                        pass
 
     def stop(self) -> None:
         self._stop_event.set()
@@ -112,6 +122,7 @@ class WorkerRuntime:
         self.queue = self.settings.queue
         self.current_job: str | None = None
         self.heartbeat = None
+        self.reconciler = None
 
     def load(self) -> None:
         """Load the models (and warm them up); call after CUDA_VISIBLE_DEVICES is set and after any fork."""
@@ -132,6 +143,7 @@ class WorkerRuntime:
             self.engine.n_ctx, time.perf_counter() - t0,
         )
         self._start_heartbeat(info)
+        self._start_reconciler()
 
     def _start_heartbeat(self, info) -> None:
         """Write this process's heartbeat (specq.monitor) every few seconds, for /metrics."""
@@ -150,6 +162,15 @@ class WorkerRuntime:
         self.heartbeat = Heartbeat(self.settings, state)
         self.heartbeat.start()
         atexit.register(self.heartbeat.stop)
+
+    def _start_reconciler(self) -> None:
+        """Sweep for jobs of dead workers every `reconcile_interval` seconds (0 = not here)."""
+        if self.settings.reconcile_interval <= 0 or self.reconciler is not None:
+            return
+        from ..reconciler import ReconcilerThread
+
+        self.reconciler = ReconcilerThread(self.settings)
+        self.reconciler.start()
 
     def execute(self, job_id: str) -> Outcome:
         """Run one delivery of job `job_id` to the end. Job errors end in the store; only the store's
@@ -209,7 +230,7 @@ class WorkerRuntime:
                 return self._fail(s, job_id, str(e))
             except RunCancelled:
                 watcher.stop()
-                jobs.mark_cancelled(s, job_id, "cancelled while running")
+                self._store(s, f"job {job_id}: marking it cancelled", lambda: jobs.mark_cancelled(s, job_id, "cancelled while running"))
                 log.info("job %s: cancelled", job_id)
                 return Outcome("cancelled")
             except (InputError, ModelError) as e:
@@ -221,8 +242,8 @@ class WorkerRuntime:
             watcher.stop()
             ms = (time.monotonic() - t0) * 1000.0
             try:
-                saved = results.save_result(s, job_id, result)
-            except Exception as e:  # the store failed mid-write: nothing was kept (one transaction)
+                saved = self._store(s, f"job {job_id}: saving the result", lambda: results.save_result(s, job_id, result))
+            except Exception as e:  # not a lost connection, or still lost after store_retry_for: nothing was kept
                 return self._retry_or_fail(s, job, f"saving the result failed: {_describe(e)}")
             self.jobs_done += 1
             if not saved:
@@ -232,8 +253,12 @@ class WorkerRuntime:
             self._housekeeping()
             return Outcome("succeeded")
 
+    def _store(self, s, what: str, write: Callable[[], Any]) -> Any:
+        """A store write after the job ran, repeated through a database restart (storage.retry)."""
+        return retry_transient(s, write, what=what, give_up_after=self.settings.store_retry_for)
+
     def _fail(self, s, job_id: str, message: str) -> Outcome:
-        jobs.mark_failed(s, job_id, message)
+        self._store(s, f"job {job_id}: marking it failed", lambda: jobs.mark_failed(s, job_id, message))
         log.info("job %s: failed: %s", job_id, message)
         self._housekeeping()
         return Outcome("failed", message)
@@ -241,7 +266,7 @@ class WorkerRuntime:
     def _retry_or_fail(self, s, job, message: str) -> Outcome:
         job_id = job.id
         attempt = job.attempts  # this attempt's number (mark_running counted it)
-        if jobs.requeue(s, job_id, message):
+        if self._store(s, f"job {job_id}: requeueing it", lambda: jobs.requeue(s, job_id, message)):
             delay = self.settings.backoff(attempt, jitter=random.uniform(-1, 1))
             log.warning("job %s: attempt %d failed (%s); retrying in %.1fs", job_id, attempt, message, delay)
             return Outcome("retry", message, retry_in=delay)
