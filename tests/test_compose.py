@@ -177,6 +177,12 @@ def test_every_service_command_runs_against_local_redis_and_postgres(tiny_models
 
         assert db.current_revision(pg_url) == db.head_revision()
 
+        # the first key, as docs/deploy.md says: `docker compose run --rm migrate specq keys create …`
+        assert services["api"]["environment"]["SPECQ_AUTH"] == "keys"
+        r = run("keys", [sys.executable, "-m", "specq", "keys", "create", "--tenant", "ops", "--admin"], env_of("migrate"))
+        assert r.returncode == 0, r.stdout + r.stderr
+        key = r.stdout.strip()
+
         # models: `specq models pull`, one-shot; here only where the default pair is already pulled
         # (CI pulls it before the tests), so the test downloads nothing
         home = os.environ.get("SPECQ_HOME") or os.path.expanduser("~/.cache/specq")
@@ -208,6 +214,8 @@ def test_every_service_command_runs_against_local_redis_and_postgres(tiny_models
             assert r.returncode == 0, r.stderr
             # the worker serves a batch
             with httpx.Client(base_url=st.url, timeout=30) as c:
+                assert c.get("/v1/batches").status_code == 401  # keys are on
+                c.headers["Authorization"] = f"Bearer {key}"
                 files = [("file", ("one.py", b"def one():\n    return 1\n")), ("file", ("two.md", b"# Two\n"))]
                 b = c.post("/v1/batches", files=files, data={"question": "What is this?", "params": '{"max_tokens": 3}'}).json()
                 deadline = time.monotonic() + 120

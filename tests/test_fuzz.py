@@ -295,6 +295,21 @@ def test_strings_the_store_cannot_hold_are_refused(fuzz_stack, request_):
 
 
 @pytest.mark.services
+def test_json_nested_deeper_than_the_recursion_limit_is_a_4xx(fuzz_stack):
+    import httpx
+
+    deep = "[" * 100_000
+    with httpx.Client(base_url=fuzz_stack.url, timeout=30,
+                      headers={"Authorization": f"Bearer {fuzz_stack.fuzz_key}"}) as c:
+        r = c.post("/v1/jobs", content=deep, headers={"content-type": "application/json"})
+        assert r.status_code == 400 and "not valid JSON" in r.json()["error"]["message"], r.text
+        r = c.post("/v1/jobs", files={"file": ("a.py", b"x = 1\n")}, data={"params": deep})
+        assert r.status_code == 422 and "params is not valid JSON" in r.json()["error"]["message"], r.text
+        r = c.post("/v1/batches", files={"file": ("a.py", b"x = 1\n")}, data={"metadata": deep})
+        assert r.status_code == 422 and "metadata is not valid JSON" in r.json()["error"]["message"], r.text
+
+
+@pytest.mark.services
 def test_fuzzing_left_nothing_half_stored(fuzz_stack):
     """After the schema fuzz: every job has its input and valid params, no batch is stuck in
     `validating`, every batch's request_total counts its jobs, everything belongs to the fuzzer."""

@@ -57,7 +57,7 @@ def _client(stack, who: str | None) -> httpx.Client:
 
 @pytest.fixture(scope="module")
 def tenant_a(stack):
-    """Tenant A's finished job, finished batch (one succeeded, one failed request) and queued... all ids."""
+    """Tenant A's ids: a succeeded job, and a completed batch with one succeeded and one failed request."""
     with _client(stack, "a") as a:
         r = a.post("/v1/jobs", json={"text": "def secret():\n    return 42\n", "question": "What is returned?",
                                      "params": {"max_tokens": 3}})

@@ -18,8 +18,8 @@ deployment (every worker, every API process):
 | `specq_worker_jobs_done` | gauge | worker, queue | jobs finished by that worker process |
 | `specq_scrape_errors` | gauge | source | 1 when the database or the broker could not be read |
 
-No authentication: the numbers are aggregates (no documents, answers or ids); put the API behind
-your proxy's rules if that matters.
+The numbers are aggregates (no documents, answers or ids) but span every tenant, so with
+SPECQ_AUTH=keys only admin keys may read them (the app mounts this router behind `admin_only`).
 """
 
 from __future__ import annotations
