@@ -261,8 +261,8 @@ def keys_create(
     except ValueError as e:
         raise _fail(str(e)) from None
     typer.echo(secret)
-    typer.echo(f"{row.id}: {'admin ' if admin else ''}key of tenant {tenant}; shown once, only its hash is stored. "
-               f"Use it with: export SPECQ_API_KEY={row.prefix}…", err=True)
+    typer.echo(f"{row.id}: {'admin ' if admin else ''}key of tenant {tenant}, shown once (only its hash is stored); "
+               "the CLI sends it from SPECQ_API_KEY", err=True)
 
 
 @keys_app.command("list")
