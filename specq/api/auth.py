@@ -13,7 +13,7 @@ takes effect on the next request).
 
 from __future__ import annotations
 
-from fastapi import Request
+from fastapi import Depends, Request
 from starlette.exceptions import HTTPException
 
 from ..settings import ServiceSettings
@@ -62,7 +62,6 @@ def authenticator(settings: ServiceSettings):
 
 def admin_only(caller_dep):
     """A dependency that lets only admin callers through (403 for a tenant key)."""
-    from fastapi import Depends
 
     def admin(caller: Caller = Depends(caller_dep)) -> Caller:
         if not caller.admin:
