@@ -19,7 +19,7 @@ import json
 import os
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from specq.engine.errors import EngineError, InputError
@@ -94,6 +94,9 @@ def test_control_characters_and_template_tokens(text):
 
 @fuzz(12)
 @given(st.integers(0, 4 * 1024 * 1024), st.sampled_from(["x", "é", "\U0001f600", "\x01", " "]), st.booleans())
+@example(4 * 1024 * 1024, "x", False)  # the random sizes stay small: the largest ones, always
+@example(4 * 1024 * 1024, "\U0001f600", True)
+@example(4 * 1024 * 1024, "\x01", False)
 def test_huge_lines(n, ch, newline_at_end):
     """One line of up to 4 MiB: decided in linear time, never a crash."""
     data = (ch * (n // len(ch.encode()))).encode() + (b"\n" if newline_at_end else b"")
