@@ -12,6 +12,7 @@ deployment (every worker, every API process):
 | `specq_queue_wait_seconds` | histogram | | submission to first claim, per job |
 | `specq_prompt_tokens_total`, `specq_kept_tokens_total`, `specq_completion_tokens_total` | counter | | sums over stored results |
 | `specq_kept_ratio` | gauge | | kept / prompt tokens over all results |
+| `specq_jobs_stale` | gauge | | running jobs without a heartbeat for SPECQ_STALE_AFTER: their worker is gone, the reconciler requeues or fails them (docs/reliability.md) |
 | `specq_workers` | gauge | queue | workers with a fresh heartbeat |
 | `specq_worker_heartbeat_timestamp_seconds` | gauge | worker, queue | each live worker's last heartbeat (unix time) |
 | `specq_worker_busy` | gauge | worker, queue | 1 while it runs a job |
@@ -47,6 +48,7 @@ class _Collector:
         from .. import monitor
         from ..storage import db
         from ..storage import metrics as m
+        from ..storage import stale
         from ..storage.models import BATCH_STATUSES, JOB_STATUSES, Batch, Job
 
         errors = GaugeMetricFamily("specq_scrape_errors", "1 when a source could not be read for this scrape",
@@ -60,6 +62,7 @@ class _Collector:
                 tokens = m.token_sums(s)
                 phases = m.phase_histograms(s, bounds_ms)
                 wait = m.queue_wait_histogram(s, bounds_ms)
+                n_stale = stale.count_stale(s, stale.cutoff(self.settings.stale_after))
         except Exception as e:
             log.warning("/metrics: database: %s", e)
             db_ok = False
@@ -68,6 +71,10 @@ class _Collector:
             g = GaugeMetricFamily("specq_jobs", "Jobs by status", labels=["status"])
             for status in JOB_STATUSES:
                 g.add_metric([status], by_job.get(status, 0))
+            yield g
+            g = GaugeMetricFamily("specq_jobs_stale", "Running jobs without a heartbeat for SPECQ_STALE_AFTER "
+                                  "(their worker is gone; the reconciler requeues or fails them)")
+            g.add_metric([], n_stale)
             yield g
             g = GaugeMetricFamily("specq_batches", "Batches by status", labels=["status"])
             for status in BATCH_STATUSES:

@@ -64,6 +64,14 @@ def find_stale(session: Session, before: datetime, limit: int = 200) -> list[Sta
                      r.progress_phase, r.heartbeat_at, r.error) for r in rows]
 
 
+def count_stale(session: Session, before: datetime) -> int:
+    """How many running jobs have no heartbeat since `before` (for /metrics)."""
+    n = session.scalar(select(func.count()).select_from(Job)
+                       .where(and_(Job.status == "running", _last_sign_of_life() < before))) or 0
+    session.commit()
+    return int(n)
+
+
 def _update(session: Session, where, **values) -> bool:
     try:
         write_transaction(session)
@@ -124,5 +132,5 @@ def queued_ids(session: Session, before: datetime, limit: int = 10_000) -> list[
     return ids
 
 
-__all__ = ["StaleJob", "cutoff", "find_stale", "requeue_stale", "undo_requeue", "fail_stale", "cancel_stale",
+__all__ = ["StaleJob", "cutoff", "find_stale", "count_stale", "requeue_stale", "undo_requeue", "fail_stale", "cancel_stale",
            "queued_ids"]

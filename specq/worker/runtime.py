@@ -82,6 +82,7 @@ class _Watcher(threading.Thread):
 
     def run(self) -> None:
         written = None
+        failures = 0
         with db.session() as s:
             while not self._stop_event.is_set():
                 self._wake.wait(self.interval)
@@ -97,8 +98,14 @@ class _Watcher(threading.Thread):
                         jobs.heartbeat(s, self.job_id)
                     if jobs.is_cancel_requested(s, self.job_id):
                         self.cancelled.set()
+                    if failures:
+                        log.warning("job %s: progress writes work again after %d failed", self.job_id, failures)
+                        failures = 0
                 except Exception as e:  # the store is briefly unreachable: keep running, try again
-                    log.warning("job %s: progress write failed: %s", self.job_id, e)
+                    failures += 1
+                    if failures == 1:  # once per outage, not every interval
+                        log.warning("job %s: progress write failed (retrying every %gs): %s", self.job_id,
+                                    self.interval, str(e).splitlines()[0] if str(e) else type(e).__name__)
                     try:
                         s.rollback()  # a dropped connection leaves the session needing one
                     except Exception:
