@@ -4,7 +4,7 @@ On throwaway Redis + PostgreSQL servers (and once on the embedded broker), a wor
 its job is in the scoring phase or in decode; a second worker is started, its reconciler finds the job
 whose heartbeat stopped, requeues it and the job completes: exactly one result row, attempts = 2.
 Killed on every attempt, the job fails with a clear message once `max_attempts` are used, through
-`specq reconcile` with no worker left. Each test records its counts in docs/reliability-figures.*.
+`specq reconcile` with no worker left (`/metrics` counts it in `specq_jobs_stale` until then). Each test records its counts in docs/reliability-figures.*.
 """
 
 from __future__ import annotations
@@ -131,6 +131,8 @@ def test_killed_on_every_attempt_fails_with_a_clear_message(stack):
         _in_phase(stack, job_id, "decode", attempt=2, min_done=20)
         kill9(stack, "worker-max-2")
         t_kill = time.monotonic()
+        # no worker left, so no reconciler: /metrics shows the abandoned job
+        wait_for(lambda: "specq_jobs_stale 1.0" in client.get("/metrics").text, 120, "specq_jobs_stale 1", interval=0.5)
 
         def reconciled():
             r = stack.cli("reconcile", check=True)
@@ -145,6 +147,8 @@ def test_killed_on_every_attempt_fails_with_a_clear_message(stack):
     assert "stopped heartbeating during decode (last heartbeat 20" in view["error"]
     # a later sweep leaves it alone
     assert job_id not in stack.cli("reconcile", check=True).stdout
+    with httpx.Client(base_url=stack.url, timeout=30) as client:
+        assert "specq_jobs_stale 0.0" in client.get("/metrics").text
     from specq.storage import db
 
     with db.session(stack.database_url) as s:
@@ -156,3 +160,20 @@ def test_killed_on_every_attempt_fails_with_a_clear_message(stack):
 def test_kill_on_the_embedded_broker_then_completes_once(embedded):
     """kombu's SQLAlchemy transport never redelivers a killed worker's message; the reconciler re-sends it."""
     _kill_then_recover(embedded, "embedded", SHORT_DOC, DECODE, "decode", min_done=20)
+
+
+def test_cancel_during_scoring_stops_it_and_frees_the_worker(stack):
+    """A cancel lands while the job scores: it stops at the next scoring window (not after the whole
+    phase), nothing is saved, and the same worker runs the next job."""
+    start_worker(stack, "worker-cancel")
+    with httpx.Client(base_url=stack.url, timeout=30) as client:
+        job_id = _submit(client, LONG_DOC, SCORING)
+        _in_phase(stack, job_id, "score", attempt=1, min_done=5)
+        assert client.delete(f"/v1/jobs/{job_id}").json()["cancel_requested"] is True
+        job = wait_for(lambda: (j := job_row(stack, job_id)).status != "running" and j, 120, "job stopped")
+        assert job.status == "cancelled" and job.attempts == 1
+        assert job.progress_phase == "score" and job.progress_done < job.progress_total
+        nxt = _submit(client, SHORT_DOC, {"max_tokens": 4})
+        done = wait_for(lambda: (j := job_row(stack, nxt)).status == "succeeded" and j, 120, "next job done")
+    assert done.worker == job.worker and job.error == "cancelled while running"  # the same worker, freed
+    kill9(stack, "worker-cancel")
