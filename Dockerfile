@@ -50,7 +50,10 @@ RUN CMAKE_ARGS="-DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=${CUDA_ARCHITECTURES} 
  && python -c "import importlib.metadata as m; v = m.version('llama-cpp-python'); print(v); assert v.endswith('.cuda'), v"
 COPY specq ./specq
 COPY migrations ./migrations
-RUN pip install . && mkdir -p /var/lib/specq
+# gpu-scoring: PyTorch, so the score math runs on the GPU where the K cache lies (docs/engine.md);
+# SCORING_EXTRA="" leaves it out (scores are then computed on the host: slower, same result)
+ARG SCORING_EXTRA=gpu-scoring
+RUN pip install ".${SCORING_EXTRA:+[$SCORING_EXTRA]}" && mkdir -p /var/lib/specq
 
 # ---------------------------------------------------------------------------------------------- worker
 FROM nvidia/cuda:${CUDA_VERSION}-runtime-ubuntu${UBUNTU_VERSION} AS worker

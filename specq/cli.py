@@ -1042,6 +1042,8 @@ def bench_ttft(
     n_batch: int = typer.Option(4096, help="Largest batch handed to llama_decode."),
     n_ubatch: int = typer.Option(0, help="Micro-batch (0 = 2048 on GPU, 512 on CPU)."),
     threads: int = typer.Option(0, help="CPU threads (0 = all cores)."),
+    n_parallel: int = typer.Option(0, help="Scoring windows run together (0 = 8 on GPU, 1 on CPU)."),
+    score_math: str = typer.Option("auto", help="Where score math runs: auto, numpy (host) or torch (on the speculator's device)."),
     out: Path = typer.Option(None, help="Write the report as JSON here."),
     plot: Path = typer.Option(None, help="Write a PNG plot here (needs matplotlib: pip install 'specq[bench]')."),
 ) -> None:
@@ -1055,7 +1057,10 @@ def bench_ttft(
         raise _fail(f"bad --lengths {lengths!r}: comma-separated token counts") from None
     if not sizes or min(sizes) < 64 or reps < 1:
         raise _fail("--lengths must be token counts >= 64 and --reps >= 1")
-    opts = EngineOptions(n_gpu_layers=n_gpu_layers, n_ctx=n_ctx or max(sizes) + 1024, n_batch=n_batch, n_ubatch=n_ubatch, n_threads=threads)
+    if score_math not in ("auto", "numpy", "torch"):
+        raise _fail(f"--score-math must be auto, numpy or torch (got {score_math!r})")
+    opts = EngineOptions(n_gpu_layers=n_gpu_layers, n_ctx=n_ctx or max(sizes) + 1024, n_batch=n_batch, n_ubatch=n_ubatch,
+                         n_threads=threads, n_parallel=n_parallel, score_math=score_math)
     if target:
         opts.target = target
     if speculator:

@@ -5,6 +5,12 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 shape=${1:-7b}; lengths=${2:-8192,32768}; reps=${3:-3}
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+# The device's PyTorch loads an older libstdc++ first, and llama.cpp then crashes loading a model
+# (tokenizer init): preload the system's, so score math can run on the GPU through torch.
+export LD_PRELOAD=${LD_PRELOAD:-/lib/x86_64-linux-gnu/libstdc++.so.6}
+# Re-captured CUDA graphs crashed the speculator's single-token decodes once ("illegal instruction",
+# 2026-11-29, forward-only pass at 32K/64K): graphs off for every mode alike; TTFT is prefill-bound.
+export GGML_CUDA_DISABLE_GRAPHS=${GGML_CUDA_DISABLE_GRAPHS-1}
 out=${OUT:-/tmp/out}; mkdir -p "$out" /tmp/models
 max=$(echo "$lengths" | tr ',' '\n' | sort -n | tail -1)
 ctx=$(( max + 2048 ))

@@ -13,6 +13,7 @@ from __future__ import annotations
 import llama_cpp  # isort: skip  (before numpy)
 
 import ctypes
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -56,6 +57,8 @@ def _load_ggml_base() -> ctypes.CDLL:
     lib.ggml_backend_tensor_get.restype = None
     lib.ggml_op_name.argtypes = [ctypes.c_int]
     lib.ggml_op_name.restype = ctypes.c_char_p
+    lib.ggml_backend_buffer_is_host.argtypes = [ctypes.c_void_p]
+    lib.ggml_backend_buffer_is_host.restype = ctypes.c_bool
     return lib
 
 
@@ -88,18 +91,57 @@ def read_tensor(t: GgmlTensor) -> np.ndarray:
     return np.array(view, dtype=np.float32)
 
 
+@dataclass(frozen=True)
+class TensorRef:
+    """Where a tensor's data lies (no copy): valid as long as its buffer is not overwritten.
+
+    For the K cache that is until the cells are removed or the context is used again, so scoring can
+    read the window's keys in place after the lookahead (score_torch.py)."""
+
+    data: int  # address in host or device memory
+    shape: tuple[int, ...]  # numpy order: (ne[3], ne[2], ne[1], ne[0])
+    strides: tuple[int, ...]  # bytes, numpy order
+    dtype: str  # "float16" | "float32"
+    host: bool  # True: host memory (CPU backend); False: device memory (e.g. CUDA)
+
+    def numpy(self) -> np.ndarray:
+        """A numpy view of host memory (no copy)."""
+        if not self.host:
+            raise TypeError("tensor lies in device memory")
+        dt = np.dtype(self.dtype)
+        span = sum((n - 1) * st for n, st in zip(self.shape, self.strides)) + dt.itemsize
+        raw = (ctypes.c_uint8 * span).from_address(self.data)
+        return np.ndarray(shape=self.shape, dtype=dt, buffer=raw, strides=self.strides)
+
+
+def tensor_ref(t: GgmlTensor) -> TensorRef:
+    dtype = {GGML_TYPE_F32: "float32", GGML_TYPE_F16: "float16"}.get(t.type)
+    if dtype is None:
+        raise TypeError(f"cannot read ggml tensor {t.name!r} of type {t.type}")
+    buffer = t.buffer
+    if not buffer and t.view_src:
+        buffer = GgmlTensor.from_address(t.view_src).buffer
+    host = bool(_GGML.ggml_backend_buffer_is_host(buffer)) if buffer else True
+    ne = [int(x) for x in t.ne]
+    nb = [int(x) for x in t.nb]
+    return TensorRef(int(t.data), tuple(reversed(ne)), tuple(reversed(nb)), dtype, host)
+
+
 class QKCapture:
     """The eval callback. Arm it, run a decode, read `q[il]` / `k[il]`.
 
     - `arm(q=True)`: keep each layer's post-RoPE query of the decoded tokens: q[il] has shape
       (n_tokens, n_head, head_dim).
-    - `arm(k=True)`: keep each layer's K cache view: k[il] has shape (n_kv, n_head_kv, head_dim).
+    - `arm(k=True)`: keep each layer's K cache view: k[il] has shape (n_stream, n_kv, n_head_kv, head_dim)
+      (n_stream = 1 for a unified cache; else one per sequence of the batch, cell i = position i).
+    - `arm(k="ref")`: keep where each layer's K cache view lies instead (a TensorRef, no copy).
     Disarmed, the callback declines every node at once (its cost is then one Python call per node).
     """
 
     def __init__(self) -> None:
         self.want_q = False
         self.want_k = False
+        self.k_ref = False
         self.also: tuple[bytes, ...] = ()
         self.q: dict[int, np.ndarray] = {}
         self.k: dict[int, np.ndarray] = {}
@@ -107,10 +149,11 @@ class QKCapture:
         self.calls = 0
         self.callback = llama_cpp.ggml_backend_sched_eval_callback(self._on_node)
 
-    def arm(self, *, q: bool = False, k: bool = False, also: tuple[bytes, ...] = ()) -> None:
+    def arm(self, *, q: bool = False, k: bool | str = False, also: tuple[bytes, ...] = ()) -> None:
         """Capture queries and/or keys on the next decode; `also`: other node-name prefixes to keep
         (e.g. b"kq_soft_max-" with flash attention off, for tests), into `extra[name]`."""
-        self.want_q, self.want_k, self.also = q, k, tuple(also)
+        self.want_q, self.want_k, self.also = q, bool(k), tuple(also)
+        self.k_ref = k == "ref"
         self.q, self.k, self.extra = {}, {}, {}
 
     def disarm(self) -> None:
@@ -137,8 +180,10 @@ class QKCapture:
                 self.q[il] = a[0]
             elif is_k:
                 il = int(name[len(b"cache_k_l"):].split(b" ")[0])
-                a = read_tensor(t)  # (1, n_kv, n_head_kv, head_dim)
-                self.k[il] = a[0]
+                if self.k_ref:
+                    self.k[il] = tensor_ref(t)  # shape (n_stream, n_kv, n_head_kv, head_dim)
+                else:
+                    self.k[il] = read_tensor(t)  # (n_stream, n_kv, n_head_kv, head_dim)
         except Exception:  # never let an exception cross into C; scoring checks what it got
             pass
         return True

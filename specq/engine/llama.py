@@ -196,10 +196,15 @@ class Context:
         n_threads: int = 0,
         flash_attn: bool = True,
         n_seq_max: int = 1,
+        kv_unified: bool = True,
         cb_eval: object | None = None,
     ) -> None:
+        """kv_unified=False gives each of the n_seq_max sequences its own stream of n_ctx / n_seq_max
+        cells: a sequence then attends over its own cells only (no masked pass over the others')."""
         self.model = model
         self.n_ctx = int(n_ctx)
+        #: cells one sequence can hold
+        self.n_ctx_seq = self.n_ctx if kv_unified else self.n_ctx // max(1, n_seq_max)
         self.n_batch = max(1, min(int(n_batch), self.n_ctx))
         self.n_ubatch = max(1, min(int(n_ubatch), self.n_batch))
         self.n_seq_max = n_seq_max
@@ -210,7 +215,7 @@ class Context:
         params.n_batch = self.n_batch
         params.n_ubatch = self.n_ubatch
         params.n_seq_max = n_seq_max
-        params.kv_unified = True  # one cell pool for all sequences (scoring maps cells to windows)
+        params.kv_unified = kv_unified
         params.n_threads = threads
         params.n_threads_batch = threads
         params.flash_attn_type = (
@@ -295,6 +300,10 @@ class Context:
         if not ptr:
             raise DecodeError(f"no logits for token {i} of the last batch")
         return np.ctypeslib.as_array(ptr, shape=(self.model.n_vocab,)).copy()
+
+    def synchronize(self) -> None:
+        """Wait until the device has finished the last decode (before reading its memory directly)."""
+        llama_cpp.llama_synchronize(self.ptr)
 
     # -- KV cache ----------------------------------------------------------------------------------
     def clear(self) -> None:

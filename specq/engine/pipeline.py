@@ -190,12 +190,28 @@ class Engine:
             spec = self.speculator
             opts = self.options
             n_ctx = min(spec.n_ctx_train or MAX_DEFAULT_CTX, max(self.n_ctx, 4096), MAX_DEFAULT_CTX)
+            self.info.score_math = self._score_math()
             self._scorer = SpecPrefillScorer(
                 spec, n_ctx=n_ctx, n_batch=opts.n_batch, n_ubatch=self.n_ubatch,
                 n_threads=opts.resolved_threads(), flash_attn=opts.flash_attn,
                 n_parallel=opts.n_parallel or (8 if self.info.backend != "cpu" else 1),
+                score_math=self.info.score_math,
             )
         return self._scorer
+
+    def _score_math(self) -> str:
+        """EngineOptions.score_math resolved: auto picks torch on a GPU when PyTorch can run there."""
+        from . import score_torch
+
+        choice = self.options.score_math
+        gpu = self.info.backend != "cpu" and self.options.n_gpu_layers != 0
+        if choice == "auto":
+            return "torch" if gpu and score_torch.available(gpu=True) is None else "numpy"
+        if choice == "torch":
+            why = score_torch.available(gpu=gpu)
+            if why:
+                raise ModelError(f"score_math torch: {why}")
+        return choice
 
     def _select(self, prompt: Prompt, params: RunParams, timings: dict, spec: SpecInfo, report: Progress) -> list[int]:
         """Score the prompt with the speculator and pick the kept indices (phases `score`, `select`)."""

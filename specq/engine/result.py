@@ -41,6 +41,8 @@ class EngineInfo:
     backend: str = "cpu"
     target: str = ""
     speculator: str = ""
+    #: where the scoring math ran: numpy (host) or torch (the speculator's device); "" = not scored
+    score_math: str = ""
 
 
 @dataclass

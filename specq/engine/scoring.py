@@ -18,6 +18,10 @@ question; only slice tokens are scored. `full`: one window holding the whole doc
 the seed tool's scheme, kept for comparison — windows of the bare prompt with 50% overlap, each token
 taking its score from the window in which it lies most central.
 
+Where the math runs (`score_math`): `numpy` copies each layer's K cache to the host on the first
+lookahead step; `torch` (score_torch.py) reads it in place on the speculator's device and only the
+scores come back — the GPU default when PyTorch with CUDA is importable.
+
 Normalisation: a window's scores are multiplied by the number of keys its softmax ran over, so that
 uniform attention scores 1.0 in every window; a short window (whose softmax mass is spread over
 fewer keys) then does not outweigh the others.
@@ -159,25 +163,39 @@ class SpecPrefillScorer:
     """Owns the speculator context with the capture callback; `score()` per prompt."""
 
     def __init__(
-        self, model: Model, *, n_ctx: int, n_batch: int, n_ubatch: int, n_threads: int, flash_attn: bool, n_parallel: int = 1
+        self, model: Model, *, n_ctx: int, n_batch: int, n_ubatch: int, n_threads: int, flash_attn: bool, n_parallel: int = 1,
+        score_math: str = "numpy",
     ) -> None:
+        if score_math not in ("numpy", "torch"):
+            raise EngineError(f"unknown score_math {score_math!r} (numpy or torch)")
         self.model = model
+        #: numpy: K copied to the host at lookahead step 0; torch: K read in place (score_torch.py)
+        self.score_math = score_math
         self.capture = QKCapture()
-        #: windows scored together as parallel sequences (one cache of n_parallel × n_ctx cells)
+        #: windows scored together as parallel sequences (one KV stream each, see _score_parallel)
         self.n_parallel = max(1, int(n_parallel))
-        # cells: one full-length window, or n_parallel default-sized windows side by side
-        cells = max(n_ctx, self.n_parallel * (DEFAULT_WINDOW + 512)) if self.n_parallel > 1 else n_ctx
-        self.ctx = Context(
-            model, n_ctx=cells, n_batch=n_batch, n_ubatch=n_ubatch, n_threads=n_threads,
-            flash_attn=flash_attn, cb_eval=self.capture.callback, n_seq_max=self.n_parallel,
-        )
+        self._ctx_args = dict(n_batch=n_batch, n_ubatch=n_ubatch, n_threads=n_threads, flash_attn=flash_attn, cb_eval=self.capture.callback)
+        self.ctx = Context(model, n_ctx=n_ctx, **self._ctx_args)
         self.n_ctx = n_ctx  # the longest single window
+        #: cells per stream of the parallel context: a default window with a long template and question
+        self.stream_cells = min(n_ctx, DEFAULT_WINDOW + 1024)
+        self._streams: Context | None = None  # built on first use (only when n_parallel > 1)
         # With our patch the callback is installed only for the lookahead steps: during the window's
         # prefill llama.cpp then makes no Python call per graph node (10–30% of the prefill otherwise).
         self.toggles_callback = set_eval_callback(self.ctx, None)
         self._capture_on = True
         #: the tokens the speculator's cache holds after the last scoring window (lookahead removed)
         self.cached_tokens: list[int] = []
+
+    def streams(self) -> Context:
+        """The parallel-window context: n_parallel KV streams of `stream_cells` cells."""
+        if self._streams is None:
+            self._streams = Context(
+                self.model, n_ctx=self.n_parallel * self.stream_cells, n_seq_max=self.n_parallel, kv_unified=False, **self._ctx_args
+            )
+            if self.toggles_callback:
+                set_eval_callback(self._streams, None)
+        return self._streams
 
     def window_tokens(self, prompt: Prompt, lookahead: int, window: int = 0) -> int:
         """Document tokens per window for the windowed scorer."""
@@ -219,7 +237,8 @@ class SpecPrefillScorer:
             scores = np.zeros(n_doc, dtype=np.float32)
             h = len(prompt.head)
             longest = max(b - a for a, b in plan) + len(prompt.head) + len(prompt.tail) + lookahead + 1
-            step = max(1, min(self.n_parallel, self.ctx.n_ctx // longest)) if self._capture_on else 1
+            parallel = self.n_parallel > 1 and len(plan) > 1 and longest <= self.stream_cells
+            step = self.n_parallel if parallel else 1
             for g in range(0, n_windows, step):
                 if progress:
                     progress(g, n_windows)
@@ -271,7 +290,7 @@ class SpecPrefillScorer:
         k: dict[int, np.ndarray] = {}
         tok, pos = tokens[-1], n - 1
         for step in range(lookahead):
-            cap.arm(q=True, k=(step == 0))
+            cap.arm(q=True, k=self._k_mode if step == 0 else False)
             ctx.decode([tok], [pos], logits="last")
             cap.disarm()
             if step == 0:
@@ -287,7 +306,7 @@ class SpecPrefillScorer:
         if self.toggles_callback:
             set_eval_callback(ctx, None)
         t2 = time.perf_counter()
-        scores = attention_scores(rows, k, n, pool) * np.float32(n)
+        scores = self._scores(rows, k, n, pool) * np.float32(n)
         t3 = time.perf_counter()
         # leave the cache holding exactly the window (a model drafter may continue from it)
         ctx.seq_rm(0, n, -1)
@@ -298,14 +317,14 @@ class SpecPrefillScorer:
         return scores
 
     def _score_parallel(self, windows: list[list[int]], lookahead: int, pool: int, timings: dict[str, float]) -> list[np.ndarray]:
-        """Score several windows at once, one sequence each, in one unified KV cache.
+        """Score several windows at once, window w as sequence w in KV stream w of `streams()`.
 
-        Cell layout (a fresh cache fills cells in batch order): the prefill batch holds every window's
-        tokens but its last, window after window, so window w owns cells [off_w, off_w + n_w - 1);
-        lookahead step 0 then decodes the P last tokens together at cells T..T+P-1. Each lookahead step
-        is one batch of P tokens, so the lookahead costs `lookahead` decode calls, not P × lookahead.
+        Each stream is filled from cell 0, so window w's key at position i lies in cell i of stream w,
+        and a window's prefill attends over its own cells only (no masked pass over the others').
+        Each lookahead step is one batch of P tokens, so the lookahead costs `lookahead` decode calls,
+        not P × lookahead.
         """
-        ctx, cap = self.ctx, self.capture
+        ctx, cap = self.streams(), self.capture
         P = len(windows)
         lens = [len(w) for w in windows]
         cap.disarm()
@@ -316,54 +335,70 @@ class SpecPrefillScorer:
         toks: list[int] = []
         pos: list[int] = []
         seqs: list[int] = []
-        offsets = []
         for w, win in enumerate(windows):
-            offsets.append(len(toks))
             toks += win[:-1]
             pos += range(len(win) - 1)
             seqs += [w] * (len(win) - 1)
-        total = len(toks)
         ctx.decode(toks, pos, seq_ids=seqs, logits="none")
         t1 = time.perf_counter()
-        if self.toggles_callback:
+        capture = self._capture_on  # False: the same forward passes alone (the benchmark's baseline)
+        if self.toggles_callback and capture:
             set_eval_callback(ctx, cap.callback)
         rows: list[dict[int, np.ndarray]] = []  # per step: il -> (P, n_head, d)
         active = np.ones((lookahead, P), dtype=bool)
         k: dict[int, np.ndarray] = {}
         cur = [win[-1] for win in windows]
         cur_pos = [n - 1 for n in lens]
-        for step in range(lookahead):
-            cap.arm(q=True, k=(step == 0))
-            ctx.decode(cur, cur_pos, seq_ids=list(range(P)), logits="all")
-            cap.disarm()
-            if step == 0:
-                k = cap.k
-            self._check_capture(k)
-            rows.append(dict(cap.q))
-            if step + 1 == lookahead:
-                break
-            nxt = [int(np.argmax(ctx.logits_row(i))) for i in range(P)]
-            for i, t in enumerate(nxt):
-                if self.model.is_eog(t) or not active[step, i]:
-                    active[step + 1 :, i] = False  # a window whose lookahead ended has fewer rows
-            cur, cur_pos = nxt, [p + 1 for p in cur_pos]
-        if self.toggles_callback:
-            set_eval_callback(ctx, None)
+        try:
+            for step in range(lookahead):
+                if capture:
+                    cap.arm(q=True, k=self._k_mode if step == 0 else False)
+                ctx.decode(cur, cur_pos, seq_ids=list(range(P)), logits="all")
+                cap.disarm()
+                if capture:
+                    if step == 0:
+                        k = cap.k
+                    self._check_capture(k)
+                    rows.append(dict(cap.q))
+                if step + 1 == lookahead:
+                    break
+                nxt = [int(np.argmax(ctx.logits_row(i))) for i in range(P)]
+                for i, t in enumerate(nxt):
+                    if self.model.is_eog(t) or not active[step, i]:
+                        active[step + 1 :, i] = False  # a window whose lookahead ended has fewer rows
+                cur, cur_pos = nxt, [p + 1 for p in cur_pos]
+        finally:
+            if self.toggles_callback:
+                set_eval_callback(ctx, None)
+        if capture and next(iter(k.values())).shape[0] != P:
+            raise EngineError("the lookahead batch did not span one KV stream per window")
         t2 = time.perf_counter()
-        out = []
-        for w in range(P):
-            cells = np.concatenate([np.arange(offsets[w], offsets[w] + lens[w] - 1), [total + w]])
-            kw = {il: kk[cells] for il, kk in k.items()}
+        out = [np.ones(n, dtype=np.float32) for n in lens] if not capture else []
+        for w in range(P if capture else 0):
             qw = [{il: q[w] for il, q in rows[s].items()} for s in range(len(rows)) if active[s, w]]
-            out.append(attention_scores(qw, kw, lens[w], pool) * np.float32(lens[w]))
+            out.append(self._scores(qw, k, lens[w], pool, stream=w, ctx=ctx) * np.float32(lens[w]))
         t3 = time.perf_counter()
-        # the cache now holds several windows: the model drafter must build its own
         ctx.clear()
+        # the single-sequence context no longer matches cached_tokens' story: a model drafter rebuilds
+        self.ctx.clear()
         self.cached_tokens = []
         timings["speculator_prefill"] += (t1 - t0) * 1000.0
         timings["lookahead"] += (t2 - t1) * 1000.0
         timings["score_math"] += (t3 - t2) * 1000.0
         return out
+
+    @property
+    def _k_mode(self) -> bool | str:
+        return "ref" if self.score_math == "torch" else True
+
+    def _scores(self, rows, k: dict, n_keys: int, pool: int, stream: int = 0, ctx: Context | None = None) -> np.ndarray:
+        """attention_scores over the window's keys: cells 0..n_keys-1 of KV stream `stream`."""
+        if self.score_math == "torch":
+            from . import score_torch
+
+            (ctx or self.ctx).synchronize()  # the K cache is read where llama.cpp wrote it
+            return score_torch.attention_scores(rows, k, n_keys, pool, stream)
+        return attention_scores(rows, {il: kk[stream] for il, kk in k.items()}, n_keys, pool)
 
     def _check_capture(self, k: dict) -> None:
         """Every layer's query (and, once, key) tensor must have been seen by the callback."""
@@ -394,3 +429,5 @@ class SpecPrefillScorer:
 
     def close(self) -> None:
         self.ctx.close()
+        if self._streams is not None:
+            self._streams.close()
