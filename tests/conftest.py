@@ -58,3 +58,16 @@ def real_engine():
     eng = Engine(EngineOptions(n_gpu_layers=0, n_ctx=8192))
     yield eng
     eng.close()
+
+
+@pytest.fixture
+def store(tmp_path, monkeypatch):
+    """A fresh SQLite job store (SPECQ_DATABASE_URL and SPECQ_HOME point at tmp_path), migrated."""
+    from specq.storage import db
+
+    url = f"sqlite:///{tmp_path / 'specq.sqlite'}"
+    monkeypatch.setenv("SPECQ_DATABASE_URL", url)
+    monkeypatch.setenv("SPECQ_HOME", str(tmp_path))
+    db.upgrade(url)
+    yield url
+    db.dispose_engines()

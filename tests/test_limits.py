@@ -17,6 +17,8 @@ see, a `failed` job with the engine's message), and nothing stored.
 
 from __future__ import annotations
 
+import contextlib
+
 import json
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
@@ -218,32 +220,30 @@ def test_prompt_tokens_vs_context(tiny_models, context_stack, over):
         assert job["result"]["usage"]["prompt_tokens"] == n_ctx - max_tokens
 
 
-@pytest.fixture(scope="module")
-def context_stack(tiny_models, tmp_path_factory):
+@contextlib.contextmanager
+def _stack(tiny_models, tmp_path_factory, name: str, **settings: str):
+    """API + worker on PostgreSQL/Redis with the given SPECQ_* settings."""
     require_servers()
-    home = tmp_path_factory.mktemp("ctx")
+    home = tmp_path_factory.mktemp(name)
     port = free_port()
     with pg_database() as pg_url:
-        env = base_env(home, tiny_models, SPECQ_API_PORT=str(port), SPECQ_N_CTX="1024",
-                       **redis_pg_env(pg_url, "specq-ctx"))
+        env = base_env(home, tiny_models, SPECQ_API_PORT=str(port), **settings, **redis_pg_env(pg_url, f"specq-{name}"))
         st = Stack(env=env, port=port, logdir=home)
         st.cli("db", "upgrade", check=True)
         with running(st, ("api", "api"), ("worker", "worker")):
             yield st
+
+
+@pytest.fixture(scope="module")
+def context_stack(tiny_models, tmp_path_factory):
+    with _stack(tiny_models, tmp_path_factory, "ctx", SPECQ_N_CTX="1024") as st:
+        yield st
 
 
 @pytest.fixture(scope="module")
 def time_limit_stack(tiny_models, tmp_path_factory):
-    require_servers()
-    home = tmp_path_factory.mktemp("timelimit")
-    port = free_port()
-    with pg_database() as pg_url:
-        env = base_env(home, tiny_models, SPECQ_API_PORT=str(port), SPECQ_TIME_LIMIT="1",
-                       **redis_pg_env(pg_url, "specq-tl"))
-        st = Stack(env=env, port=port, logdir=home)
-        st.cli("db", "upgrade", check=True)
-        with running(st, ("api", "api"), ("worker", "worker")):
-            yield st
+    with _stack(tiny_models, tmp_path_factory, "tl", SPECQ_TIME_LIMIT="1") as st:
+        yield st
 
 
 def test_job_time_limit(time_limit_stack):

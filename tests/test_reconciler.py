@@ -22,16 +22,6 @@ from specq.storage.retry import retry_transient
 DOC = "def add(a, b):\n    return a + b\n"
 
 
-@pytest.fixture
-def store(tmp_path, monkeypatch):
-    url = f"sqlite:///{tmp_path / 'specq.sqlite'}"
-    monkeypatch.setenv("SPECQ_DATABASE_URL", url)
-    monkeypatch.setenv("SPECQ_HOME", str(tmp_path))
-    db.upgrade(url)
-    yield url
-    db.dispose_engines()
-
-
 def _settings(tmp_path, **kw) -> ServiceSettings:
     base = dict(broker_url=f"sqla+sqlite:///{tmp_path / 'broker.sqlite'}", queue="rq", stale_after=60.0)
     base.update(kw)

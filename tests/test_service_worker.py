@@ -28,16 +28,6 @@ def engine(tiny_models):
     e.close()
 
 
-@pytest.fixture
-def store(tmp_path, monkeypatch):
-    url = f"sqlite:///{tmp_path / 'specq.sqlite'}"
-    monkeypatch.setenv("SPECQ_DATABASE_URL", url)
-    monkeypatch.setenv("SPECQ_HOME", str(tmp_path))
-    db.upgrade(url)
-    yield url
-    db.dispose_engines()
-
-
 def _settings(tmp_path, **kw) -> ServiceSettings:
     base = dict(broker_url=f"sqla+sqlite:///{tmp_path / 'broker.sqlite'}", queue="t", progress_interval=0.05,
                 stale_after=5.0, retry_backoff=0.1, retry_backoff_max=0.5, warm_up=False)
