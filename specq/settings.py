@@ -109,6 +109,10 @@ class ServiceSettings:
     n_ubatch: int | None = None
     threads: int | None = None
     flash_attn: bool | None = None
+    #: scoring windows run as parallel sequences (EngineOptions.n_parallel; 0 = 8 on GPU, 1 on CPU)
+    n_parallel: int | None = None
+    #: where the scoring math runs: auto, numpy or torch (EngineOptions.score_math)
+    score_math: str = ""
 
     # --- API ------------------------------------------------------------------------------------------
     #: address `specq api` / `specq up` listen on
@@ -169,6 +173,7 @@ class ServiceSettings:
             (self.max_batch_bytes > 0, "SPECQ_MAX_BATCH_BYTES must be > 0"),
             (self.max_batch_requests >= 1, "SPECQ_MAX_BATCH_REQUESTS must be >= 1"),
             (self.auth in ("none", "keys"), f"SPECQ_AUTH must be none or keys, not {self.auth!r}"),
+            (self.score_math in ("", "auto", "numpy", "torch"), f"SPECQ_SCORE_MATH must be auto, numpy or torch, not {self.score_math!r}"),
             (self.max_queued_jobs >= 0, "SPECQ_MAX_QUEUED_JOBS must be >= 0 (0 = no limit)"),
             (bool(self.queue.strip()), "SPECQ_QUEUE must not be empty"),
         ]
@@ -216,8 +221,11 @@ class ServiceSettings:
             opts.target = self.target
         if self.speculator:
             opts.speculator = self.speculator
+        if self.score_math:
+            opts.score_math = self.score_math
         for mine, theirs in (("n_gpu_layers", "n_gpu_layers"), ("n_ctx", "n_ctx"), ("n_batch", "n_batch"),
-                             ("n_ubatch", "n_ubatch"), ("threads", "n_threads"), ("flash_attn", "flash_attn")):
+                             ("n_ubatch", "n_ubatch"), ("threads", "n_threads"), ("flash_attn", "flash_attn"),
+                             ("n_parallel", "n_parallel")):
             value = getattr(self, mine)
             if value is not None:
                 setattr(opts, theirs, value)
