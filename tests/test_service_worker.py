@@ -175,6 +175,11 @@ def test_settings_from_env_and_checks():
     assert ServiceSettings.from_env({"SPECQ_TIME_LIMIT": "600", "SPECQ_VISIBILITY_TIMEOUT": "661"}).hard_time_limit == 660
     with pytest.raises(SettingsError, match="SPECQ_CONCURRENCY has a bad value: 'two'"):
         ServiceSettings.from_env({"SPECQ_CONCURRENCY": "two"})
+    opts = ServiceSettings.from_env({"SPECQ_SCORE_MATH": "numpy", "SPECQ_N_PARALLEL": "4"}).engine_options()
+    assert (opts.score_math, opts.n_parallel) == ("numpy", 4)
+    assert ServiceSettings.from_env({}).engine_options().score_math == "auto"
+    with pytest.raises(SettingsError, match="SPECQ_SCORE_MATH must be auto, numpy or torch"):
+        ServiceSettings.from_env({"SPECQ_SCORE_MATH": "cupy"})
     # command-line overrides win over the environment
     assert ServiceSettings.from_env({"SPECQ_QUEUE": "a"}, queue="b").queue == "b"
     opts = ServiceSettings(target="/m/t.gguf", threads=3, flash_attn=False).engine_options()
