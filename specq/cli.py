@@ -65,6 +65,7 @@ def run_cmd(
     n_ctx: int = typer.Option(0, help="Target context size (0 = model's, capped at 32768)."),
     flash_attn: bool = typer.Option(True, "--flash-attn/--no-flash-attn", help="Flash attention."),
     threads: int = typer.Option(0, help="CPU threads (0 = all cores)."),
+    batch_invariant: str = typer.Option("auto", help="Batch-invariant target numerics (greedy output identical with every drafter): auto (on for a CPU target), on, off."),
     as_json: bool = typer.Option(False, "--json", help="Print the run result object as JSON."),
 ) -> None:
     """Answer QUESTION about FILE in this process (no service needed) and print the phase timings."""
@@ -81,7 +82,10 @@ def run_cmd(
                  draft_min=draft_min, p_min=p_min, ngram=ngram)
         )
         document = read_document(file)
-        opts = EngineOptions(n_gpu_layers=n_gpu_layers, n_ctx=n_ctx, flash_attn=flash_attn, n_threads=threads)
+        if batch_invariant not in ("auto", "on", "off"):
+            raise _fail(f"--batch-invariant must be auto, on or off, not {batch_invariant!r}")
+        opts = EngineOptions(n_gpu_layers=n_gpu_layers, n_ctx=n_ctx, flash_attn=flash_attn, n_threads=threads,
+                             batch_invariant=batch_invariant)
         if target:
             opts.target = target
         if speculator:
@@ -980,7 +984,8 @@ def bench_decode(
     speculator: str = typer.Option(None, help="Speculator/drafter model: registry name or GGUF path."),
     n_gpu_layers: int = typer.Option(-1, help="Layers offloaded to the GPU (-1 = all)."),
     threads: int = typer.Option(0, help="CPU threads (0 = all cores)."),
-    repack: bool = typer.Option(True, "--repack/--no-repack", help="CPU weight repacking for the target (off: batch-invariant logits)."),
+    batch_invariant: str = typer.Option("auto", help="Batch-invariant target numerics: auto (on for a CPU target), on, off."),
+    repack: bool = typer.Option(True, "--repack/--no-repack", help="CPU weight repacking for the target (with --batch-invariant off)."),
     as_json: bool = typer.Option(False, "--json", help="Print the rows as JSON."),
 ) -> None:
     """Decode tokens/s for none / ngram / model drafting, side by side, on copy-heavy and free-form jobs."""
@@ -990,7 +995,9 @@ def bench_decode(
     from .engine.errors import EngineError
     from .engine.options import EngineOptions
 
-    opts = EngineOptions(n_gpu_layers=n_gpu_layers, n_threads=threads, repack=repack)
+    if batch_invariant not in ("auto", "on", "off"):
+        raise _fail(f"--batch-invariant must be auto, on or off, not {batch_invariant!r}")
+    opts = EngineOptions(n_gpu_layers=n_gpu_layers, n_threads=threads, repack=repack, batch_invariant=batch_invariant)
     if target:
         opts.target = target
     if speculator:

@@ -113,6 +113,8 @@ class ServiceSettings:
     n_parallel: int | None = None
     #: where the scoring math runs: auto, numpy or torch (EngineOptions.score_math)
     score_math: str = ""
+    #: batch-invariant target numerics: auto, on or off (EngineOptions.batch_invariant)
+    batch_invariant: str = ""
 
     # --- API ------------------------------------------------------------------------------------------
     #: address `specq api` / `specq up` listen on
@@ -174,6 +176,8 @@ class ServiceSettings:
             (self.max_batch_requests >= 1, "SPECQ_MAX_BATCH_REQUESTS must be >= 1"),
             (self.auth in ("none", "keys"), f"SPECQ_AUTH must be none or keys, not {self.auth!r}"),
             (self.score_math in ("", "auto", "numpy", "torch"), f"SPECQ_SCORE_MATH must be auto, numpy or torch, not {self.score_math!r}"),
+            (self.batch_invariant in ("", "auto", "on", "off"),
+             f"SPECQ_BATCH_INVARIANT must be auto, on or off, not {self.batch_invariant!r}"),
             (self.max_queued_jobs >= 0, "SPECQ_MAX_QUEUED_JOBS must be >= 0 (0 = no limit)"),
             (bool(self.queue.strip()), "SPECQ_QUEUE must not be empty"),
         ]
@@ -223,6 +227,8 @@ class ServiceSettings:
             opts.speculator = self.speculator
         if self.score_math:
             opts.score_math = self.score_math
+        if self.batch_invariant:
+            opts.batch_invariant = self.batch_invariant
         for mine, theirs in (("n_gpu_layers", "n_gpu_layers"), ("n_ctx", "n_ctx"), ("n_batch", "n_batch"),
                              ("n_ubatch", "n_ubatch"), ("threads", "n_threads"), ("flash_attn", "flash_attn"),
                              ("n_parallel", "n_parallel")):

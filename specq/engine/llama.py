@@ -183,6 +183,10 @@ class Model:
             pass
 
 
+#: KV cache element types by name (ggml type ids)
+KV_TYPES = {"f16": llama_cpp.GGML_TYPE_F16, "q8_0": llama_cpp.GGML_TYPE_Q8_0}
+
+
 class Context:
     """A llama context with one reusable batch, checked decoding and KV cache editing."""
 
@@ -198,9 +202,12 @@ class Context:
         n_seq_max: int = 1,
         kv_unified: bool = True,
         cb_eval: object | None = None,
+        type_k: str = "f16",
     ) -> None:
         """kv_unified=False gives each of the n_seq_max sequences its own stream of n_ctx / n_seq_max
-        cells: a sequence then attends over its own cells only (no masked pass over the others')."""
+        cells: a sequence then attends over its own cells only (no masked pass over the others').
+        type_k: the K cache's element type (f16, q8_0); q8_0 keeps llama.cpp's CPU flash attention on
+        one code path for every batch size (see specq/engine/invariance.py)."""
         self.model = model
         self.n_ctx = int(n_ctx)
         #: cells one sequence can hold
@@ -216,6 +223,9 @@ class Context:
         params.n_ubatch = self.n_ubatch
         params.n_seq_max = n_seq_max
         params.kv_unified = kv_unified
+        if type_k not in KV_TYPES:
+            raise ValueError(f"unsupported K cache type {type_k!r} (known: {', '.join(KV_TYPES)})")
+        params.type_k = KV_TYPES[type_k]
         params.n_threads = threads
         params.n_threads_batch = threads
         params.flash_attn_type = (

@@ -40,15 +40,17 @@ class EngineOptions:
     n_ubatch: int = 0
     #: CPU threads; 0 = all cores
     n_threads: int = 0
-    #: let llama.cpp repack the target's weights into CPU-specific layouts (faster: measured ~1.4x
-    #: prefill on the 2-core CPU). Their kernels switch from gemv to gemm with the batch size, so a
-    #: token verified in a batch of drafts gets logits up to ~0.5 apart from the same token decoded
-    #: alone, and greedy speculative output can differ from plain greedy at near-ties. False makes
-    #: the Q4_K matmuls batch-invariant (measured: identical logits for 1, 2 and 5 tokens); with more
-    #: than one thread llama.cpp's CPU flash attention still splits a lone query's KV (>= 512 cells)
-    #: across threads, so bit-identity then also needs short contexts or one thread (see
-    #: docs/speculative-decoding.md).
+    #: let llama.cpp repack the target's weights into CPU-specific layouts. Their kernels switch from
+    #: gemv to gemm with the batch size (a token verified in a batch of drafts gets logits up to ~0.5
+    #: apart from the same token decoded alone). Only used when batch_invariant resolves to off.
     repack: bool = True
+    #: batch-invariant target numerics (specq/engine/invariance.py): no repacking, flash attention on,
+    #: q8_0 K cache, verification batches <= 7 tokens, so a token's logits do not depend on how many
+    #: tokens were decoded with it and greedy speculative decoding gives exactly --draft none's tokens
+    #: (at any thread count and context length). auto = on when the target runs on the CPU (measured
+    #: on the 2-core CPU: prefill no slower, decode ~5% slower, see docs/speculative-decoding.md),
+    #: off on a GPU, where it does not cover llama.cpp's kernels; off = repack/flash_attn as given.
+    batch_invariant: Literal["auto", "on", "off"] = "auto"
     #: scoring windows run together as parallel sequences of the speculator, each in its own KV
     #: stream (one batch per lookahead step for all of them); 1 = one window at a time; 0 = 8 on a
     #: GPU build, 1 on CPU (where batching the lookahead saves little). Costs a second speculator

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from . import invariance
 from .decode import generate
 from .errors import InputError, ModelError
 from .options import EngineOptions, RunParams
@@ -43,9 +44,11 @@ class Engine:
         self.options = opts = options or EngineOptions()
         self._pull_progress = pull_progress
         self.target_path = Path(resolve_model(opts.target, progress=pull_progress))
-        self.target = Model(self.target_path, n_gpu_layers=opts.n_gpu_layers, repack=opts.repack)
-        self.n_ctx = opts.n_ctx or min(self.target.n_ctx_train or MAX_DEFAULT_CTX, MAX_DEFAULT_CTX)
         backend = backend_name()
+        #: the target's numerics: batch-invariant mode or as the options say (invariance.py)
+        self.numerics = num = invariance.resolve(opts, backend)
+        self.target = Model(self.target_path, n_gpu_layers=opts.n_gpu_layers, repack=num.repack)
+        self.n_ctx = opts.n_ctx or min(self.target.n_ctx_train or MAX_DEFAULT_CTX, MAX_DEFAULT_CTX)
         self.n_ubatch = opts.n_ubatch or (2048 if backend != "cpu" else 512)
         self.ctx = Context(
             self.target,
@@ -53,17 +56,21 @@ class Engine:
             n_batch=opts.n_batch,
             n_ubatch=self.n_ubatch,
             n_threads=opts.resolved_threads(),
-            flash_attn=opts.flash_attn,
+            flash_attn=num.flash_attn,
+            type_k=num.type_k,
         )
         self.gaps_supported = supports_position_gaps(self.target)
         self.info = EngineInfo(
             n_gpu_layers=self.target.n_gpu_layers,
-            flash_attn=opts.flash_attn,
+            flash_attn=num.flash_attn,
             n_batch=self.ctx.n_batch,
             n_ubatch=self.ctx.n_ubatch,
             backend=backend,
             target=self.target_path.name,
             speculator="",
+            batch_invariant=num.batch_invariant,
+            repack=num.repack,
+            type_k=num.type_k,
         )
         self._speculator: Model | None = None
         self._scorer = None
@@ -142,6 +149,11 @@ class Engine:
 
         sampler = Sampler(params.temperature, params.top_k, params.top_p, params.seed)
         drafter = self._drafter(params, prompt, scored=(mode == "specprefill"))
+        n_draft = params.n_draft
+        if drafter is not None:
+            warnings += invariance.draft_warning(self.numerics, n_draft, greedy=params.temperature == 0)
+            if self.numerics.max_draft:
+                n_draft = min(n_draft, self.numerics.max_draft)
         t_decode = time.perf_counter()
         first: list[float] = []
 
@@ -158,7 +170,7 @@ class Engine:
             max_tokens=params.max_tokens,
             sampler=sampler,
             drafter=drafter,
-            n_draft=params.n_draft,
+            n_draft=n_draft,
             draft_min=params.draft_min,
             progress=on_token,
         )

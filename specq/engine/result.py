@@ -41,6 +41,12 @@ class EngineInfo:
     backend: str = "cpu"
     target: str = ""
     speculator: str = ""
+    #: the target ran in batch-invariant mode (EngineOptions.batch_invariant): greedy output is the
+    #: same with every drafter
+    batch_invariant: bool = False
+    #: the target's weights were repacked for the CPU; its K cache's element type
+    repack: bool = True
+    type_k: str = "f16"
     #: where the scoring math ran: numpy (host) or torch (the speculator's device); "" = not scored
     score_math: str = ""
 
