@@ -254,12 +254,22 @@ def test_metrics_prometheus_text_matches_the_database(stack, client):
     b = client.post("/v1/batches", files={"input": ("m.jsonl", _jsonl([{"custom_id": "m", "text": "z = 0\n",
                                                                           "params": {"max_tokens": 2}}]))}).json()
     wait_batch(client, b["id"])
-    r = client.get("/metrics")
-    assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
-    fams = {f.name: f for f in text_string_to_metric_families(r.text)}
+    queue = stack.env["SPECQ_QUEUE"]
 
     def samples(name, suffix=""):
         return [s for s in fams[name].samples if s.name == name + suffix]
+
+    # the worker's heartbeat (which carries jobs_done) is written every few seconds: wait for one
+    # written after the batch, then check the whole scrape against the database
+    deadline = time.time() + 30
+    while True:
+        r = client.get("/metrics")
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
+        fams = {f.name: f for f in text_string_to_metric_families(r.text)}
+        done = [x for x in samples("specq_worker_jobs_done") if x.labels["queue"] == queue]
+        if (done and done[0].value >= 1) or time.time() > deadline:
+            break
+        time.sleep(0.5)
 
     with _session(stack) as s:
         by_status = dict(s.execute(select(Job.status, func.count()).group_by(Job.status)).all())
@@ -278,13 +288,11 @@ def test_metrics_prometheus_text_matches_the_database(stack, client):
     assert [x.value for x in buckets] == sorted(x.value for x in buckets)  # cumulative
     assert samples("specq_kept_tokens", "_total")[0].value == kept
     assert samples("specq_prompt_tokens", "_total")[0].value == prompt
-    queue = stack.env["SPECQ_QUEUE"]
     depth = {x.labels["queue"]: x.value for x in samples("specq_queue_depth")}
     assert depth[queue] == 0
     workers = [x for x in samples("specq_worker_heartbeat_timestamp_seconds") if x.labels["queue"] == queue]
     assert len(workers) == 1 and abs(workers[0].value - time.time()) < 60
     assert {x.labels["queue"]: x.value for x in samples("specq_workers")}[queue] == 1
-    done = [x for x in samples("specq_worker_jobs_done") if x.labels["queue"] == queue]
     assert done[0].value >= 1
     assert {x.labels["source"]: x.value for x in samples("specq_scrape_errors")} == {"database": 0, "broker": 0}
     batches = {x.labels["status"]: x.value for x in samples("specq_batches")}
