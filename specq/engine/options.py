@@ -30,7 +30,8 @@ class EngineOptions:
     speculator: str = "qwen2.5-coder-0.5b-instruct-q4_k_m"
     #: layers offloaded to the GPU; -1 = all (ignored by a CPU-only build)
     n_gpu_layers: int = -1
-    #: flash attention; scores are recomputed from Q and K, so it can stay on while scoring
+    #: flash attention; scores are recomputed from Q and K, so it can stay on while scoring (the
+    #: target's is always on in batch-invariant mode, see batch_invariant)
     flash_attn: bool = True
     #: context size in tokens for the target; 0 = the model's training context (capped at 32768)
     n_ctx: int = 0
@@ -48,8 +49,9 @@ class EngineOptions:
     #: q8_0 K cache, verification batches <= 7 tokens, so a token's logits do not depend on how many
     #: tokens were decoded with it and greedy speculative decoding gives exactly --draft none's tokens
     #: (at any thread count and context length). auto = on when the target runs on the CPU (measured
-    #: on the 2-core CPU: prefill no slower, decode ~5% slower, see docs/speculative-decoding.md),
-    #: off on a GPU, where it does not cover llama.cpp's kernels; off = repack/flash_attn as given.
+    #: on the 2-core CPU vs off: decode ~15% slower at 400 tokens, ~2% at 2K+; prefill +10% at 2K,
+    #: -19% at 4.4K; docs/speculative-decoding.md), off on a GPU, where it does not cover llama.cpp's
+    #: kernels; off = repack/flash_attn as given, f16 K cache.
     batch_invariant: Literal["auto", "on", "off"] = "auto"
     #: scoring windows run together as parallel sequences of the speculator, each in its own KV
     #: stream (one batch per lookahead step for all of them); 1 = one window at a time; 0 = 8 on a
