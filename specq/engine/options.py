@@ -50,8 +50,8 @@ class EngineOptions:
     #: tokens were decoded with it and greedy speculative decoding gives exactly --draft none's tokens
     #: (at any thread count and context length). auto = on when the target runs on the CPU (measured
     #: on the 2-core CPU vs off: decode ~15% slower at 400 tokens, ~2% at 2K+; prefill +10% at 2K,
-    #: -19% at 4.4K; docs/speculative-decoding.md), off on a GPU, where it does not cover llama.cpp's
-    #: kernels; off = repack/flash_attn as given, f16 K cache.
+    #: -19% at 4.4K, -33% at 7.8K; docs/speculative-decoding.md), off on a GPU, where it does not
+    #: cover llama.cpp's kernels; off = repack/flash_attn as given, f16 K cache.
     batch_invariant: Literal["auto", "on", "off"] = "auto"
     #: scoring windows run together as parallel sequences of the speculator, each in its own KV
     #: stream (one batch per lookahead step for all of them); 1 = one window at a time; 0 = 8 on a
