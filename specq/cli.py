@@ -1051,6 +1051,7 @@ def bench_ttft(
     threads: int = typer.Option(0, help="CPU threads (0 = all cores)."),
     n_parallel: int = typer.Option(0, help="Scoring windows run together (0 = 8 on GPU, 1 on CPU)."),
     score_math: str = typer.Option("auto", help="Where score math runs: auto, numpy (host) or torch (on the speculator's device)."),
+    batch_invariant: str = typer.Option("auto", help="Batch-invariant target numerics: auto (on for a CPU target), on, off."),
     out: Path = typer.Option(None, help="Write the report as JSON here."),
     plot: Path = typer.Option(None, help="Write a PNG plot here (needs matplotlib: pip install 'specq[bench]')."),
 ) -> None:
@@ -1066,8 +1067,10 @@ def bench_ttft(
         raise _fail("--lengths must be token counts >= 64 and --reps >= 1")
     if score_math not in ("auto", "numpy", "torch"):
         raise _fail(f"--score-math must be auto, numpy or torch (got {score_math!r})")
+    if batch_invariant not in ("auto", "on", "off"):
+        raise _fail(f"--batch-invariant must be auto, on or off, not {batch_invariant!r}")
     opts = EngineOptions(n_gpu_layers=n_gpu_layers, n_ctx=n_ctx or max(sizes) + 1024, n_batch=n_batch, n_ubatch=n_ubatch,
-                         n_threads=threads, n_parallel=n_parallel, score_math=score_math)
+                         n_threads=threads, n_parallel=n_parallel, score_math=score_math, batch_invariant=batch_invariant)
     if target:
         opts.target = target
     if speculator:
