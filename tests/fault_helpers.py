@@ -16,6 +16,7 @@ import signal
 import subprocess
 import time
 
+from fault_servers import throwaway_postgres, throwaway_redis
 from service_helpers import Stack, base_env, free_port
 
 #: settings every fault/load stack shares (see the module doc)
@@ -35,6 +36,20 @@ def fault_stack(home, models, *, database_url: str | None = None, broker_url: st
         env["SPECQ_BROKER_URL"] = broker_url
     env.update(extra)
     return Stack(env=env, port=port, logdir=home)
+
+
+@contextlib.contextmanager
+def api_on_throwaway_servers(home, models, **extra):
+    """A throwaway Redis (home/redis) and PostgreSQL, migrated, with `specq api` started on them:
+    yields (stack, redis, pg); everything is stopped afterwards."""
+    with throwaway_redis(home / "redis") as redis, throwaway_postgres() as pg:
+        st = fault_stack(home, models, database_url=pg.url, broker_url=redis.url, **extra)
+        st.cli("db", "upgrade", check=True)
+        try:
+            st.start("api", "api")
+            yield st, redis, pg
+        finally:
+            st.stop()
 
 
 def start_worker(st: Stack, name: str) -> subprocess.Popen:

@@ -14,8 +14,8 @@ import time
 import httpx
 import pytest
 
-from fault_helpers import fault_stack, job_row, kill9, start_worker, wait_for, worker_logs
-from fault_servers import servers_available, throwaway_postgres, throwaway_redis
+from fault_helpers import api_on_throwaway_servers, fault_stack, job_row, kill9, start_worker, wait_for, worker_logs
+from fault_servers import servers_available
 from reliability_figures import record, tally
 
 pytestmark = [pytest.mark.faults, pytest.mark.timeout(900)]
@@ -38,15 +38,9 @@ def stack(tiny_models, tmp_path_factory):
     if reason:
         pytest.skip(reason)
     home = tmp_path_factory.mktemp("kill")
-    with throwaway_redis(home / "redis") as redis, throwaway_postgres() as pg:
-        st = fault_stack(home, tiny_models, database_url=pg.url, broker_url=redis.url, SPECQ_N_CTX=N_CTX)
-        st.cli("db", "upgrade", check=True)
-        try:
-            st.start("api", "api")
-            st.wait_healthy()
-            yield st
-        finally:
-            st.stop()
+    with api_on_throwaway_servers(home, tiny_models, SPECQ_N_CTX=N_CTX) as (st, _redis, _pg):
+        st.wait_healthy()
+        yield st
 
 
 @pytest.fixture(scope="module")

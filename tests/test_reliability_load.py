@@ -13,8 +13,9 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from fault_helpers import all_finished, fault_stack, percentile, rss_mib, start_worker, statuses, wait_for, worker_logs
-from fault_servers import servers_available, throwaway_postgres, throwaway_redis
+from fault_helpers import (all_finished, api_on_throwaway_servers, percentile, rss_mib, start_worker, statuses, wait_for,
+                           worker_logs)
+from fault_servers import servers_available
 from reliability_figures import record, tally
 
 pytestmark = [pytest.mark.load, pytest.mark.timeout(1500)]
@@ -33,17 +34,11 @@ def test_1000_concurrent_small_jobs(tiny_models, tmp_path):
     reason = servers_available()
     if reason:
         pytest.skip(reason)
-    with throwaway_redis(tmp_path / "redis") as redis, throwaway_postgres() as pg:
-        st = fault_stack(tmp_path, tiny_models, database_url=pg.url, broker_url=redis.url)
-        st.cli("db", "upgrade", check=True)
-        try:
-            st.start("api", "api")
-            worker = start_worker(st, "worker")
-            st.wait_healthy()
-            wait_for(lambda: "ready: target" in st.log("worker"), 180, "worker ready")
-            _run(st, worker.pid)
-        finally:
-            st.stop()
+    with api_on_throwaway_servers(tmp_path, tiny_models) as (st, _redis, _pg):
+        worker = start_worker(st, "worker")
+        st.wait_healthy()
+        wait_for(lambda: "ready: target" in st.log("worker"), 180, "worker ready")
+        _run(st, worker.pid)
 
 
 def _run(st, worker_pid: int) -> None:

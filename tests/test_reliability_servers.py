@@ -16,8 +16,9 @@ import time
 import httpx
 import pytest
 
-from fault_helpers import all_finished, fault_stack, job_row, kill9, start_worker, statuses, wait_for, worker_logs
-from fault_servers import servers_available, throwaway_postgres, throwaway_redis
+from fault_helpers import (all_finished, api_on_throwaway_servers, job_row, kill9, start_worker, statuses, wait_for,
+                           worker_logs)
+from fault_servers import servers_available
 from reliability_figures import record, tally
 
 pytestmark = [pytest.mark.faults, pytest.mark.timeout(900)]
@@ -33,16 +34,10 @@ def servers(tiny_models, tmp_path):
     reason = servers_available()
     if reason:
         pytest.skip(reason)
-    with throwaway_redis(tmp_path / "redis") as redis, throwaway_postgres() as pg:
-        st = fault_stack(tmp_path, tiny_models, database_url=pg.url, broker_url=redis.url)
-        st.cli("db", "upgrade", check=True)
-        try:
-            st.start("api", "api")
-            start_worker(st, "worker")
-            st.wait_healthy()
-            yield st, redis, pg
-        finally:
-            st.stop()
+    with api_on_throwaway_servers(tmp_path, tiny_models) as (st, redis, pg):
+        start_worker(st, "worker")
+        st.wait_healthy()
+        yield st, redis, pg
 
 
 def _submit_batch(st) -> list[str]:
