@@ -22,6 +22,7 @@ from typing import Any
 from sqlalchemy import and_, false, func, or_, select, update
 from sqlalchemy.orm import Session
 
+from . import stale
 from .db import write_transaction
 from .errors import InputTooLarge
 from .models import Job, JobInput, utcnow
@@ -207,12 +208,10 @@ def mark_running(
     now = utcnow()
     runnable = Job.status == "queued"
     if stale_after_s is not None:
-        cutoff = now - timedelta(seconds=stale_after_s)
         runnable = or_(
             runnable,
             and_(
-                Job.status == "running",
-                or_(Job.heartbeat_at.is_(None), Job.heartbeat_at < cutoff),
+                stale.stale_running(now - timedelta(seconds=stale_after_s)),
                 Job.attempts < Job.max_attempts,
                 Job.cancel_requested == false(),
             ),

@@ -46,8 +46,13 @@ def _last_sign_of_life():
     return func.coalesce(Job.heartbeat_at, Job.started_at, Job.created_at)
 
 
+def stale_running(before: datetime):
+    """SQL condition: a running job with no sign of life since `before` (also used by jobs.mark_running)."""
+    return and_(Job.status == "running", _last_sign_of_life() < before)
+
+
 def _stale(job_id: str, before: datetime):
-    return and_(Job.id == job_id, Job.status == "running", _last_sign_of_life() < before)
+    return and_(Job.id == job_id, stale_running(before))
 
 
 def find_stale(session: Session, before: datetime, limit: int = 200) -> list[StaleJob]:
@@ -55,7 +60,7 @@ def find_stale(session: Session, before: datetime, limit: int = 200) -> list[Sta
     rows = session.execute(
         select(Job.id, Job.batch_id, Job.worker, Job.attempts, Job.max_attempts, Job.cancel_requested,
                Job.progress_phase, Job.heartbeat_at, Job.error)
-        .where(and_(Job.status == "running", _last_sign_of_life() < before))
+        .where(stale_running(before))
         .order_by(_last_sign_of_life())
         .limit(limit)
     ).all()
@@ -67,7 +72,7 @@ def find_stale(session: Session, before: datetime, limit: int = 200) -> list[Sta
 def count_stale(session: Session, before: datetime) -> int:
     """How many running jobs have no heartbeat since `before` (for /metrics)."""
     n = session.scalar(select(func.count()).select_from(Job)
-                       .where(and_(Job.status == "running", _last_sign_of_life() < before))) or 0
+                       .where(stale_running(before))) or 0
     session.commit()
     return int(n)
 
@@ -132,5 +137,5 @@ def queued_ids(session: Session, before: datetime, limit: int = 10_000) -> list[
     return ids
 
 
-__all__ = ["StaleJob", "cutoff", "find_stale", "count_stale", "requeue_stale", "undo_requeue", "fail_stale", "cancel_stale",
+__all__ = ["StaleJob", "cutoff", "stale_running", "find_stale", "count_stale", "requeue_stale", "undo_requeue", "fail_stale", "cancel_stale",
            "queued_ids"]
