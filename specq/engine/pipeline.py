@@ -216,7 +216,7 @@ class Engine:
         from . import score_torch
 
         choice = self.options.score_math
-        gpu = self.info.backend != "cpu" and self.options.n_gpu_layers != 0
+        gpu = not invariance.on_cpu(self.options, self.info.backend)
         if choice == "auto":
             return "torch" if gpu and score_torch.available(gpu=True) is None else "numpy"
         if choice == "torch":
