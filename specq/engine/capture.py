@@ -77,11 +77,17 @@ GGML_OP_ROPE = _op_id(b"ROPE")
 GGML_OP_VIEW = _op_id(b"VIEW")
 
 
-def read_tensor(t: GgmlTensor) -> np.ndarray:
-    """Copy a (possibly device-resident) F32/F16 tensor into numpy, shape (ne[3], ne[2], ne[1], ne[0])."""
+def _dtype(t: GgmlTensor) -> type:
+    """The numpy type of an F32/F16 tensor (the only types scoring reads)."""
     dtype = {GGML_TYPE_F32: np.float32, GGML_TYPE_F16: np.float16}.get(t.type)
     if dtype is None:
         raise TypeError(f"cannot read ggml tensor {t.name!r} of type {t.type}")
+    return dtype
+
+
+def read_tensor(t: GgmlTensor) -> np.ndarray:
+    """Copy a (possibly device-resident) F32/F16 tensor into numpy, shape (ne[3], ne[2], ne[1], ne[0])."""
+    dtype = _dtype(t)
     ne = [int(x) for x in t.ne]
     nb = [int(x) for x in t.nb]
     size = sum((ne[i] - 1) * nb[i] for i in range(4)) + np.dtype(dtype).itemsize  # ggml_nbytes
@@ -115,9 +121,7 @@ class TensorRef:
 
 
 def tensor_ref(t: GgmlTensor) -> TensorRef:
-    dtype = {GGML_TYPE_F32: "float32", GGML_TYPE_F16: "float16"}.get(t.type)
-    if dtype is None:
-        raise TypeError(f"cannot read ggml tensor {t.name!r} of type {t.type}")
+    dtype = _dtype(t).__name__
     buffer = t.buffer
     if not buffer and t.view_src:
         buffer = GgmlTensor.from_address(t.view_src).buffer
