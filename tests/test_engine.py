@@ -16,7 +16,7 @@ llama_cpp = pytest.importorskip("llama_cpp")
 import numpy as np  # noqa: E402
 
 from specq.engine import llama  # noqa: E402
-from specq.engine.errors import InputError, ModelError  # noqa: E402
+from specq.contracts import InputError, ModelError  # noqa: E402
 from specq.engine.options import EngineOptions, RunParams  # noqa: E402
 from specq.engine.prefill import sparse_prefill  # noqa: E402
 
@@ -138,7 +138,7 @@ def test_mismatched_speculator_is_refused(tiny_models):
 
 
 def test_progress_reports_phases_and_cancel(engine):
-    from specq.engine.errors import RunCancelled
+    from specq.contracts import RunCancelled
 
     seen = []
     engine.run(TEXT[:1500], RunParams(mode="specprefill", min_tokens=0, max_tokens=4), progress=lambda *a: seen.append(a))

@@ -22,7 +22,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from specq.engine.errors import EngineError, InputError
+from specq.contracts import EngineError, InputError
 from specq.engine.inputs import check_text, decode_document
 from specq.engine.options import RUN_PARAM_NAMES, RunParams
 

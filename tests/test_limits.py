@@ -185,7 +185,7 @@ def test_queued_jobs_limit_holds_under_concurrent_submits(api):
 
 def _prompt_tokens(tiny_models, n_ctx: int, text: str, max_tokens: int) -> int | None:
     """The prompt's token count, or None when the engine refuses it for the context (as the worker would)."""
-    from specq.engine.errors import InputError
+    from specq.contracts import InputError
     from specq.engine.options import EngineOptions, RunParams
     from specq.engine.pipeline import Engine
 

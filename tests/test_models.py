@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 
 from specq.cli import app
 from specq.engine import models as m
-from specq.engine.errors import ModelError
+from specq.contracts import ModelError
 
 PART_SIZES = (70_000, 70_000, 12_345)
 VERSION = "1.0.0"

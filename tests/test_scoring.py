@@ -283,7 +283,7 @@ def test_torch_score_math_equals_numpy(tiny_models, n_parallel):
 
 
 def test_unknown_score_math_is_refused(tiny_models):
-    from specq.engine.errors import EngineError
+    from specq.contracts import EngineError
     from specq.engine.scoring import SpecPrefillScorer
 
     model = llama.Model(tiny_models.speculator, n_gpu_layers=0)

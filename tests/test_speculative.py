@@ -198,7 +198,7 @@ def test_ngram_policy() -> None:
 
 def test_auto_rule_and_factory() -> None:
     from specq.engine.drafters import AUTO_RULE, NgramDrafter, make_drafter, resolve_auto
-    from specq.engine.errors import InputError
+    from specq.contracts import InputError
     from specq.engine.prompt import Prompt
 
     assert AUTO_RULE == "ngram"
@@ -328,7 +328,7 @@ def test_greedy_lossless_tiny_models(tiny_models) -> None:
 
 
 def test_mismatched_vocabulary_refused(tiny_models) -> None:
-    from specq.engine.errors import ModelError
+    from specq.contracts import ModelError
     from specq.engine.options import EngineOptions
     from specq.engine.pipeline import Engine
 
@@ -548,7 +548,7 @@ def test_cli_run_passes_draft_options(varied, tmp_path) -> None:
 
 
 def _real_pair() -> tuple[Path, Path]:
-    from specq.engine.errors import ModelError
+    from specq.contracts import ModelError
     from specq.engine.models import resolve_model
 
     try:

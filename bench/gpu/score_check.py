@@ -14,7 +14,7 @@ import time
 
 import numpy as np
 
-from specq.bench_ttft import QUESTION, make_document
+from specq.bench.ttft import QUESTION, make_document
 from specq.engine import llama
 from specq.engine.prompt import build_prompt
 from specq.engine.scoring import SpecPrefillScorer

@@ -31,7 +31,7 @@ from starlette.datastructures import UploadFile
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .. import __version__ as _version
-from ..engine.errors import InputError
+from ..contracts import InputError
 from ..engine.inputs import check_text, decode_document
 from ..engine.options import RunParams
 from ..settings import ServiceSettings

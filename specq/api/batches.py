@@ -36,7 +36,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import UploadFile
 
-from ..engine.errors import InputError
+from ..contracts import InputError
 from ..engine.inputs import check_text, decode_document
 from ..engine.options import RunParams
 from ..settings import ServiceSettings

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..engine.errors import InputError
+from ..contracts import InputError
 
 #: the longest file name (job_inputs.filename, jobs.custom_id)
 MAX_NAME_CHARS = 255

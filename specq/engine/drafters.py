@@ -43,7 +43,7 @@ from typing import Callable, Protocol, Sequence
 
 import numpy as np
 
-from .errors import InputError
+from ..contracts import InputError
 from .llama import Context
 from .prompt import Prompt
 from .sampling import Sampler

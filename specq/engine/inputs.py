@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .errors import InputError
+from ..contracts import InputError
 
 #: control characters allowed in a document (tab, newline, carriage return, form feed)
 _ALLOWED_CONTROLS = {"\t", "\n", "\r", "\f"}

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .errors import InputError
+from ..contracts import InputError
 from .options import EngineOptions
 
 #: largest verification batch (last token + draft) that stays on the per-row kernels: the tiled

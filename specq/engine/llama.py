@@ -20,7 +20,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .errors import DecodeError, ModelError
+from ..contracts import DecodeError, ModelError
 
 # --------------------------------------------------------------------------------------------------
 # logging: llama.cpp writes to stderr by default; keep its recent lines to quote in error messages

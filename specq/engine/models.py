@@ -30,11 +30,11 @@ import sys
 import tempfile
 import zipfile
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..config import specq_home
-from .errors import ModelError
+from ..contracts import ModelError
 
 #: progress callback: (bytes done, bytes total)
 ProgressFn = Callable[[int, int], None]

@@ -12,7 +12,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from .errors import InputError
+from ..contracts import InputError
 
 Mode = Literal["baseline", "specprefill"]
 Positions = Literal["original", "compressed"]

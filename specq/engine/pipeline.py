@@ -15,7 +15,7 @@ from typing import Callable
 
 from . import invariance
 from .decode import generate
-from .errors import InputError, ModelError
+from ..contracts import InputError, ModelError
 from .options import EngineOptions, RunParams
 from .prefill import sparse_prefill
 from .prompt import Prompt, build_prompt

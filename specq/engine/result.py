@@ -9,10 +9,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-#: phases every run reports (0.0 when a phase did not run, e.g. `score` in baseline mode)
-CORE_PHASES = ("tokenize", "score", "select", "sparse_prefill", "ttft", "decode", "total")
-#: sub-phases of `score` reported by specprefill runs
-SCORE_PHASES = ("speculator_prefill", "lookahead", "score_math")
+from ..contracts import CORE_PHASES, SCORE_PHASES  # noqa: F401  (re-exported: the result's phase names)
 
 
 @dataclass

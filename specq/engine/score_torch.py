@@ -22,7 +22,7 @@ from typing import Sequence
 import numpy as np
 
 from .capture import TensorRef
-from .errors import EngineError
+from ..contracts import EngineError
 
 
 _PROBE = """

@@ -38,7 +38,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from .errors import EngineError
+from ..contracts import EngineError
 from .llama import Context, Model, set_eval_callback
 from .prompt import Prompt
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..engine.errors import InputError
+from ..contracts import InputError
 
 
 class StorageError(Exception):

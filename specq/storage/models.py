@@ -30,20 +30,7 @@ from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.types import TypeDecorator
 
-JOB_STATUSES = ("queued", "running", "succeeded", "failed", "cancelled")
-#: statuses a job never leaves
-JOB_TERMINAL = ("succeeded", "failed", "cancelled")
-BATCH_STATUSES = (
-    "validating",
-    "in_progress",
-    "finalizing",
-    "completed",
-    "failed",
-    "expired",
-    "cancelling",
-    "cancelled",
-)
-BATCH_TERMINAL = ("completed", "failed", "expired", "cancelled")
+from ..contracts import BATCH_STATUSES, BATCH_TERMINAL, JOB_STATUSES, JOB_TERMINAL  # noqa: F401  (re-exported)
 
 #: constraint names are fixed by convention, so migrations (and SQLite batch migrations) can name them
 NAMING_CONVENTION = {

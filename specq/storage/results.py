@@ -10,7 +10,7 @@ from sqlalchemy import and_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from ..engine.result import CORE_PHASES, SCORE_PHASES
+from ..contracts import CORE_PHASES, SCORE_PHASES
 from .db import write_transaction
 from .models import Job, PhaseTiming, Result, utcnow
 

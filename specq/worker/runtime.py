@@ -29,7 +29,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from ..engine.errors import EngineError, InputError, ModelError, RunCancelled
+from ..contracts import EngineError, InputError, ModelError, RunCancelled
 from ..engine.options import RunParams
 from ..settings import ServiceSettings
 from ..storage import claims, db, jobs, results

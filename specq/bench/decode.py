@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
-from .engine.options import EngineOptions, RunParams
+from ..engine.options import EngineOptions, RunParams
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
@@ -109,7 +109,7 @@ def run_bench(
     on_row: Callable[[Row], None] | None = None,
 ) -> list[Row]:
     """Run every job with every method (greedy), `repeat` times each; the median decode time counts."""
-    from .engine.pipeline import Engine
+    from ..engine.pipeline import Engine
 
     jobs = list(jobs or default_jobs())
     engine = Engine(opts)

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from .engine.options import RunParams
+from ..engine.options import RunParams
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 QUESTION = "Which company did the Python core development team move to in May 2000?"

@@ -16,13 +16,13 @@ from typing import Any, Callable
 
 import llama_cpp  # noqa: F401  (before numpy)
 
-from .engine.llama import Context, Model
-from .engine.prefill import sparse_prefill
+from ..engine.llama import Context, Model
+from ..engine.prefill import sparse_prefill
 
 
 def run_prefill_bench(model_path: str, *, n_tokens: int, keep: float, decode_tokens: int, reps: int, n_gpu_layers: int,
                       n_threads: int, n_batch: int, n_ubatch: int, say: Callable[[str], None] = print) -> dict[str, Any]:
-    from .bench_ttft import make_document
+    from .ttft import make_document
 
     model = Model(model_path, n_gpu_layers=n_gpu_layers)
     ctx = Context(model, n_ctx=n_tokens + decode_tokens + 64, n_batch=n_batch, n_ubatch=n_ubatch, n_threads=n_threads)

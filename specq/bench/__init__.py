@@ -1,0 +1,5 @@
+"""`specq bench …`: benchmarks that print ratios measured side by side in one run (not timed tests).
+
+ttft (baseline vs specprefill), decode (drafters side by side), prefill (sparse prefill cost);
+each writes JSON with the settings and code version it ran with.
+"""

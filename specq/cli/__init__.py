@@ -1,0 +1,24 @@
+"""The `specq` command line (typer), one module per command group (as simonw/llm lays it out):
+
+    run       specq run                        one job in this process
+    service   specq worker | reconcile | api | up | down
+    submit    specq submit                     jobs and batches sent to the API
+    jobs      specq status | result | jobs | cancel
+    batches   specq batches | results | stats | cancel-batch
+    keys      specq keys …        db   specq db upgrade
+    models    specq models …      bench specq bench …
+
+`common` holds the helpers they share; groups never import each other."""
+
+from __future__ import annotations
+
+# the order of these imports is the order of `specq --help`
+from . import run, service, submit, jobs, batches, keys, db, models, bench  # noqa: F401, I001  (they register their commands)
+from .app import app
+
+
+def main() -> None:  # pragma: no cover - console entry
+    app()
+
+
+__all__ = ["app", "main"]

@@ -1,0 +1,82 @@
+"""`specq run`: one job answered in this process, no service needed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from .app import app
+from .common import fail, read_document
+
+
+@app.command("run")
+def run_cmd(
+    file: Path = typer.Argument(..., help="A long document or code file (UTF-8 text)."),
+    question: str = typer.Option("", "-q", "--question", help="The question asked about FILE."),
+    mode: str = typer.Option("baseline", help="baseline (prefill every token) or specprefill (score, keep the top chunks)."),
+    positions: str = typer.Option("original", help="original (kept tokens keep their position ids) or compressed."),
+    keep: float = typer.Option(0.3, help="Fraction of the document's chunks kept by specprefill."),
+    scorer: str = typer.Option("windowed", help="windowed, sliding or full."),
+    lookahead: int = typer.Option(8, help="Lookahead query rows for scoring."),
+    chunk: int = typer.Option(32, help="Tokens per selection chunk."),
+    max_keep: int = typer.Option(0, help="Cap on kept document tokens (0 = none)."),
+    min_tokens: int = typer.Option(-1, help="Shorter prompts run baseline (-1 = engine default)."),
+    pool: int = typer.Option(13, help="Average-pool kernel over scores (odd)."),
+    window: int = typer.Option(0, help="Document tokens per scoring window (0 = auto)."),
+    max_tokens: int = typer.Option(256, help="Tokens to generate at most."),
+    temperature: float = typer.Option(0.0, help="0 = greedy."),
+    top_k: int = typer.Option(0, help="0 = off."),
+    top_p: float = typer.Option(1.0, help="1 = off."),
+    seed: int = typer.Option(-1, help="Sampling seed (-1 = random)."),
+    draft: str = typer.Option("none", help="Speculative decoding drafter: none, ngram, model or auto."),
+    n_draft: int = typer.Option(4, help="Tokens drafted per verification batch."),
+    draft_min: int = typer.Option(1, help="Skip drafts shorter than this."),
+    p_min: float = typer.Option(0.0, help="Model drafts stop below this top probability (0 = off)."),
+    ngram: int = typer.Option(2, help="N-gram size for the ngram drafter."),
+    target: str = typer.Option(None, help="Target model: registry name or GGUF path."),
+    speculator: str = typer.Option(None, help="Speculator/drafter model: registry name or GGUF path."),
+    n_gpu_layers: int = typer.Option(-1, help="Layers offloaded to the GPU (-1 = all)."),
+    n_ctx: int = typer.Option(0, help="Target context size (0 = model's, capped at 32768)."),
+    flash_attn: bool = typer.Option(True, "--flash-attn/--no-flash-attn", help="Flash attention."),
+    threads: int = typer.Option(0, help="CPU threads (0 = all cores)."),
+    batch_invariant: str = typer.Option("auto", help="Batch-invariant target numerics (greedy output identical with every drafter): auto (on for a CPU target), on, off."),
+    as_json: bool = typer.Option(False, "--json", help="Print the run result object as JSON."),
+) -> None:
+    """Answer QUESTION about FILE in this process (no service needed) and print the phase timings."""
+    import json
+
+    from ..contracts import EngineError
+    from ..engine.options import EngineOptions, RunParams
+
+    try:
+        params = RunParams.from_dict(
+            dict(question=question, mode=mode, positions=positions, keep=keep, scorer=scorer, lookahead=lookahead,
+                 chunk=chunk, max_keep=max_keep, min_tokens=min_tokens, pool=pool, window=window, max_tokens=max_tokens,
+                 temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, draft=draft, n_draft=n_draft,
+                 draft_min=draft_min, p_min=p_min, ngram=ngram)
+        )
+        document = read_document(file)
+        if batch_invariant not in ("auto", "on", "off"):
+            raise fail(f"--batch-invariant must be auto, on or off, not {batch_invariant!r}")
+        opts = EngineOptions(n_gpu_layers=n_gpu_layers, n_ctx=n_ctx, flash_attn=flash_attn, n_threads=threads,
+                             batch_invariant=batch_invariant)
+        if target:
+            opts.target = target
+        if speculator:
+            opts.speculator = speculator
+        from ..engine.pipeline import Engine
+
+        engine = Engine(opts)
+        result = engine.run(document, params).to_dict()
+    except EngineError as e:
+        raise fail(str(e)) from None
+    except KeyboardInterrupt:
+        raise fail("interrupted") from None
+    if as_json:
+        typer.echo(json.dumps(result, indent=2))
+    else:
+        from ..render import print_result
+
+        print_result(result)
+

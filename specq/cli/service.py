@@ -1,0 +1,245 @@
+"""`specq worker | reconcile | api | up | down`: running the service."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from .app import app
+from .common import fail, service_ready_db, service_settings
+
+
+@app.command("worker")
+def worker_cmd(
+    gpu: str = typer.Option(None, help="GPU index to run on (sets CUDA_VISIBLE_DEVICES). [env SPECQ_GPU]"),
+    queue: str = typer.Option(None, "--queue", "-Q", help="Queue to consume (default specq). [env SPECQ_QUEUE]"),
+    concurrency: int = typer.Option(None, help="Processes, each with its own models (default 1 = one job at a time). [env SPECQ_CONCURRENCY]"),
+    target: str = typer.Option(None, help="Target model: registry name or GGUF path. [env SPECQ_TARGET]"),
+    speculator: str = typer.Option(None, help="Speculator model: registry name or GGUF path. [env SPECQ_SPECULATOR]"),
+    n_gpu_layers: int = typer.Option(None, help="Layers offloaded to the GPU (-1 = all). [env SPECQ_N_GPU_LAYERS]"),
+    n_ctx: int = typer.Option(None, help="Target context size (0 = model's, capped at 32768). [env SPECQ_N_CTX]"),
+    threads: int = typer.Option(None, help="CPU threads (0 = all cores). [env SPECQ_THREADS]"),
+    flash_attn: bool = typer.Option(None, "--flash-attn/--no-flash-attn", help="Flash attention. [env SPECQ_FLASH_ATTN]"),
+    warm_up: bool = typer.Option(None, "--warm-up/--no-warm-up", help="Run one tiny job after loading. [env SPECQ_WARM_UP]"),
+    loglevel: str = typer.Option("INFO", help="DEBUG, INFO, WARNING or ERROR."),
+) -> None:
+    """Run a worker: load the models once on one GPU, then run jobs from the queue one at a time."""
+    from ..contracts import EngineError
+
+    settings = service_settings(gpu=gpu, queue=queue, concurrency=concurrency, target=target, speculator=speculator,
+                                 n_gpu_layers=n_gpu_layers, n_ctx=n_ctx, threads=threads, flash_attn=flash_attn,
+                                 warm_up=warm_up)
+    service_ready_db(upgrade=False)
+    from ..worker.main import run_worker
+
+    try:
+        run_worker(settings, loglevel=loglevel)
+    except EngineError as e:
+        raise fail(f"worker could not load its models: {e}") from None
+
+
+@app.command("reconcile")
+def reconcile_cmd(
+    republish_queued: bool = typer.Option(False, "--republish-queued", help="Also send every queued job to the broker again (after a broker lost its messages, e.g. Redis restarted without persistence); duplicates do nothing."),
+) -> None:
+    """Requeue (or fail, after max attempts) jobs left running by workers that stopped heartbeating
+    for SPECQ_STALE_AFTER seconds, once. Every worker also does this every SPECQ_RECONCILE_INTERVAL seconds."""
+    from ..reconciler import reconcile_once, republish_queued as republish
+
+    settings = service_settings()
+    service_ready_db(upgrade=False)
+    try:
+        sweep = reconcile_once(settings)
+        if republish_queued:
+            sweep.republished = republish(settings).republished
+    except Exception as e:  # unreachable store or broker: one line
+        raise fail(f"reconcile: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from None
+    for name in ("requeued", "failed", "cancelled", "unsent"):
+        for job_id in getattr(sweep, name):
+            typer.echo(f"{job_id}\t{name}")
+    typer.echo(f"reconcile: {sweep.summary()} (stale after {settings.stale_after:g}s)", err=True)
+
+
+@app.command("api")
+def api_cmd(
+    host: str = typer.Option(None, help="Address to listen on (default 127.0.0.1). [env SPECQ_API_HOST]"),
+    port: int = typer.Option(None, help="Port (default 8178). [env SPECQ_API_PORT]"),
+    loglevel: str = typer.Option("info", help="uvicorn log level."),
+) -> None:
+    """Run the REST API (no models are loaded here; jobs go to the broker for `specq worker`)."""
+    import uvicorn
+
+    settings = service_settings(api_host=host, api_port=port)
+    service_ready_db(upgrade=False)
+    if settings.auth == "none" and settings.api_host not in ("127.0.0.1", "localhost", "::1"):
+        typer.echo(f"specq api: warning: no API keys (SPECQ_AUTH=none) on {settings.api_host}: anyone who reaches "
+                   "this port sees every job; set SPECQ_AUTH=keys (docs/security.md)", err=True)
+    from ..api.app import create_app
+
+    uvicorn.run(create_app(settings), host=settings.api_host, port=settings.api_port, log_level=loglevel.lower(),
+                access_log=loglevel.lower() == "debug")
+
+
+@app.command("up")
+def up_cmd(
+    host: str = typer.Option(None, help="API address (default 127.0.0.1). [env SPECQ_API_HOST]"),
+    port: int = typer.Option(None, help="API port (default 8178). [env SPECQ_API_PORT]"),
+    gpu: str = typer.Option(None, help="GPU index for the worker. [env SPECQ_GPU]"),
+    target: str = typer.Option(None, help="Target model: registry name or GGUF path. [env SPECQ_TARGET]"),
+    speculator: str = typer.Option(None, help="Speculator model: registry name or GGUF path. [env SPECQ_SPECULATOR]"),
+    n_gpu_layers: int = typer.Option(None, help="Layers offloaded to the GPU (-1 = all). [env SPECQ_N_GPU_LAYERS]"),
+    n_ctx: int = typer.Option(None, help="Target context size. [env SPECQ_N_CTX]"),
+    loglevel: str = typer.Option("INFO", help="Worker log level."),
+    detach: bool = typer.Option(False, "--detach", "-d", help="Start in the background (log: $SPECQ_HOME/up.log), return once the API answers; stop with `specq down`."),
+) -> None:
+    """The whole service on this machine, in the foreground: migrations, then the API and one worker.
+
+    With nothing set it needs no servers: the job store is SQLite and the broker is kombu's SQLAlchemy
+    transport, both files under $SPECQ_HOME. SPECQ_DATABASE_URL / SPECQ_BROKER_URL select PostgreSQL / Redis.
+    """
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from ..storage import db
+
+    settings = service_settings(api_host=host, api_port=port, gpu=gpu, target=target, speculator=speculator,
+                                 n_gpu_layers=n_gpu_layers, n_ctx=n_ctx)
+    if detach:
+        _up_detached(settings, sys.argv[1:])
+        return
+    service_ready_db(upgrade=True)
+    env = dict(os.environ)
+    for name in ("api_host", "api_port", "gpu", "target", "speculator", "n_gpu_layers", "n_ctx"):
+        value = getattr(settings, name)
+        if value not in (None, ""):
+            env[f"SPECQ_{name.upper()}"] = str(value)
+    typer.echo(f"specq up: database {db.masked_url()}", err=True)
+    typer.echo(f"specq up: broker {'embedded ' + settings.resolved_broker_url if settings.embedded_broker else 'redis'}"
+               f", queue {settings.queue}", err=True)
+    typer.echo(f"specq up: API at {settings.api_url} (docs {settings.api_url}/docs); submit with "
+               f"`specq submit FILE -q QUESTION --wait`", err=True)
+    cmd = [sys.executable, "-m", "specq"]
+    procs = {
+        "api": subprocess.Popen(cmd + ["api", "--loglevel", "warning"], env=env),
+        "worker": subprocess.Popen(cmd + ["worker", "--loglevel", loglevel], env=env),
+    }
+
+    stopping: set[str] = set()
+
+    def _stop(*_args) -> None:
+        for name, p in procs.items():
+            if p.poll() is None and name not in stopping:
+                stopping.add(name)
+                p.send_signal(signal.SIGTERM)
+
+    signal.signal(signal.SIGTERM, _stop)
+    code = 0
+    try:
+        while True:
+            for name, p in procs.items():
+                rc = p.poll()
+                if rc is not None:
+                    if rc not in (0, -signal.SIGTERM, -signal.SIGINT):
+                        typer.echo(f"specq up: the {name} exited with status {rc}; stopping", err=True)
+                        code = 1
+                    raise StopIteration
+            time.sleep(0.2)
+    except (StopIteration, KeyboardInterrupt):
+        pass
+    _stop()
+    deadline = time.monotonic() + 30
+    for p in procs.values():
+        try:
+            p.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+    raise typer.Exit(code)
+
+
+def _up_pidfile() -> Path:
+    from ..config import specq_home
+
+    return specq_home() / "up.pid"
+
+
+def _up_detached(settings, argv: list[str]) -> None:
+    """Run `specq up` (without --detach) in a new session, logging to $SPECQ_HOME/up.log; wait for /healthz."""
+    import os
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    from ..config import specq_home
+
+    pidfile = _up_pidfile()
+    if pidfile.exists():
+        try:
+            old = int(pidfile.read_text().strip())
+            os.kill(old, 0)
+            typer.echo(f"specq up: already running (pid {old}); `specq down` stops it", err=True)
+            return
+        except (ValueError, ProcessLookupError, PermissionError):
+            pidfile.unlink(missing_ok=True)
+    home = specq_home()
+    home.mkdir(parents=True, exist_ok=True)
+    log = home / "up.log"
+    args = [a for a in argv if a not in ("--detach", "-d")]
+    if "up" not in args:
+        args = ["up"] + args
+    with open(log, "ab") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "specq", *args], stdout=out, stderr=out,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+    pidfile.write_text(str(proc.pid))
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            pidfile.unlink(missing_ok=True)
+            raise fail(f"specq up exited with status {proc.returncode}; see {log}")
+        try:
+            with urllib.request.urlopen(settings.api_url + "/healthz", timeout=2) as r:
+                if r.status == 200:
+                    typer.echo(f"specq up: running in the background (pid {proc.pid}), API at {settings.api_url}, log {log}; "
+                               "`specq down` stops it", err=True)
+                    return
+        except OSError:
+            pass
+        time.sleep(0.5)
+    raise fail(f"specq up did not answer at {settings.api_url}/healthz within 120 s; see {log}")
+
+
+@app.command("down")
+def down_cmd() -> None:
+    """Stop a service started with `specq up --detach` (waits for the running job's phase to end, up to 60 s)."""
+    import os
+    import signal
+    import time
+
+    pidfile = _up_pidfile()
+    if not pidfile.exists():
+        typer.echo("specq down: nothing started with `specq up --detach`", err=True)
+        return
+    try:
+        pid = int(pidfile.read_text().strip())
+        os.kill(pid, signal.SIGTERM)
+    except (ValueError, ProcessLookupError):
+        pidfile.unlink(missing_ok=True)
+        typer.echo("specq down: it had already stopped", err=True)
+        return
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.2)
+    else:
+        os.killpg(pid, signal.SIGKILL)
+    pidfile.unlink(missing_ok=True)
+    typer.echo(f"specq down: stopped (pid {pid})", err=True)
+

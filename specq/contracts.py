@@ -1,0 +1,56 @@
+"""The names every layer shares: phase names, job and batch statuses, error types.
+
+Engine, storage, worker, API and CLI all import this module and nothing here imports any of them, so
+storage never needs the engine to know what a phase or an input error is.
+"""
+
+from __future__ import annotations
+
+# --- phases ---------------------------------------------------------------------------------------
+#: phases every run reports (0.0 when a phase did not run, e.g. `score` in baseline mode)
+CORE_PHASES = ("tokenize", "score", "select", "sparse_prefill", "ttft", "decode", "total")
+#: sub-phases of `score` reported by specprefill runs
+SCORE_PHASES = ("speculator_prefill", "lookahead", "score_math")
+
+# --- statuses -------------------------------------------------------------------------------------
+JOB_STATUSES = ("queued", "running", "succeeded", "failed", "cancelled")
+#: statuses a job never leaves
+JOB_TERMINAL = ("succeeded", "failed", "cancelled")
+BATCH_STATUSES = (
+    "validating",
+    "in_progress",
+    "finalizing",
+    "completed",
+    "failed",
+    "expired",
+    "cancelling",
+    "cancelled",
+)
+BATCH_TERMINAL = ("completed", "failed", "expired", "cancelled")
+
+
+# --- errors (each message is one line a user can act on) -------------------------------------------
+class EngineError(Exception):
+    """A run could not be done; the message says why (shown to users as is)."""
+
+
+class InputError(EngineError):
+    """The input itself is bad (empty, binary, too long for the context, bad option): retrying won't help."""
+
+
+class ModelError(EngineError):
+    """A model file is missing, unreadable, or does not fit with its partner."""
+
+
+class DecodeError(EngineError):
+    """llama_decode returned non-zero: the message holds its return code and llama.cpp's last log line."""
+
+
+class RunCancelled(EngineError):
+    """Raised by a progress callback to stop a run at the next phase or window boundary."""
+
+
+__all__ = [
+    "CORE_PHASES", "SCORE_PHASES", "JOB_STATUSES", "JOB_TERMINAL", "BATCH_STATUSES", "BATCH_TERMINAL",
+    "EngineError", "InputError", "ModelError", "DecodeError", "RunCancelled",
+]
