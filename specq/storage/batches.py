@@ -215,7 +215,8 @@ def add_requests(
             ids.append(job_id)
             rows_jobs.append(Job(id=job_id, tenant=tenant, batch_id=batch_id, custom_id=r.custom_id, status="queued",
                                  progress_done=0, progress_total=0, attempts=0, max_attempts=max_attempts,
-                                 created_at=base + timedelta(microseconds=i), params=dict(r.params),
+                                 created_at=base + timedelta(microseconds=i),
+                                 params={k: v for k, v in r.params.items() if k != "question"},
                                  cancel_requested=False))
             rows_inputs.append(JobInput(job_id=job_id, filename=r.filename, text=r.text, question=r.question or "",
                                         size_bytes=size))
