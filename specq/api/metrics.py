@@ -31,6 +31,7 @@ from fastapi import APIRouter
 from fastapi.responses import Response
 
 from ..settings import ServiceSettings
+from .errors import responses
 
 log = logging.getLogger("specq.api")
 
@@ -149,7 +150,10 @@ def metrics_router(settings: ServiceSettings) -> APIRouter:
     registry.register(_Collector(settings))
     router = APIRouter()
 
-    @router.get("/metrics", summary="Prometheus metrics (text format)", include_in_schema=True)
+    @router.get("/metrics", summary="Prometheus metrics (text format)", response_class=Response,
+                responses={200: {"content": {"text/plain": {"schema": {"type": "string", "description":
+                                 "Prometheus text exposition format"}}}, "description": "the metrics"},
+                           **responses(401, 403)})
     def metrics() -> Response:
         return Response(content=generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
