@@ -315,7 +315,12 @@ def cancel_batch(session: Session, batch_id: str, tenant: str | None = None) -> 
 
 def find_batches(session: Session, name: str, *, tenant: str | None = None, limit: int = 50) -> list[Batch]:
     """Batches whose metadata `name` is `name` (`specq submit --batch NAME`), newest first."""
-    q = select(Batch).where(Batch.metadata_["name"].as_string() == name)
+    named = Batch.metadata_["name"].as_string()
+    if session.get_bind().dialect.name == "sqlite":
+        # SQLite's JSON functions fail the whole query on one malformed value (NaN that older code
+        # stored, nesting past 1,000 levels): such rows are skipped (CASE evaluates in order)
+        named = case((func.json_valid(Batch.metadata_) == 1, named), else_=None)
+    q = select(Batch).where(named == name)
     if tenant is not None:
         q = q.where(Batch.tenant == tenant)
     q = q.order_by(Batch.created_at.desc(), Batch.id.desc()).limit(max(0, limit))
