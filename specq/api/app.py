@@ -115,6 +115,16 @@ def _openapi(app: FastAPI) -> dict:
         _, defs = models_json_schema([(m, "validation") for m in BODY_MODELS],
                                      ref_template="#/components/schemas/{model}")
         spec.setdefault("components", {}).setdefault("schemas", {}).update(defs.get("$defs", {}))
+        # what RequestGuard may answer before any route runs: 400 (a NUL in the URL, a bad Host), 403
+        # (a cross-origin browser request without keys)
+        common = {"400": "bad request (e.g. a NUL in the URL; a Host this API does not answer to)",
+                  "403": "forbidden (e.g. a cross-origin browser request without API keys)"}
+        for path_item in spec.get("paths", {}).values():
+            for operation in path_item.values():
+                for status, description in common.items():
+                    operation.setdefault("responses", {}).setdefault(status, {
+                        "description": description,
+                        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorBody"}}}})
         app.openapi_schema = spec
     return app.openapi_schema
 

@@ -54,7 +54,7 @@ from ..storage.models import BATCH_STATUSES
 from ..storage.quotas import QuotaExceeded, reserve_queued
 from . import schemas as S
 from .errors import ApiError, describe, json_error, responses
-from .jobs import check_field, form_text, parse_params_field
+from .jobs import check_field, form_text, links, parse_params_field
 from .query import parse_statuses
 
 log = logging.getLogger("specq.api")
@@ -87,6 +87,11 @@ CSV_RESPONSE = {"text/csv": {"schema": {"type": "string", "description": "CSV wi
                                         "with = + - @ tab or CR are prefixed with '"}}}
 
 
+BATCH_LINKS = {**links("$response.body#/id", "batch_id", "getBatch", "cancelBatch", "getBatchResults",
+                       "getBatchErrors", "getBatchStats", "deleteBatchData"),
+               "ListBatches": {"operationId": "listBatches", "parameters": {"limit": 5}}}
+
+
 class _Invalid(Exception):
     def __init__(self, line: int | None, code: str, message: str, param: str | None = None) -> None:
         super().__init__(message)
@@ -107,8 +112,8 @@ def batches_router(settings: ServiceSettings, caller_of: Callable[..., Caller]) 
         return batch
 
     @router.post("/v1/batches", summary="Create a batch from a JSONL file or several documents",
-                 openapi_extra=BATCH_BODY_DOC, response_model=S.BatchOut,
-                 responses=responses(400, 401, 413, 415, 422, 429, 503))
+                 openapi_extra=BATCH_BODY_DOC, response_model=S.BatchOut, operation_id="createBatch",
+                 responses={200: {"links": BATCH_LINKS}, **responses(400, 401, 413, 415, 422, 429, 503)})
     async def create_batch(request: Request, caller: Caller = Depends(caller_of)) -> JSONResponse:
         ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
         fields = S.BatchFormFields()
@@ -124,6 +129,7 @@ def batches_router(settings: ServiceSettings, caller_of: Callable[..., Caller]) 
         return JSONResponse(status_code=200, content=batch, headers={"Location": f"/v1/batches/{batch['id']}"})
 
     @router.get("/v1/batches", summary="List batches, newest first", response_model=S.BatchList,
+                operation_id="listBatches",
                 responses=responses(401, 422))
     def list_batches(
         status: str | None = Query(None, max_length=200, description="one status or several, comma-separated: "
@@ -150,13 +156,15 @@ def batches_router(settings: ServiceSettings, caller_of: Callable[..., Caller]) 
             return {"object": "list", "data": data, "limit": limit, "offset": offset}
 
     @router.get("/v1/batches/{batch_id}", summary="A batch: status, request counts, timestamps",
-                response_model=S.BatchOut, responses=responses(401, 404, 422))
+                operation_id="getBatch", response_model=S.BatchOut, responses=responses(401, 404, 422))
     def get_batch(batch_id: str = BatchId, caller: Caller = Depends(caller_of)) -> dict[str, Any]:
         with db.session() as s:
             return _get(s, batch_id, caller.scope).to_dict()
 
     @router.post("/v1/batches/{batch_id}/cancel", summary="Cancel a batch (finished results stay)",
-                 response_model=S.BatchOut, responses=responses(401, 404, 409, 422))
+                 operation_id="cancelBatch", response_model=S.BatchOut,
+                 responses={200: {"links": links("$response.body#/id", "batch_id", "getBatch", "deleteBatchData",
+                                                 "getBatchErrors")}, **responses(401, 404, 409, 422)})
     def cancel_batch(batch_id: str = BatchId, caller: Caller = Depends(caller_of)) -> dict[str, Any]:
         with db.session() as s:
             batch = batches.cancel_batch(s, batch_id, caller.scope)
@@ -167,7 +175,7 @@ def batches_router(settings: ServiceSettings, caller_of: Callable[..., Caller]) 
             return batch.to_dict()
 
     @router.delete("/v1/batches/{batch_id}/data", summary="Delete a finished batch, its jobs and all their data",
-                   response_model=S.Deleted, responses=responses(401, 404, 409, 422))
+                   operation_id="deleteBatchData", response_model=S.Deleted, responses=responses(401, 404, 409, 422))
     def delete_batch_data(batch_id: str = BatchId, caller: Caller = Depends(caller_of)) -> dict[str, Any]:
         with db.session() as s:
             try:
@@ -179,7 +187,7 @@ def batches_router(settings: ServiceSettings, caller_of: Callable[..., Caller]) 
         return {"id": batch_id, "object": "batch.deleted", "deleted": True, "jobs_deleted": n}
 
     @router.get("/v1/batches/{batch_id}/results", summary="Results of the succeeded requests: JSONL or CSV",
-                response_class=StreamingResponse,
+                response_class=StreamingResponse, operation_id="getBatchResults",
                 responses={200: {"content": {**JSONL_RESPONSE, **CSV_RESPONSE}, "description": "one line per "
                                  "succeeded request, in request order"}, **responses(401, 404, 422, 503)})
     def batch_results(batch_id: str = BatchId, format: str = Query("jsonl", pattern="^(jsonl|csv)$"),
@@ -192,7 +200,7 @@ def batches_router(settings: ServiceSettings, caller_of: Callable[..., Caller]) 
         return StreamingResponse(_result_lines(batch.id), media_type="application/jsonl")
 
     @router.get("/v1/batches/{batch_id}/errors", summary="Failed and cancelled requests: JSONL",
-                response_class=StreamingResponse,
+                response_class=StreamingResponse, operation_id="getBatchErrors",
                 responses={200: {"content": JSONL_RESPONSE, "description": "one line per failed or cancelled "
                                  "request"}, **responses(401, 404, 422, 503)})
     def batch_errors(batch_id: str = BatchId, caller: Caller = Depends(caller_of)):
@@ -201,7 +209,7 @@ def batches_router(settings: ServiceSettings, caller_of: Callable[..., Caller]) 
         return StreamingResponse(_error_lines(batch.id), media_type="application/jsonl")
 
     @router.get("/v1/batches/{batch_id}/stats", summary="Per-phase p50/p95, mean kept ratio (computed in SQL)",
-                response_model=S.BatchStats, responses=responses(401, 404, 422))
+                operation_id="getBatchStats", response_model=S.BatchStats, responses=responses(401, 404, 422))
     def batch_stats(batch_id: str = BatchId, caller: Caller = Depends(caller_of)) -> dict[str, Any]:
         with db.session() as s:
             batch = _get(s, batch_id, caller.scope)

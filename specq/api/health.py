@@ -121,12 +121,15 @@ def readiness(settings: ServiceSettings) -> dict[str, Any]:
 def health_router(settings: ServiceSettings, caller_of: Callable[..., Caller]) -> APIRouter:
     router = APIRouter(tags=["health"])
 
-    @router.get("/healthz", summary="Liveness: this API process answers", response_model=S.Health)
+    @router.get("/healthz", summary="Liveness: this API process answers", response_model=S.Health,
+                operation_id="healthz")
     def healthz() -> dict[str, Any]:
         return {"status": "ok", "version": _version}
 
     @router.get("/readyz", summary="Readiness: store, schema and broker ready to accept jobs",
-                response_model=S.Ready, responses={503: {"model": S.Ready, "description": "not ready"}})
+                response_model=S.Ready, operation_id="readyz",
+                responses={503: {"model": S.Ready, "description": "not ready", "headers": {
+                    "Retry-After": {"description": "seconds to wait", "schema": {"type": "integer"}}}}})
     async def readyz() -> JSONResponse:
         body = await run_in_threadpool(readiness, settings)
         body = S.Ready(**body).model_dump(mode="json")
@@ -134,7 +137,7 @@ def health_router(settings: ServiceSettings, caller_of: Callable[..., Caller]) -
                             headers={} if body["status"] == "ready" else {"Retry-After": "10"})
 
     @router.get("/v1/workers", summary="Live workers: device, model, slots, busy, heartbeat age",
-                response_model=S.WorkerList, responses=responses(401, 503))
+                response_model=S.WorkerList, operation_id="listWorkers", responses=responses(401, 503))
     def workers(caller: Caller = Depends(caller_of)) -> dict[str, Any]:
         from .errors import ApiError
 

@@ -57,11 +57,24 @@ JOB_BODY_DOC = {
 }
 
 
+def links(value: str, param: str, *operations: str) -> dict[str, Any]:
+    """OpenAPI links from a response to `operations`, passing `value` (a runtime expression) as `param`
+    (clients and schemathesis' stateful tests follow them: create -> read -> list -> cancel -> delete).
+    Lists are link targets only: what a list holds depends on every earlier request, and a link whose
+    source changes between two runs of the same generated sequence makes the sequence unreproducible."""
+    return {op[0].upper() + op[1:]: {"operationId": op, "parameters": {param: value}} for op in operations}
+
+
 def jobs_router(settings: ServiceSettings, caller_of: Callable[..., Caller]) -> APIRouter:
     router = APIRouter(tags=["jobs"])
 
     @router.post("/v1/jobs", status_code=202, openapi_extra=JOB_BODY_DOC, summary="Submit a job",
-                 response_model=S.JobCreated, responses=responses(400, 401, 413, 415, 422, 429, 503))
+                 operation_id="createJob", response_model=S.JobCreated,
+                 responses={202: {"links": {**links("$response.body#/id", "job_id", "getJob", "cancelJob",
+                                                    "deleteJobData"),
+                                            "ListJobs": {"operationId": "listJobs", "parameters": {"status": "queued"}}},
+                                  "headers": {"Location": {"description": "/v1/jobs/{id}", "schema": {"type": "string"}}}},
+                            **responses(400, 401, 413, 415, 422, 429, 503)})
     async def submit_job(request: Request, caller: Caller = Depends(caller_of)) -> JSONResponse:
         ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
         if ctype in JSON_TYPES:
@@ -76,7 +89,7 @@ def jobs_router(settings: ServiceSettings, caller_of: Callable[..., Caller]) -> 
         return JSONResponse(status_code=202, content=job, headers={"Location": f"/v1/jobs/{job['id']}"})
 
     @router.get("/v1/jobs/{job_id}", summary="A job: status, progress and, when done, its result",
-                response_model=S.JobOut, responses=responses(401, 404, 422))
+                operation_id="getJob", response_model=S.JobOut, responses=responses(401, 404, 422))
     def get_job(job_id: str = JobId, caller: Caller = Depends(caller_of)) -> dict[str, Any]:
         with db.session() as s:
             job = jobs.get_job(s, job_id, tenant=caller.scope)
@@ -84,7 +97,7 @@ def jobs_router(settings: ServiceSettings, caller_of: Callable[..., Caller]) -> 
                 raise ApiError(404, f"no job {job_id}", "not_found")
             return job_view(s, job)
 
-    @router.get("/v1/jobs", summary="List jobs, newest first", response_model=S.JobList,
+    @router.get("/v1/jobs", summary="List jobs, newest first", operation_id="listJobs", response_model=S.JobList,
                 responses=responses(401, 422))
     def list_jobs(
         status: str | None = Query(None, max_length=200, description="one status or several, comma-separated: "
@@ -101,8 +114,10 @@ def jobs_router(settings: ServiceSettings, caller_of: Callable[..., Caller]) -> 
             return {"object": "list", "data": [job_summary(j) for j in rows], "total": total,
                     "limit": limit, "offset": offset}
 
-    @router.delete("/v1/jobs/{job_id}", summary="Cancel a queued or running job", response_model=S.JobSummary,
-                   responses=responses(401, 404, 409, 422))
+    @router.delete("/v1/jobs/{job_id}", summary="Cancel a queued or running job", operation_id="cancelJob",
+                   response_model=S.JobSummary, responses={200: {"links": links("$response.body#/id", "job_id",
+                                                                                "getJob", "deleteJobData")},
+                                                           **responses(401, 404, 409, 422)})
     def cancel_job(job_id: str = JobId, caller: Caller = Depends(caller_of)) -> dict[str, Any]:
         with db.session() as s:
             job = jobs.request_cancel(s, job_id, tenant=caller.scope)
@@ -113,7 +128,7 @@ def jobs_router(settings: ServiceSettings, caller_of: Callable[..., Caller]) -> 
             return job_summary(job)
 
     @router.delete("/v1/jobs/{job_id}/data", summary="Delete a finished job and all its data",
-                   response_model=S.Deleted, responses=responses(401, 404, 409, 422))
+                   operation_id="deleteJobData", response_model=S.Deleted, responses=responses(401, 404, 409, 422))
     def delete_job_data(job_id: str = JobId, caller: Caller = Depends(caller_of)) -> dict[str, Any]:
         with db.session() as s:
             try:
@@ -271,4 +286,4 @@ def _store_and_enqueue(settings: ServiceSettings, text: str, params: RunParams, 
         return body
 
 
-__all__ = ["jobs_router", "run_params", "check_document", "parse_params_field", "form_text", "check_field", "JobId"]
+__all__ = ["jobs_router", "links", "run_params", "check_document", "parse_params_field", "form_text", "check_field", "JobId"]

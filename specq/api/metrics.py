@@ -150,7 +150,7 @@ def metrics_router(settings: ServiceSettings) -> APIRouter:
     registry.register(_Collector(settings))
     router = APIRouter()
 
-    @router.get("/metrics", summary="Prometheus metrics (text format)", response_class=Response,
+    @router.get("/metrics", summary="Prometheus metrics (text format)", response_class=Response, operation_id="metrics",
                 responses={200: {"content": {"text/plain": {"schema": {"type": "string", "description":
                                  "Prometheus text exposition format"}}}, "description": "the metrics"},
                            **responses(401, 403)})

@@ -256,6 +256,7 @@ BATCH_FORM_SCHEMA = {
         "completion_window": {"type": "string", "maxLength": 32},
         "endpoint": {"type": "string", "maxLength": 128},
     },
+    "oneOf": [{"required": ["input"], "not": {"required": ["file"]}}, {"required": ["file"], "not": {"required": ["input"]}}],
     "additionalProperties": False,
 }
 
