@@ -392,11 +392,69 @@ class WorkerList(Response):
     data: list[WorkerOut]
 
 
+
+# --- job events (GET /v1/jobs/{id}/events, text/event-stream; docs/service.md) ---------------------------
+
+
+class EventStatus(Response):
+    """`event: status`: first, then at every status change."""
+
+    id: str
+    status: Literal[JOB_STATUSES]  # type: ignore[valid-type]
+    attempts: int
+    error: str | None
+    queue_wait_ms: float | None
+
+
+class EventPhase(Response):
+    """`event: phase`: the running job entered a phase."""
+
+    phase: str
+
+
+class EventProgress(Response):
+    """`event: progress`: done/total within the phase (windows, tokens)."""
+
+    phase: str | None
+    done: int
+    total: int
+
+
+class EventDelta(Response):
+    """`event: delta`: answer text appended at character `offset` (whole characters; never a prefix of a
+    stop string that may still match)."""
+
+    text: str
+    offset: int
+    attempt: int
+
+
+class EventReset(Response):
+    """`event: reset`: a new attempt restarts the answer at offset 0."""
+
+    attempt: int
+
+
+class EventDone(Response):
+    """`event: done`: the job finished; the stream ends after it."""
+
+    status: Literal[JOB_STATUSES]  # type: ignore[valid-type]
+    error: str | None
+    finish_reason: str | None
+    usage: dict[str, int] | None
+    timings_ms: dict[str, float] | None
+
+
+#: event name -> its data model
+EVENT_MODELS = {"status": EventStatus, "phase": EventPhase, "progress": EventProgress, "delta": EventDelta,
+                "reset": EventReset, "done": EventDone}
+
 __all__ = [
     "storable", "Text", "Name", "Question", "Metadata", "Request", "Response", "RunParamsIn", "params_dict",
     "ErrorBody", "ErrorDetail", "JobCreate", "JobCreated", "JobSummary", "JobOut", "JobList", "JobInputOut",
     "Progress", "Deleted", "BatchLine", "BatchFormFields", "BatchOut", "BatchList", "BatchStats", "BatchError",
     "BatchErrors", "RequestCounts", "Health", "Ready", "WorkerOut", "WorkerList", "JOB_FORM_SCHEMA",
     "BATCH_FORM_SCHEMA", "MAX_NAME_CHARS", "MAX_ID_CHARS", "MAX_OFFSET", "MAX_LIMIT", "MAX_METADATA_PAIRS",
-    "MAX_METADATA_KEY_CHARS", "MAX_METADATA_VALUE_CHARS",
+    "MAX_METADATA_KEY_CHARS", "MAX_METADATA_VALUE_CHARS", "EventStatus", "EventPhase", "EventProgress", "EventDelta",
+    "EventReset", "EventDone", "EVENT_MODELS",
 ]
