@@ -99,6 +99,11 @@ def _param_field(name: str, type_: Any, default: Any) -> tuple[Any, Any]:
     if bound is not None:
         kw["gt" if bound.lo_open else "ge"] = bound.lo
         kw["lt" if bound.hi_open else "le"] = bound.hi
+    if type_ == list[str]:
+        from ..engine.options import MAX_STOP_BYTES, MAX_STOP_STRINGS
+
+        item = Annotated[str, Field(min_length=1, max_length=MAX_STOP_BYTES), AfterValidator(storable)]
+        return Annotated[list[item], Field(default_factory=list, max_length=MAX_STOP_STRINGS)], None
     if type_ is str:
         return Annotated[str, Field(default, max_length=MAX_PROMPT_TEXT_BYTES), AfterValidator(storable)], default
     if type_ is float:
@@ -108,7 +113,11 @@ def _param_field(name: str, type_: Any, default: Any) -> tuple[Any, Any]:
 
 def _run_params_model() -> type[Request]:
     hints = typing.get_type_hints(RunParams)
-    fields = {f.name: _param_field(f.name, hints[f.name], f.default) for f in dataclasses.fields(RunParams)}
+    fields = {}
+    for f in dataclasses.fields(RunParams):
+        type_, default = _param_field(f.name, hints[f.name], f.default)
+        # a list's default comes from its Field's default_factory
+        fields[f.name] = type_ if f.default is dataclasses.MISSING else (type_, default)
     model = create_model("RunParamsIn", __base__=Request, __doc__="Engine parameters of one job (RunParams; "
                          "every key optional, defaults shown). docs/engine.md says what each does.", **fields)
     return model
