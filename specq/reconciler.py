@@ -20,7 +20,8 @@ the dead worker's message later) finds the job claimed or finished and does noth
 
 Where it runs: in every worker process, a daemon thread sweeping every SPECQ_RECONCILE_INTERVAL seconds
 (so `specq up` and Compose need no extra service), and once with `specq reconcile`. Jobs are re-sent to
-SPECQ_QUEUE of the process that reconciles (jobs do not record their queue).
+the queue each job was first sent to (`jobs.queue`; SPECQ_QUEUE of the process that reconciles for
+rows from before queues were recorded).
 """
 
 from __future__ import annotations
@@ -82,7 +83,7 @@ def reconcile_once(settings: ServiceSettings, *, limit: int = 200) -> Sweep:
                     finished_batches.update([job.batch_id] if job.batch_id else [])
             elif stale.requeue_stale(s, job.id, before, f"attempt {job.attempts} lost: {why}; requeued"):
                 try:
-                    enqueue_job(job.id, settings)
+                    enqueue_job(job.id, settings, queue=job.queue)
                     sweep.requeued.append(job.id)
                 except Exception as e:
                     log.warning("job %s: could not re-send it (%s: %s); next sweep tries again", job.id,

@@ -53,14 +53,14 @@ def upgrade() -> None:
     op.create_table(
         "job_deltas",
         sa.Column("job_id", sa.String(length=40), nullable=False),
-        sa.Column("seq", sa.Integer(), nullable=False),
         sa.Column("attempt", sa.Integer(), nullable=False),
+        sa.Column("seq", sa.Integer(), nullable=False),
         sa.Column("offset", sa.Integer(), nullable=False),
         sa.Column("text", sa.Text(), nullable=False),
         sa.Column("final", sa.Boolean(), server_default=sa.false(), nullable=False),
         sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
         sa.ForeignKeyConstraint(["job_id"], ["jobs.id"], name=op.f("fk_job_deltas_job_id_jobs"), ondelete="CASCADE"),
-        sa.PrimaryKeyConstraint("job_id", "seq", name=op.f("pk_job_deltas")),
+        sa.PrimaryKeyConstraint("job_id", "attempt", "seq", name=op.f("pk_job_deltas")),
     )
     op.create_table(
         "claim_turns",

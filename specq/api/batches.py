@@ -98,7 +98,7 @@ class _Invalid(Exception):
         self.item = {"line": line, "code": code, "message": message, "param": param}
 
 
-def batches_router(settings: ServiceSettings, caller_of: Callable[..., Caller]) -> APIRouter:
+def batches_router(settings: ServiceSettings, caller_of: Callable[..., Caller], catalog=None) -> APIRouter:
     """The /v1/batches routes; `caller_of` is the API's auth dependency (its Caller's `scope` filters
     every read by tenant)."""
     router = APIRouter(tags=["batches"])
@@ -117,14 +117,20 @@ def batches_router(settings: ServiceSettings, caller_of: Callable[..., Caller]) 
     async def create_batch(request: Request, caller: Caller = Depends(caller_of)) -> JSONResponse:
         ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
         fields = S.BatchFormFields()
+        if ctype == "application/json":  # OpenAI's create: {input_file_id, endpoint, completion_window, metadata}
+            from .openai_batches import create_from_file
+
+            batch = await run_in_threadpool(create_from_file, settings, caller.tenant, await request.body(), catalog)
+            return JSONResponse(status_code=200, content=batch, headers={"Location": f"/v1/batches/{batch['id']}"})
         if ctype in JSONL_TYPES:
             body = await request.body()
             source = ("jsonl", body, None)
         elif ctype == "multipart/form-data":
             source, fields = await _read_batch_form(request, settings)
         else:
-            raise ApiError(415, "send multipart/form-data (an `input` JSONL file, or `file` parts + question + "
-                                "params) or a JSONL body (content-type application/jsonl)", "unsupported_media_type")
+            raise ApiError(415, "send application/json {input_file_id, endpoint, completion_window} (OpenAI's create), "
+                                "multipart/form-data (an `input` JSONL file, or `file` parts + question + params) or "
+                                "a JSONL body (content-type application/jsonl)", "unsupported_media_type")
         batch = await run_in_threadpool(_create, settings, caller.tenant, source, fields)
         return JSONResponse(status_code=200, content=batch, headers={"Location": f"/v1/batches/{batch['id']}"})
 
@@ -137,23 +143,29 @@ def batches_router(settings: ServiceSettings, caller_of: Callable[..., Caller]) 
         name: str | None = Query(None, max_length=S.MAX_METADATA_VALUE_CHARS,
                                  description="only batches whose metadata name is this"),
         limit: int = Query(20, ge=1, le=S.MAX_LIMIT, description="page size (cut to SPECQ_MAX_LIST_LIMIT)"),
+        after: str | None = Query(None, max_length=S.MAX_ID_CHARS, description="the last id of the previous page "
+                                  "(OpenAI's cursor)"),
         offset: int = Query(0, ge=0, le=S.MAX_OFFSET),
         caller: Caller = Depends(caller_of),
     ) -> dict[str, Any]:
         statuses = parse_statuses(status, BATCH_STATUSES, ApiError)
         limit = min(limit, settings.max_list_limit)
         with db.session() as s:
+            batches.expire_due(s)
             if name:
-                rows = [b for b in batches.find_batches(s, name, tenant=caller.scope, limit=offset + limit)
+                rows = [b for b in batches.find_batches(s, name, tenant=caller.scope, limit=offset + limit + 1)
                         if statuses is None or b.status in statuses][offset:]
             else:
-                rows = batches.list_batches(s, tenant=caller.scope, status=statuses, limit=limit, offset=offset)
+                rows = batches.list_batches(s, tenant=caller.scope, status=statuses, limit=limit + 1, offset=offset,
+                                            after=after)
+            more, rows = len(rows) > limit, rows[:limit]
             data = []
             for b in rows:
                 if b.status in ("in_progress", "finalizing", "cancelling"):
                     b = batches.advance_batch(s, b.id) or b
                 data.append(b.to_dict())
-            return {"object": "list", "data": data, "limit": limit, "offset": offset}
+            return {"object": "list", "data": data, "first_id": data[0]["id"] if data else None,
+                    "last_id": data[-1]["id"] if data else None, "has_more": more, "limit": limit, "offset": offset}
 
     @router.get("/v1/batches/{batch_id}", summary="A batch: status, request counts, timestamps",
                 operation_id="getBatch", response_model=S.BatchOut, responses=responses(401, 404, 422))
@@ -404,8 +416,8 @@ def _response(s, batch_id: str) -> dict[str, Any]:
 
 
 def _create(settings: ServiceSettings, tenant: str, source, fields: S.BatchFormFields) -> dict[str, Any]:
-    from ..broker import enqueue_job
-
+    """The native create: parse the JSONL or the documents, store the input as a file (so the batch has
+    an input_file_id), then the batch and its jobs."""
     kind, payload, input_name = source
     limit = jobs.max_input_bytes()
     defaults = dict(fields.params or {})
@@ -414,8 +426,50 @@ def _create(settings: ServiceSettings, tenant: str, source, fields: S.BatchFormF
     # parse before storing anything: an upload over a limit is refused with a 4xx and leaves no row
     if kind == "jsonl":
         requests, errors = _parse_jsonl(payload, defaults, limit, settings.max_batch_requests)
+        data = payload
     else:
         requests, errors = _parse_files(payload, defaults, limit)
+        data = b"".join((json.dumps({"custom_id": r.custom_id, "text": r.text, "question": r.question,
+                                     "params": r.params, "filename": r.filename}, ensure_ascii=False) + "\n").encode()
+                        for r in requests)
+    window = parse_window(fields.completion_window) if fields.completion_window else None
+    return store_batch(settings, tenant, requests, errors, endpoint=fields.endpoint or "/v1/jobs",
+                       completion_window=fields.completion_window or None, window_s=window,
+                       input_filename=input_name if kind == "jsonl" else f"{len(payload)} files",
+                       params={k: v for k, v in defaults.items() if k != "question"}, metadata=fields.metadata,
+                       input_data=data)
+
+
+#: completion windows: a number and a unit; OpenAI's only value is 24h
+WINDOW_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+MAX_WINDOW_S = 30 * 86400
+
+
+def parse_window(raw: str, param: str = "completion_window") -> float:
+    """Seconds of a completion window (`24h`; specq also takes other durations from 1s to 30d); 400 otherwise."""
+    text = raw.strip().lower()
+    number, unit = text[:-1], text[-1:]
+    if unit in WINDOW_UNITS and number.isdigit() and 0 < int(number) * WINDOW_UNITS[unit] <= MAX_WINDOW_S:
+        return float(int(number) * WINDOW_UNITS[unit])
+    raise ApiError(400, f"completion_window must be a duration like 24h (1s to 30d), not {raw[:40]!r}",
+                   "invalid_request_error", param=param)
+
+
+def store_batch(settings: ServiceSettings, tenant: str, requests: list, errors: list, *, endpoint: str,
+                completion_window: str | None, window_s: float | None, input_filename: str | None,
+                params: dict[str, Any], metadata: dict[str, str] | None, input_data: bytes | None = None,
+                input_file_id: str | None = None) -> dict[str, Any]:
+    """Store a parsed batch: `failed` with its errors, or `in_progress` with one queued job per request
+    (all in one transaction), then send them to the broker. With `input_data` the input is stored as a
+    file first (the native create). Nothing stays half-stored: on any error the batch, its jobs and
+    that file are deleted."""
+    from datetime import timedelta
+
+    from ..broker import enqueue_job
+    from ..storage import files
+    from ..storage.models import utcnow
+
+    limit = jobs.max_input_bytes()
     over = [e for e in errors if e["code"] == "too_many_requests"]
     if over:
         raise ApiError(422, over[0]["message"], "invalid_params")
@@ -426,12 +480,18 @@ def _create(settings: ServiceSettings, tenant: str, source, fields: S.BatchFormF
                 s.rollback()
             except QuotaExceeded as e:
                 raise ApiError(429, str(e), "too_many_requests") from None
-        batch = batches.create_batch(
-            s, tenant=tenant, endpoint=fields.endpoint or "/v1/jobs",
-            completion_window=fields.completion_window or None,
-            input_filename=input_name if kind == "jsonl" else f"{len(payload)} files",
-            params={k: v for k, v in defaults.items() if k != "question"}, metadata=fields.metadata)
+        stored_file = None
+        if input_data is not None:
+            stored_file = files.create_file(s, tenant=tenant, purpose="batch", filename=(input_filename or "input.jsonl")[:255],
+                                            data=input_data).id
+        batch = None
         try:
+            now = utcnow()
+            batch = batches.create_batch(
+                s, tenant=tenant, endpoint=endpoint, completion_window=completion_window,
+                input_filename=input_filename, params=params, metadata=metadata,
+                input_file_id=input_file_id or stored_file,
+                expires_at=now + timedelta(seconds=window_s) if window_s else None)
             if errors:
                 batches.set_batch_status(s, batch.id, "failed", errors={"object": "list", "data": errors})
                 log.info("batch %s failed validation: %s", batch.id, errors[0]["message"])
@@ -439,7 +499,7 @@ def _create(settings: ServiceSettings, tenant: str, source, fields: S.BatchFormF
             try:
                 reserve_queued(s, tenant, len(requests), settings.max_queued_jobs)  # add_requests commits it
                 ids = batches.add_requests(s, batch.id, requests, tenant=tenant, max_attempts=settings.max_attempts,
-                                           limit_bytes=limit)
+                                           limit_bytes=limit, queue=settings.queue)
             except QuotaExceeded as e:
                 raise ApiError(429, str(e), "too_many_requests") from None
             batches.set_batch_status(s, batch.id, "in_progress")
@@ -447,7 +507,10 @@ def _create(settings: ServiceSettings, tenant: str, source, fields: S.BatchFormF
         except BaseException:
             # nothing may stay half-stored: the batch (and any of its jobs) goes, the caller gets the error
             s.rollback()
-            lifecycle.discard_batch(s, batch.id)
+            if batch is not None:
+                lifecycle.discard_batch(s, batch.id)
+            if stored_file is not None:
+                files.delete_file(s, stored_file)
             raise
         for i, job_id in enumerate(ids):
             try:
@@ -536,4 +599,4 @@ def _csv_lines(batch_id: str) -> Iterator[bytes]:
         yield buf.getvalue().encode()
 
 
-__all__ = ["batches_router", "CSV_COLUMNS", "csv_row", "csv_cell"]
+__all__ = ["batches_router", "store_batch", "parse_window", "CSV_COLUMNS", "csv_row", "csv_cell"]

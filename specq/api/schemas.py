@@ -30,7 +30,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, create_model
 
-from ..contracts import BATCH_STATUSES, JOB_STATUSES
+from ..contracts import BATCH_STATUSES, JOB_KINDS, JOB_STATUSES
 from ..engine.options import MAX_PROMPT_TEXT_BYTES, PARAM_BOUNDS, RunParams
 
 #: the longest file name or custom_id (job_inputs.filename, jobs.custom_id)
@@ -75,6 +75,7 @@ MetadataValue = Text(MAX_METADATA_VALUE_CHARS)
 #: user metadata of a batch: up to 16 string pairs (`name` names the batch)
 Metadata = Annotated[dict[MetadataKey, MetadataValue], Field(max_length=MAX_METADATA_PAIRS)]
 Timestamp = Annotated[str | None, Field(description="ISO 8601 UTC, e.g. 2026-01-01T12:00:00.123456Z")]
+UnixTime = Annotated[int | None, Field(description="Unix seconds (OpenAI's timestamps)")]
 Count = Annotated[int, Field(ge=0)]
 
 
@@ -138,6 +139,9 @@ def params_dict(params: BaseModel | None) -> dict[str, Any]:
 class ErrorDetail(Response):
     message: str
     type: str
+    #: the OpenAI routes' errors also name the parameter at fault and a code (e.g. model_not_found)
+    param: str | None = None
+    code: str | None = None
 
 
 class ErrorBody(Response):
@@ -196,6 +200,10 @@ class JobSummary(Response):
     id: str
     object: Literal["job"] = "job"
     tenant: str
+    kind: Literal[JOB_KINDS] = Field("job", description="job (document + question), chat or completion (the OpenAI "  # type: ignore[valid-type]
+                                                        "routes)")
+    model: str | None = Field(None, description="the model an OpenAI request named")
+    priority: int = Field(0, description="claim order: 0 interactive, 1 batch requests")
     batch_id: str | None
     custom_id: str | None
     status: Literal[JOB_STATUSES]  # type: ignore[valid-type]
@@ -299,31 +307,43 @@ class RequestCounts(Response):
 
 
 class BatchOut(Response):
+    """A batch: OpenAI's Batch object (Unix-second timestamps) plus specq's fields (tenant,
+    input_filename, params)."""
+
     id: str
     object: Literal["batch"] = "batch"
     tenant: str
     status: Literal[BATCH_STATUSES]  # type: ignore[valid-type]
     endpoint: str | None
     completion_window: str | None
+    input_file_id: str | None
+    output_file_id: str | None = Field(description="OpenAI-format result lines of the succeeded requests, once the "
+                                                   "batch finished (GET /v1/files/{id}/content)")
+    error_file_id: str | None = Field(description="lines of the failed and cancelled requests")
     input_filename: str | None
     params: dict[str, Any] = Field(description="the batch's default RunParams")
     metadata: Metadata | None
     errors: BatchErrors | None
     request_counts: RequestCounts
-    created_at: Timestamp
-    in_progress_at: Timestamp
-    finalizing_at: Timestamp
-    completed_at: Timestamp
-    failed_at: Timestamp
-    expired_at: Timestamp
-    cancelling_at: Timestamp
-    cancelled_at: Timestamp
-    expires_at: Timestamp
+    created_at: UnixTime
+    in_progress_at: UnixTime
+    finalizing_at: UnixTime
+    completed_at: UnixTime
+    failed_at: UnixTime
+    expired_at: UnixTime
+    cancelling_at: UnixTime
+    cancelled_at: UnixTime
+    expires_at: UnixTime
 
 
 class BatchList(Response):
+    """OpenAI's list page (`after` = last_id for the next one) plus `limit` and `offset`."""
+
     object: Literal["list"] = "list"
     data: list[BatchOut]
+    first_id: str | None
+    last_id: str | None
+    has_more: bool
     limit: int
     offset: int
 

@@ -270,8 +270,9 @@ class JobDelta(Base):
     __tablename__ = "job_deltas"
 
     job_id: Mapped[str] = mapped_column(String(40), ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True)
+    attempt: Mapped[int] = mapped_column(Integer, primary_key=True)
+    #: 0, 1, … within the attempt
     seq: Mapped[int] = mapped_column(Integer, primary_key=True)
-    attempt: Mapped[int] = mapped_column(Integer)
     #: characters of this attempt's answer before `text`
     offset: Mapped[int] = mapped_column(Integer)
     text: Mapped[str] = mapped_column(Text)
