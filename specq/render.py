@@ -43,9 +43,11 @@ def summary_line(result: dict[str, Any]) -> str:
     return " · ".join(parts)
 
 
-def print_result(result: dict[str, Any], console: Console | None = None) -> None:
+def print_result(result: dict[str, Any], console: Console | None = None, *, text: bool = True) -> None:
+    """The answer (unless `text` is False: it was printed as it was decoded), a summary and the phases."""
     console = console or Console()
-    console.print(result.get("text", ""), markup=False, highlight=False)
+    if text:
+        console.print(result.get("text", ""), markup=False, highlight=False)
     console.print()
     console.print(summary_line(result), style="dim", markup=False)
     for w in result.get("warnings", []) or []:

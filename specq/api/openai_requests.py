@@ -8,6 +8,8 @@ neutral values (`n: 1`, zero penalties, `logprobs: false`, `top_logprobs: 0`, em
 `modalities: ["text"]`) and informational fields (`user`, `store`, `metadata`, `service_tier`,
 `stream_options`, `parallel_tool_calls`, `reasoning_effort`, `verbosity`, `safety_identifier`,
 `prompt_cache_*`, `moderation`). Anything else that would change the output is a 400 naming the field.
+Requests run in mode `specprefill` unless `specq.mode` says otherwise (prompts shorter than
+`min_tokens`, 1,024 tokens by default, run baseline anyway).
 `specq` (the SDK's `extra_body={"specq": {...}}`) holds RunParams fields and an explicit split:
 `document` (+ `question`, default the last user message); with it the messages may be system
 messages and one user message.
@@ -27,6 +29,8 @@ from . import openai_schemas as O
 
 #: the OpenAI error type of a bad request
 INVALID = "invalid_request_error"
+#: RunParams an OpenAI request gets unless its `specq` options say otherwise
+OPENAI_DEFAULTS = {"mode": "specprefill"}
 
 
 def bad(message: str, param: str | None, code: str | None = None) -> ApiError:
@@ -135,8 +139,9 @@ def _messages(req: O.ChatCompletionRequest) -> list[dict[str, str]]:
 
 
 def _params(req, max_tokens: int | None) -> dict[str, Any]:
-    """RunParams keys: specq's options first, then the OpenAI fields the request set."""
-    params: dict[str, Any] = {}
+    """RunParams keys: specq's defaults for OpenAI requests (mode specprefill: a long prompt is scored;
+    prompts under min_tokens run baseline anyway), then specq's options, then the OpenAI fields set."""
+    params: dict[str, Any] = dict(OPENAI_DEFAULTS)
     if req.specq is not None:
         params.update({k: v for k, v in req.specq.model_dump(exclude_unset=True).items()
                        if k not in ("document", "question")})

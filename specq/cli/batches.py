@@ -24,8 +24,15 @@ def batches_cmd(
     for b in page["data"]:
         c = b["request_counts"]
         table.add_row(b["id"], str((b.get("metadata") or {}).get("name") or ""), b["status"], str(c["completed"]),
-                      str(c["failed"]), str(c["total"]), (b.get("created_at") or "").replace("T", " ")[:19])
+                      str(c["failed"]), str(c["total"]), _utc(b.get("created_at")))
     Console().print(table)
+
+
+def _utc(unix: int | None) -> str:
+    """A batch's Unix-second timestamp as `YYYY-MM-DD HH:MM:SS` (UTC)."""
+    from datetime import datetime, timezone
+
+    return datetime.fromtimestamp(unix, timezone.utc).strftime("%Y-%m-%d %H:%M:%S") if unix else ""
 
 
 @app.command("results")

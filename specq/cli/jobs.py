@@ -72,13 +72,13 @@ def jobs_cmd(
 
     page = api_call(lambda c: c.jobs(status=status, limit=limit))
     table = Table(box=None, pad_edge=False)
-    for col in ("id", "status", "progress", "created (UTC)", "queue wait"):
+    for col in ("id", "kind", "status", "progress", "created (UTC)", "queue wait"):
         table.add_column(col, no_wrap=True)
     table.add_column("error", overflow="fold")
     for j in page["data"]:
         wait = f"{j['queue_wait_ms']:.0f} ms" if j.get("queue_wait_ms") is not None else "-"
         created = (j.get("created_at") or "").replace("T", " ")[:19]
-        table.add_row(j["id"], j["status"], progress_text(j) if j["status"] == "running" else "", created,
+        table.add_row(j["id"], j.get("kind") or "job", j["status"], progress_text(j) if j["status"] == "running" else "", created,
                       wait, (j.get("error") or "")[:120])
     Console().print(table)
     typer.echo(f"{len(page['data'])} of {page['total']} jobs", err=True)
