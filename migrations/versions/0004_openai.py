@@ -33,23 +33,23 @@ JSON = sa.JSON().with_variant(sa.dialects.postgresql.JSONB(), "postgresql")
 
 
 def upgrade() -> None:
-    with op.batch_alter_table("jobs") as b:
-        b.add_column(sa.Column("kind", sa.String(length=16), server_default="job", nullable=False))
-        b.add_column(sa.Column("model", sa.String(length=255), nullable=True))
-        b.add_column(sa.Column("priority", sa.SmallInteger(), server_default=sa.text("0"), nullable=False))
-        b.add_column(sa.Column("queue", sa.String(length=64), nullable=True))
-        b.add_column(sa.Column("not_before", sa.DateTime(timezone=True), nullable=True))
-        b.create_check_constraint("kind", "kind IN ('job', 'chat', 'completion')")
+    # plain ADD COLUMN (no batch mode): SQLite recreating `jobs` would cascade-delete job_inputs,
+    # results and timings through their foreign keys
+    op.add_column("jobs", sa.Column("kind", sa.String(length=16), server_default="job", nullable=False))
+    op.add_column("jobs", sa.Column("model", sa.String(length=255), nullable=True))
+    op.add_column("jobs", sa.Column("priority", sa.SmallInteger(), server_default=sa.text("0"), nullable=False))
+    op.add_column("jobs", sa.Column("queue", sa.String(length=64), nullable=True))
+    op.add_column("jobs", sa.Column("not_before", sa.DateTime(timezone=True), nullable=True))
+    if op.get_bind().dialect.name != "sqlite":  # SQLite cannot add a CHECK to an existing table
+        op.create_check_constraint("kind", "jobs", "kind IN ('job', 'chat', 'completion')")
     op.execute("UPDATE jobs SET priority = 1 WHERE batch_id IS NOT NULL")
     op.create_index(op.f("ix_jobs_status_queue_priority_tenant_created_at"), "jobs",
                     ["status", "queue", "priority", "tenant", "created_at"], unique=False)
-    with op.batch_alter_table("job_inputs") as b:
-        b.add_column(sa.Column("messages", JSON, nullable=True))
-    with op.batch_alter_table("batches") as b:
-        b.add_column(sa.Column("input_file_id", sa.String(length=40), nullable=True))
-        b.add_column(sa.Column("output_file_id", sa.String(length=40), nullable=True))
-        b.add_column(sa.Column("error_file_id", sa.String(length=40), nullable=True))
-        b.add_column(sa.Column("expire_requested", sa.Boolean(), server_default=sa.false(), nullable=False))
+    op.add_column("job_inputs", sa.Column("messages", JSON, nullable=True))
+    op.add_column("batches", sa.Column("input_file_id", sa.String(length=40), nullable=True))
+    op.add_column("batches", sa.Column("output_file_id", sa.String(length=40), nullable=True))
+    op.add_column("batches", sa.Column("error_file_id", sa.String(length=40), nullable=True))
+    op.add_column("batches", sa.Column("expire_requested", sa.Boolean(), server_default=sa.false(), nullable=False))
     op.create_table(
         "job_deltas",
         sa.Column("job_id", sa.String(length=40), nullable=False),
@@ -98,13 +98,12 @@ def downgrade() -> None:
     op.drop_table("files")
     op.drop_table("claim_turns")
     op.drop_table("job_deltas")
-    with op.batch_alter_table("batches") as b:
-        for name in ("expire_requested", "error_file_id", "output_file_id", "input_file_id"):
-            b.drop_column(name)
-    with op.batch_alter_table("job_inputs") as b:
-        b.drop_column("messages")
+    # plain DROP COLUMN (SQLite >= 3.35), for the same reason as in upgrade
+    for name in ("expire_requested", "error_file_id", "output_file_id", "input_file_id"):
+        op.drop_column("batches", name)
+    op.drop_column("job_inputs", "messages")
     op.drop_index(op.f("ix_jobs_status_queue_priority_tenant_created_at"), table_name="jobs")
-    with op.batch_alter_table("jobs") as b:
-        b.drop_constraint("kind", type_="check")
-        for name in ("not_before", "queue", "priority", "model", "kind"):
-            b.drop_column(name)
+    if op.get_bind().dialect.name != "sqlite":
+        op.drop_constraint("kind", "jobs", type_="check")
+    for name in ("not_before", "queue", "priority", "model", "kind"):
+        op.drop_column("jobs", name)
