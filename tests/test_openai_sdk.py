@@ -11,7 +11,6 @@ each answer repeatable, so a stop string can be cut from one answer and asked fo
 from __future__ import annotations
 
 import json
-import threading
 import time
 from datetime import datetime
 

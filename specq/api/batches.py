@@ -51,10 +51,10 @@ from ..settings import ServiceSettings
 from ..storage import batches, db, jobs, lifecycle, results, stats
 from ..storage.keys import Caller
 from ..storage.models import BATCH_STATUSES
-from ..storage.quotas import QuotaExceeded, reserve_queued
 from . import schemas as S
 from .errors import ApiError, describe, json_error, responses
 from .jobs import check_field, form_text, links, parse_params_field
+from .batch_store import parse_window, store_batch
 from .query import parse_statuses
 
 log = logging.getLogger("specq.api")
@@ -76,6 +76,7 @@ BATCH_BODY_DOC = {
     "requestBody": {
         "required": True,
         "content": {
+            "application/json": {"schema": {"$ref": "#/components/schemas/BatchCreate"}},
             "multipart/form-data": {"schema": S.BATCH_FORM_SCHEMA},
             "application/jsonl": {"schema": {"type": "string", "description": "the JSONL itself: one "
                                              "BatchLine (#/components/schemas/BatchLine) per line"}},
@@ -113,7 +114,7 @@ def batches_router(settings: ServiceSettings, caller_of: Callable[..., Caller], 
 
     @router.post("/v1/batches", summary="Create a batch from a JSONL file or several documents",
                  openapi_extra=BATCH_BODY_DOC, response_model=S.BatchOut, operation_id="createBatch",
-                 responses={200: {"links": BATCH_LINKS}, **responses(400, 401, 413, 415, 422, 429, 503)})
+                 responses={200: {"links": BATCH_LINKS}, **responses(400, 401, 404, 413, 415, 422, 429, 503)})
     async def create_batch(request: Request, caller: Caller = Depends(caller_of)) -> JSONResponse:
         ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
         fields = S.BatchFormFields()
@@ -408,13 +409,6 @@ def _parse_files(docs: list[tuple[str, bytes]], defaults: dict[str, Any], limit:
     return requests, errors
 
 
-def _response(s, batch_id: str) -> dict[str, Any]:
-    """The batch as its response body, checked against BatchOut (so it serialises)."""
-    body = S.BatchOut.model_validate(batches.get_batch(s, batch_id).to_dict()).model_dump(mode="json")
-    json.dumps(body, allow_nan=False)
-    return body
-
-
 def _create(settings: ServiceSettings, tenant: str, source, fields: S.BatchFormFields) -> dict[str, Any]:
     """The native create: parse the JSONL or the documents, store the input as a file (so the batch has
     an input_file_id), then the batch and its jobs."""
@@ -438,93 +432,6 @@ def _create(settings: ServiceSettings, tenant: str, source, fields: S.BatchFormF
                        input_filename=input_name if kind == "jsonl" else f"{len(payload)} files",
                        params={k: v for k, v in defaults.items() if k != "question"}, metadata=fields.metadata,
                        input_data=data)
-
-
-#: completion windows: a number and a unit; OpenAI's only value is 24h
-WINDOW_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-MAX_WINDOW_S = 30 * 86400
-
-
-def parse_window(raw: str, param: str = "completion_window") -> float:
-    """Seconds of a completion window (`24h`; specq also takes other durations from 1s to 30d); 400 otherwise."""
-    text = raw.strip().lower()
-    number, unit = text[:-1], text[-1:]
-    if unit in WINDOW_UNITS and number.isdigit() and 0 < int(number) * WINDOW_UNITS[unit] <= MAX_WINDOW_S:
-        return float(int(number) * WINDOW_UNITS[unit])
-    raise ApiError(400, f"completion_window must be a duration like 24h (1s to 30d), not {raw[:40]!r}",
-                   "invalid_request_error", param=param)
-
-
-def store_batch(settings: ServiceSettings, tenant: str, requests: list, errors: list, *, endpoint: str,
-                completion_window: str | None, window_s: float | None, input_filename: str | None,
-                params: dict[str, Any], metadata: dict[str, str] | None, input_data: bytes | None = None,
-                input_file_id: str | None = None) -> dict[str, Any]:
-    """Store a parsed batch: `failed` with its errors, or `in_progress` with one queued job per request
-    (all in one transaction), then send them to the broker. With `input_data` the input is stored as a
-    file first (the native create). Nothing stays half-stored: on any error the batch, its jobs and
-    that file are deleted."""
-    from datetime import timedelta
-
-    from ..broker import enqueue_job
-    from ..storage import files
-    from ..storage.models import utcnow
-
-    limit = jobs.max_input_bytes()
-    over = [e for e in errors if e["code"] == "too_many_requests"]
-    if over:
-        raise ApiError(422, over[0]["message"], "invalid_params")
-    with db.session() as s:
-        if not errors:
-            try:  # refuse before creating the batch; checked again under the lock when the jobs go in
-                reserve_queued(s, tenant, len(requests), settings.max_queued_jobs)
-                s.rollback()
-            except QuotaExceeded as e:
-                raise ApiError(429, str(e), "too_many_requests") from None
-        stored_file = None
-        if input_data is not None:
-            stored_file = files.create_file(s, tenant=tenant, purpose="batch", filename=(input_filename or "input.jsonl")[:255],
-                                            data=input_data).id
-        batch = None
-        try:
-            now = utcnow()
-            batch = batches.create_batch(
-                s, tenant=tenant, endpoint=endpoint, completion_window=completion_window,
-                input_filename=input_filename, params=params, metadata=metadata,
-                input_file_id=input_file_id or stored_file,
-                expires_at=now + timedelta(seconds=window_s) if window_s else None)
-            if errors:
-                batches.set_batch_status(s, batch.id, "failed", errors={"object": "list", "data": errors})
-                log.info("batch %s failed validation: %s", batch.id, errors[0]["message"])
-                return _response(s, batch.id)
-            try:
-                reserve_queued(s, tenant, len(requests), settings.max_queued_jobs)  # add_requests commits it
-                ids = batches.add_requests(s, batch.id, requests, tenant=tenant, max_attempts=settings.max_attempts,
-                                           limit_bytes=limit, queue=settings.queue)
-            except QuotaExceeded as e:
-                raise ApiError(429, str(e), "too_many_requests") from None
-            batches.set_batch_status(s, batch.id, "in_progress")
-            body = _response(s, batch.id)  # serialisable before any job is queued
-        except BaseException:
-            # nothing may stay half-stored: the batch (and any of its jobs) goes, the caller gets the error
-            s.rollback()
-            if batch is not None:
-                lifecycle.discard_batch(s, batch.id)
-            if stored_file is not None:
-                files.delete_file(s, stored_file)
-            raise
-        for i, job_id in enumerate(ids):
-            try:
-                enqueue_job(job_id, settings)
-            except Exception as e:
-                message = (f"could not queue the job: broker unreachable ({type(e).__name__}: "
-                           f"{str(e).splitlines()[0] if str(e) else ''})")
-                for rest in ids[i:]:
-                    jobs.mark_failed(s, rest, message)
-                batches.advance_batch(s, batch.id)
-                raise ApiError(503, f"batch {batch.id}: {len(ids) - i} of {len(ids)} requests could not be queued: "
-                                    f"{message}", "unavailable") from None
-        log.info("batch %s: %d requests queued", batch.id, len(ids))
-        return body
 
 
 # --- exports -------------------------------------------------------------------------------------------------
@@ -599,4 +506,4 @@ def _csv_lines(batch_id: str) -> Iterator[bytes]:
         yield buf.getvalue().encode()
 
 
-__all__ = ["batches_router", "store_batch", "parse_window", "CSV_COLUMNS", "csv_row", "csv_cell"]
+__all__ = ["batches_router", "CSV_COLUMNS", "csv_row", "csv_cell", "MAX_ERRORS"]

@@ -18,7 +18,8 @@ from pydantic import ValidationError
 
 from ..storage import batches, db, files, jobs
 from . import openai_schemas as O
-from .batches import MAX_ERRORS, parse_window, store_batch
+from .batch_store import parse_window, store_batch
+from .batches import MAX_ERRORS
 from .errors import ApiError
 from .openai_requests import INVALID, chat_spec, check_params, completion_spec, parse
 
