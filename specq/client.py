@@ -54,13 +54,17 @@ class Client:
     def __exit__(self, *exc) -> None:
         self.close()
 
+    def _transport_error(self, e: httpx.HTTPError, what: str) -> ApiError:
+        """Nothing listening (ApiUnavailable), or another transport failure of `what`."""
+        if isinstance(e, (httpx.ConnectError, httpx.ConnectTimeout)):
+            return ApiUnavailable(f"no specq API at {self.url}: start it with `specq up` (or set SPECQ_API_URL)")
+        return ApiError(f"{what} failed: {type(e).__name__}: {e}")
+
     def request(self, method: str, path: str, **kwargs: Any) -> Any:
         try:
             r = self._http.request(method, path, **kwargs)
-        except (httpx.ConnectError, httpx.ConnectTimeout) as e:
-            raise ApiUnavailable(f"no specq API at {self.url}: start it with `specq up` (or set SPECQ_API_URL)") from e
         except httpx.HTTPError as e:
-            raise ApiError(f"request to {self.url}{path} failed: {type(e).__name__}: {e}") from e
+            raise self._transport_error(e, f"request to {self.url}{path}") from e
         if r.status_code >= 400:
             raise ApiError(f"{_error_message(r)} (HTTP {r.status_code})", r.status_code)
         try:
@@ -155,10 +159,8 @@ class Client:
         params = {"format": fmt} if what == "results" else {}
         try:
             r = self._http.get(f"/v1/batches/{batch_id}/{what}", params=params)
-        except (httpx.ConnectError, httpx.ConnectTimeout) as e:
-            raise ApiUnavailable(f"no specq API at {self.url}: start it with `specq up` (or set SPECQ_API_URL)") from e
         except httpx.HTTPError as e:
-            raise ApiError(f"request to {self.url} failed: {type(e).__name__}: {e}") from e
+            raise self._transport_error(e, f"request to {self.url}") from e
         if r.status_code >= 400:
             raise ApiError(f"{_error_message(r)} (HTTP {r.status_code})", r.status_code)
         return r.text
@@ -195,10 +197,8 @@ class Client:
                         if event == "done":
                             return
                         event, data = "message", []
-        except (httpx.ConnectError, httpx.ConnectTimeout) as e:
-            raise ApiUnavailable(f"no specq API at {self.url}: start it with `specq up` (or set SPECQ_API_URL)") from e
         except httpx.HTTPError as e:
-            raise ApiError(f"the event stream of {job_id} broke: {type(e).__name__}: {e}") from e
+            raise self._transport_error(e, f"the event stream of {job_id}") from e
 
     def wait(self, job_id: str, on_update: Callable[[dict], None] | None = None, interval: float = 0.2,
              timeout: float | None = None) -> dict:

@@ -26,6 +26,18 @@ def read_document(path: Path) -> str:
     return decode_document(path.read_bytes(), name=str(path))
 
 
+def engine_options(target: str | None, speculator: str | None, **fields):
+    """EngineOptions from command-line options (`target` / `speculator` only when given)."""
+    from ..engine.options import EngineOptions
+
+    opts = EngineOptions(**fields)
+    if target:
+        opts.target = target
+    if speculator:
+        opts.speculator = speculator
+    return opts
+
+
 def service_settings(**overrides):
     from ..settings import ServiceSettings, SettingsError
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import typer
 
 from .app import app
-from .common import fail, read_document
+from .common import engine_options, fail, read_document
 
 
 @app.command("run")
@@ -47,7 +47,7 @@ def run_cmd(
     import json
 
     from ..contracts import EngineError
-    from ..engine.options import EngineOptions, RunParams
+    from ..engine.options import RunParams
 
     try:
         params = RunParams.from_dict(
@@ -59,12 +59,8 @@ def run_cmd(
         document = read_document(file)
         if batch_invariant not in ("auto", "on", "off"):
             raise fail(f"--batch-invariant must be auto, on or off, not {batch_invariant!r}")
-        opts = EngineOptions(n_gpu_layers=n_gpu_layers, n_ctx=n_ctx, flash_attn=flash_attn, n_threads=threads,
-                             batch_invariant=batch_invariant)
-        if target:
-            opts.target = target
-        if speculator:
-            opts.speculator = speculator
+        opts = engine_options(target, speculator, n_gpu_layers=n_gpu_layers, n_ctx=n_ctx, flash_attn=flash_attn,
+                              n_threads=threads, batch_invariant=batch_invariant)
         from ..engine.pipeline import Engine
 
         engine = Engine(opts)

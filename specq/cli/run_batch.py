@@ -20,7 +20,7 @@ from pathlib import Path
 import typer
 
 from .app import app
-from .common import fail
+from .common import engine_options, fail
 
 
 @app.command("run-batch")
@@ -35,15 +35,10 @@ def run_batch_cmd(
 ) -> None:
     """Answer every request of an OpenAI batch file in this process and write OpenAI-format result lines."""
     from ..contracts import EngineError
-    from ..engine.options import EngineOptions
 
     if not input_path.is_file():
         raise fail(f"file not found: {input_path}")
-    opts = EngineOptions(n_gpu_layers=n_gpu_layers, n_ctx=n_ctx, n_threads=threads)
-    if target:
-        opts.target = target
-    if speculator:
-        opts.speculator = speculator
+    opts = engine_options(target, speculator, n_gpu_layers=n_gpu_layers, n_ctx=n_ctx, n_threads=threads)
     try:
         from ..engine.pipeline import Engine
 
