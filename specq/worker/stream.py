@@ -127,9 +127,9 @@ class DeltaPublisher:
             with self._cond:
                 while not self._pending and not self._final:
                     self._cond.wait()
-                wait = self._last + self.interval - time.monotonic()
-                if wait > 0 and not self._final:
-                    self._cond.wait(wait)  # coalesce: more text may come meanwhile
+                due = self._last + self.interval
+                while not self._final and time.monotonic() < due:  # coalesce: more text may come meanwhile
+                    self._cond.wait(due - time.monotonic())
                 text, final = self._pending, self._final
                 self._pending = ""
             if text or final:
