@@ -28,7 +28,7 @@ from ..storage.keys import Caller
 from . import openai_schemas as O
 from . import schemas as S
 from .errors import ApiError, responses
-from .jobs import check_field
+from .jobs import check_field, links
 
 FileId = Path(..., min_length=1, max_length=S.MAX_ID_CHARS, description="a file id (file-…)")
 PURPOSES = ("batch",)
@@ -49,7 +49,9 @@ def files_router(settings: ServiceSettings, caller_of: Callable[..., Caller]) ->
         return row
 
     @router.post("/v1/files", summary="Upload a file (purpose batch)", operation_id="createFile",
-                 response_model=O.FileObject, openapi_extra=UPLOAD_DOC, responses=responses(400, 401, 413, 415, 422))
+                 response_model=O.FileObject, openapi_extra=UPLOAD_DOC,
+                 responses={200: {"links": links("$response.body#/id", "file_id", "getFile", "getFileContent",
+                                                 "deleteFile")}, **responses(400, 401, 413, 415, 422)})
     async def create_file(request: Request, caller: Caller = Depends(caller_of)) -> dict[str, Any]:
         ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
         if ctype != "multipart/form-data":
