@@ -17,7 +17,8 @@ from ..contracts import InputError
 Mode = Literal["baseline", "specprefill"]
 Positions = Literal["original", "compressed"]
 Scorer = Literal["windowed", "sliding", "full"]
-Draft = Literal["none", "ngram", "model", "auto"]
+Draft = Literal["none", "ngram", "model", "mtp", "eagle3", "auto"]
+DRAFT_METHODS = ("none", "ngram", "model", "mtp", "eagle3", "auto")
 
 
 @dataclass
@@ -28,6 +29,9 @@ class EngineOptions:
     target: str = "qwen2.5-coder-1.5b-instruct-q4_k_m"
     #: speculator/drafter model (same tokenizer as the target): registry name or path
     speculator: str = "qwen2.5-coder-0.5b-instruct-q4_k_m"
+    #: an EAGLE3 head paired with the target (GGUF path or registry name) for `--draft eagle3`;
+    #: "" = none. Loaded on first use; needs a llama/qwen3/qwen3moe target (drafters_hidden.py)
+    drafter: str = ""
     #: layers offloaded to the GPU; -1 = all (ignored by a CPU-only build)
     n_gpu_layers: int = -1
     #: flash attention; scores are recomputed from Q and K, so it can stay on while scoring (the
@@ -155,7 +159,7 @@ class RunParams:
             (self.top_k >= 0, "top_k must be >= 0"),
             (0.0 < self.top_p <= 1.0, "top_p must be in (0, 1]"),
             (self.seed >= -1, "seed must be >= 0 (or -1 for random)"),
-            (self.draft in ("none", "ngram", "model", "auto"), "draft must be none, ngram, model or auto"),
+            (self.draft in DRAFT_METHODS, "draft must be none, ngram, model, mtp, eagle3 or auto"),
             (1 <= self.n_draft <= 64, "n_draft must be in [1, 64]"),
             (self.draft_min >= 1, "draft_min must be >= 1"),
             (0.0 <= self.p_min < 1.0, "p_min must be in [0, 1)"),
@@ -192,4 +196,4 @@ def _coerce(name: str, type_name: Any, value: Any) -> Any:
 ENGINE_OPTION_NAMES = tuple(f.name for f in dataclasses.fields(EngineOptions))
 RUN_PARAM_NAMES = tuple(f.name for f in dataclasses.fields(RunParams))
 
-__all__ = ["EngineOptions", "RunParams", "ENGINE_OPTION_NAMES", "RUN_PARAM_NAMES"]
+__all__ = ["DRAFT_METHODS", "EngineOptions", "RunParams", "ENGINE_OPTION_NAMES", "RUN_PARAM_NAMES"]
