@@ -483,3 +483,26 @@ def test_cli_run_with_an_eagle3_head(hidden_models, tmp_path):
     assert res.exit_code == 0, res.output
     out = json.loads(res.output[res.output.index("{"):])
     assert out["draft"]["method"] == "eagle3" and out["engine"]["drafter"] == hidden_models.eagle3_head.name
+
+
+# ------------------------------------------------------------------------------------------ benchmark
+
+
+def test_bench_drafters_runs_and_forces_the_rate(hidden_models):
+    """`specq bench drafters` end to end on tiny models (not timed: its numbers are not checked), and the
+    forced acceptance is what was asked: 0 accepts nothing, 1 everything; output always none's."""
+    from specq.bench.drafters import predicted_ratio, run_drafters_bench
+    from specq.engine.options import EngineOptions
+
+    opts = EngineOptions(target=str(hidden_models.mtp_target), speculator=str(hidden_models.qwen2), n_gpu_layers=0,
+                         n_ctx=1024, n_threads=1)
+    report = run_drafters_bench(opts, methods=("ngram", "model", "mtp"), rates=(0.0, 1.0), n_draft=3, max_tokens=16,
+                                prompt_tokens=200, reps=1, say=lambda m: None)
+    units = report["unit_ms"]
+    assert set(units["target_verify"]) == {"1", "2", "3"} and units["mtp_step"] > 0 and units["speculator_decode_1"] > 0
+    rows = {(r["method"], r["rate"]): r for r in report["curve"]}
+    assert len(rows) == 6 and all(r["same_as_none"] for r in rows.values())
+    for m in ("ngram", "model", "mtp"):
+        assert rows[m, 0.0]["accept_rate"] == 0.0 and rows[m, 1.0]["accept_rate"] == 1.0
+        assert rows[m, 1.0]["mean_accepted_len"] >= 2.5  # full drafts (the last batch may be shorter)
+    assert predicted_ratio(units, "ngram", 1.0, 3) == round(4 * units["target_decode_1"] / units["target_verify"]["3"], 3)
