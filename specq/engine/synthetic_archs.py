@@ -9,7 +9,8 @@ weights of the real layouts (acceptance rates of real weights are not measured):
   `n_layer_dense_lead` layers are dense and the rest mixture-of-experts, followed by one NextN/MTP
   block (`blk.{n_layer}.nextn.*` + attention + a small MoE with one shared expert), which llama.cpp
   loads only with `load_mtp` and runs in a context of type `LLAMA_CONTEXT_TYPE_MTP`. `GLM_SHAPES`:
-  `tiny` (dense trunk, 4 small experts in the MTP block) for tests; `glm45-air-8e` for the GPU cost
+  `tiny` (dense trunk, 4 small experts in the MTP block) for tests, `small` (12 layers, 8 experts) for
+  CPU cost runs; `glm45-air-8e` for the GPU cost
   benchmark — GLM-4.5-Air's hyperparameters (46 layers, 4096 wide, 96/8 heads of 128, partial RoPE,
   8 of 1,408-wide routed experts + 1 shared per token, 1 MTP block) with 8 routed experts in the file
   instead of 128, so every token's active path has the real size (≈12B active parameters, a 27 GB
@@ -17,11 +18,11 @@ weights of the real layouts (acceptance rates of real weights are not measured):
   in the real model its tokens may route to up to 8 × k different experts, so verification there
   costs more than measured here.
 * `qwen3` (`src/models/qwen3.cpp`, which extracts the layer inputs EAGLE3 reads; qwen2.cpp does not):
-  `QWEN3_SHAPES` `tiny` and `8b` (Qwen3-8B's hyperparameters).
+  `QWEN3_SHAPES` `tiny`, `small` (CPU cost runs) and `8b` (Qwen3-8B's hyperparameters).
 * `eagle3` (`src/models/eagle3.cpp`): one decoder layer over [token embedding, fused target
   features], `fc` fusing the inputs of 3 target layers (`eagle3.target_layers`). Written without its
   own token embedding, as converted EAGLE3 heads for Llama-3.1-8B are, so it borrows the target's
-  through `ctx_other`. `EAGLE3_SHAPES` `tiny` (for the tiny qwen3) and `8b` (a Qwen3-8B head).
+  through `ctx_other`. `EAGLE3_SHAPES` `tiny`, `small` and `8b` (a Qwen3-8B head), one per qwen3 shape.
 
 Weights follow synthetic.py's scheme (seeded per tensor name, branch outputs scaled 1/sqrt(2L),
 logits std ~3). Command line: ``python -m specq.engine.synthetic_archs --arch glm4moe --shape tiny
@@ -120,6 +121,9 @@ class Eagle3Shape:
 GLM_SHAPES: dict[str, Glm4MoeShape] = {
     "tiny": Glm4MoeShape(n_layer=4, n_embd=128, n_head=4, n_head_kv=2, head_dim=32, n_rot=16, n_ff=256,
                          n_layer_dense_lead=4, n_expert=4, n_expert_used=2, n_ff_exp=64),
+    # for CPU cost runs: 12 layers, the MTP block ~1/12 of the trunk as in GLM-4.5-Air (1 of 46 + the head)
+    "small": Glm4MoeShape(n_layer=12, n_embd=512, n_head=8, n_head_kv=2, head_dim=64, n_rot=32, n_ff=1536,
+                          n_layer_dense_lead=1, n_expert=8, n_expert_used=2, n_ff_exp=384),
     # GLM-4.5-Air (zai-org/GLM-4.5-Air config.json) with 8 instead of 128 routed experts in the file
     "glm45-air-8e": Glm4MoeShape(n_layer=46, n_embd=4096, n_head=96, n_head_kv=8, head_dim=128, n_rot=64,
                                  n_ff=10944, n_layer_dense_lead=1, n_expert=8, n_expert_used=8, n_ff_exp=1408,
@@ -128,11 +132,13 @@ GLM_SHAPES: dict[str, Glm4MoeShape] = {
 
 QWEN3_SHAPES: dict[str, Qwen3Shape] = {
     "tiny": Qwen3Shape(n_layer=4, n_embd=128, n_head=4, n_head_kv=2, head_dim=32, n_ff=256),
+    "small": Qwen3Shape(n_layer=12, n_embd=512, n_head=8, n_head_kv=2, head_dim=64, n_ff=1536),
     "8b": Qwen3Shape(n_layer=36, n_embd=4096, n_head=32, n_head_kv=8, head_dim=128, n_ff=12288, n_ctx=40960),
 }
 
 EAGLE3_SHAPES: dict[str, Eagle3Shape] = {
     "tiny": Eagle3Shape(n_embd=128, n_head=4, n_head_kv=2, n_ff=256, n_embd_tgt=128, target_layers=(1, 2, 3)),
+    "small": Eagle3Shape(n_embd=512, n_head=8, n_head_kv=2, n_ff=1536, n_embd_tgt=512, target_layers=(2, 6, 9)),
     # the EAGLE3 recipe's low/mid/high layers (2, L/2, L-3) of Qwen3-8B
     "8b": Eagle3Shape(n_embd=4096, n_head=32, n_head_kv=8, n_ff=12288, n_embd_tgt=4096, target_layers=(2, 18, 33),
                       n_ctx=40960),
