@@ -85,6 +85,7 @@ def bench_drafters(
     prompt_tokens: int = typer.Option(1024, help="Prompt length (context the costs are measured at)."),
     reps: int = typer.Option(5, help="Repetitions of each unit-cost measurement (the fastest counts)."),
     repeat: int = typer.Option(1, help="Runs per drafter and rate (the fastest counts)."),
+    clock: str = typer.Option("wall", help="wall, or thread (this thread's CPU time: with --threads 1 on a CPU build, the uncontended cost on a shared machine)."),
     target: str = typer.Option(None, help="Target model: registry name or GGUF path (an MTP-capable one for mtp)."),
     speculator: str = typer.Option(None, help="Speculator for the model drafter: registry name or GGUF path."),
     drafter: str = typer.Option(None, help="EAGLE3 head for eagle3 (GGUF path)."),
@@ -121,7 +122,8 @@ def bench_drafters(
     try:
         report = run_drafters_bench(opts, methods=[m.strip() for m in methods.split(",") if m.strip()],
                                     rates=rate_list, n_draft=n_draft, max_tokens=max_tokens,
-                                    prompt_tokens=prompt_tokens, reps=reps, repeat=repeat, say=typer.echo)
+                                    prompt_tokens=prompt_tokens, reps=reps, repeat=repeat, clock=clock,
+                                    say=typer.echo)
     except (EngineError, ValueError) as e:
         raise fail(str(e)) from None
     if out:
