@@ -52,7 +52,7 @@ from ..contracts import InputError
 from .llama import Context
 from .prompt import Prompt
 from .sampling import Sampler
-from .speculative import Draft, Drafter
+from .speculative import Draft, Drafter, draft_tokens
 
 #: `--draft auto`: what it means. Measured on the 2-core CPU with the real pair (1.5B target, 0.5B
 #: speculator, docs/speculative-decoding.md): n-gram lookup gave the largest decode speed-up on
@@ -259,29 +259,15 @@ class ModelDrafter:
         if logits is None:
             return Draft([])
         ctx, cached = self.ctx, self.cache.cached_tokens
-        tokens: list[int] = []
-        probs: list[np.ndarray] = []
-        while True:
-            if self.sampler is None:
-                d = int(np.argmax(logits))
-                if self.p_min > 0.0:
-                    z = logits.astype(np.float64)
-                    top = 1.0 / float(np.exp(z - z[d]).sum())
-                    if top < self.p_min:
-                        break
-            else:
-                q = self.sampler.probs(logits)
-                if self.p_min > 0.0 and float(q.max()) < self.p_min:
-                    break
-                d = self.sampler.draw(q)
-                probs.append(q)
-            tokens.append(d)
-            if len(tokens) >= n or self.model.is_eog(d) or len(cached) + 1 > ctx.n_ctx:
-                break
+
+        def step(d: int) -> np.ndarray | None:
+            if len(cached) + 1 > ctx.n_ctx:
+                return None
             ctx.decode([d], [len(cached)], logits="last")
             cached.append(d)
-            logits = ctx.logits_row(-1)
-        return Draft(tokens, probs if self.sampler is not None else None)
+            return ctx.logits_row(-1)
+
+        return draft_tokens(logits, n, self.sampler, self.p_min, self.model.is_eog, step)
 
     def accept(self, history: Sequence[int], n_accepted: int) -> None:
         pass  # the next propose() re-synchronises the cache with the history

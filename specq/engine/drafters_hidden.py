@@ -51,7 +51,7 @@ from .llama_ext import (
     n_embd_out, set_hidden_output, target_layer_ids,
 )
 from .sampling import Sampler
-from .speculative import Draft
+from .speculative import Draft, draft_tokens
 
 #: target architectures whose MTP block `--draft mtp` runs (tested here on random weights of this
 #: layout). llama.cpp's `load_mtp` is honoured by more (deepseek2/3, mimo2, step35, …) but each has its
@@ -157,30 +157,17 @@ class HiddenStateDrafter:
         ctx = self.ctx
         self._write(seed)
         pos = seed[0]
-        logits = ctx.logits_row(-1)
-        tokens: list[int] = []
-        probs: list[np.ndarray] = []
-        while True:
-            if self.sampler is None:
-                d = int(np.argmax(logits))
-                if self.p_min > 0.0:
-                    z = logits.astype(np.float64)
-                    if 1.0 / float(np.exp(z - z[d]).sum()) < self.p_min:
-                        break
-            else:
-                q = self.sampler.probs(logits)
-                if self.p_min > 0.0 and float(q.max()) < self.p_min:
-                    break
-                d = self.sampler.draw(q)
-                probs.append(q)
-            tokens.append(d)
-            if len(tokens) >= n or self.model.is_eog(d) or pos + 1 >= ctx.n_ctx:
-                break
+
+        def step(d: int) -> np.ndarray | None:
+            nonlocal pos
+            if pos + 1 >= ctx.n_ctx:
+                return None
             h = hidden_rows(ctx, [-1])  # the drafter's own hidden output at the last step
             pos += 1
             self._batch.decode(ctx, [d], [pos], h, seq=self.seq, logits="last")
-            logits = ctx.logits_row(-1)
-        return Draft(tokens, probs if self.sampler is not None else None)
+            return ctx.logits_row(-1)
+
+        return draft_tokens(ctx.logits_row(-1), n, self.sampler, self.p_min, self.model.is_eog, step)
 
     def accept(self, history: Sequence[int], n_accepted: int) -> None:
         pass  # observe() brings the accepted tokens' hidden states; the next propose writes them

@@ -179,15 +179,24 @@ class EmbdBatch:
 
     def __init__(self, n_max: int, n_embd: int) -> None:
         self.n_max, self.n_embd = int(n_max), int(n_embd)
-        self._tok = np.zeros(self.n_max, dtype=np.int32)
-        self._pos = np.zeros(self.n_max, dtype=np.int32)
-        self._nseq = np.ones(self.n_max, dtype=np.int32)
-        self._seq = np.zeros(self.n_max, dtype=np.int32)
-        self._logits = np.zeros(self.n_max, dtype=np.int8)
-        self._embd = np.zeros((self.n_max, self.n_embd), dtype=np.float32)
+        self._cap = 0
+        self._grow(min(self.n_max, 64))
+
+    def _grow(self, n: int) -> None:
+        """Room for n entries (buffers grow on demand: most drafter batches hold a handful)."""
+        if n <= self._cap:
+            return
+        cap = min(self.n_max, max(n, 2 * self._cap))
+        self._tok = np.zeros(cap, dtype=np.int32)
+        self._pos = np.zeros(cap, dtype=np.int32)
+        self._nseq = np.ones(cap, dtype=np.int32)
+        self._seq = np.zeros(cap, dtype=np.int32)
+        self._logits = np.zeros(cap, dtype=np.int8)
+        self._embd = np.zeros((cap, self.n_embd), dtype=np.float32)
         # entry i's seq_id list is the one-element array at self._seq[i]
-        self._seq_addr = (self._seq.ctypes.data + 4 * np.arange(self.n_max, dtype=np.uint64)).astype(np.uint64)
-        self._seq_ptrs = (ctypes.POINTER(llama_cpp.llama_seq_id) * self.n_max).from_buffer(self._seq_addr)
+        self._seq_addr = (self._seq.ctypes.data + 4 * np.arange(cap, dtype=np.uint64)).astype(np.uint64)
+        self._seq_ptrs = (ctypes.POINTER(llama_cpp.llama_seq_id) * cap).from_buffer(self._seq_addr)
+        self._cap = cap
 
     def _batch(self, n: int, with_tokens: bool) -> llama_cpp.llama_batch:
         b = llama_cpp.llama_batch()
@@ -204,6 +213,7 @@ class EmbdBatch:
         n = len(positions)
         if n == 0 or n > self.n_max:
             raise ValueError(f"batch of {n} entries (1..{self.n_max})")
+        self._grow(n)
         embd = np.asarray(embd, dtype=np.float32)
         if embd.shape != (n, self.n_embd):
             raise ValueError(f"embedding rows of shape {embd.shape}, expected ({n}, {self.n_embd})")
