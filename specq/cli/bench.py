@@ -7,7 +7,7 @@ from pathlib import Path
 import typer
 
 from .app import app
-from .common import fail
+from .common import fail, with_models
 
 
 bench_app = typer.Typer(help="Benchmarks on this machine (not timed tests).", no_args_is_help=True)
@@ -42,11 +42,8 @@ def bench_decode(
 
     if batch_invariant not in ("auto", "on", "off"):
         raise fail(f"--batch-invariant must be auto, on or off, not {batch_invariant!r}")
-    opts = EngineOptions(n_gpu_layers=n_gpu_layers, n_threads=threads, repack=repack, batch_invariant=batch_invariant)
-    if target:
-        opts.target = target
-    if speculator:
-        opts.speculator = speculator
+    opts = with_models(EngineOptions(n_gpu_layers=n_gpu_layers, n_threads=threads, repack=repack,
+                                     batch_invariant=batch_invariant), target=target, speculator=speculator)
     wanted = [j.strip() for j in jobs.split(",") if j.strip()]
     by_name = {j.name: j for j in default_jobs()}
     unknown = [j for j in wanted if j not in by_name]
@@ -112,13 +109,8 @@ def bench_drafters(
     if batch_invariant not in ("auto", "on", "off"):
         raise fail(f"--batch-invariant must be auto, on or off, not {batch_invariant!r}")
     ctx = n_ctx or ((prompt_tokens + max_tokens + 2 * n_draft + 512) // 256 + 1) * 256
-    opts = EngineOptions(n_gpu_layers=n_gpu_layers, n_threads=threads, n_ctx=ctx, batch_invariant=batch_invariant)
-    if target:
-        opts.target = target
-    if speculator:
-        opts.speculator = speculator
-    if drafter:
-        opts.drafter = drafter
+    opts = with_models(EngineOptions(n_gpu_layers=n_gpu_layers, n_threads=threads, n_ctx=ctx, batch_invariant=batch_invariant),
+                       target=target, speculator=speculator, drafter=drafter)
     try:
         report = run_drafters_bench(opts, methods=[m.strip() for m in methods.split(",") if m.strip()],
                                     rates=rate_list, n_draft=n_draft, max_tokens=max_tokens,

@@ -7,7 +7,7 @@ from pathlib import Path
 import typer
 
 from .app import app
-from .common import fail, read_document
+from .common import fail, read_document, with_models
 
 
 @app.command("run")
@@ -60,14 +60,8 @@ def run_cmd(
         document = read_document(file)
         if batch_invariant not in ("auto", "on", "off"):
             raise fail(f"--batch-invariant must be auto, on or off, not {batch_invariant!r}")
-        opts = EngineOptions(n_gpu_layers=n_gpu_layers, n_ctx=n_ctx, flash_attn=flash_attn, n_threads=threads,
-                             batch_invariant=batch_invariant)
-        if target:
-            opts.target = target
-        if speculator:
-            opts.speculator = speculator
-        if drafter:
-            opts.drafter = drafter
+        opts = with_models(EngineOptions(n_gpu_layers=n_gpu_layers, n_ctx=n_ctx, flash_attn=flash_attn, n_threads=threads,
+                                         batch_invariant=batch_invariant), target=target, speculator=speculator, drafter=drafter)
         from ..engine.pipeline import Engine
 
         engine = Engine(opts)
