@@ -367,7 +367,7 @@ class Ready(Response):
     migrations: str = Field(description="ok (the schema is at the newest revision), or what is wrong")
     broker_kind: Literal["embedded", "redis"]
     queue: str
-    workers_ready: int = Field(description="workers with a fresh heartbeat that say they are ready")
+    workers_ready: int = Field(description="workers of this API's queue with a fresh heartbeat that say they are ready")
 
 
 class WorkerOut(Response):
