@@ -309,6 +309,9 @@ def test_healthz_readyz_and_workers_from_heartbeats(api, client):
         assert workers["new-worker:2"]["model"] == "qwen-7b" and workers["new-worker:2"]["jobs_done"] == 0
         assert not workers["loading-worker:3"]["ready"] and workers["loading-worker:3"]["slots"] == 1
         assert all(0 <= w["heartbeat_age_s"] < 30 for w in workers.values())
+        metrics = client.get("/metrics")  # reads the same records, as defensively
+        assert metrics.status_code == 200 and 'specq_worker_busy{queue="%s",worker="new-worker:2"} 2.0' % settings.queue \
+            in metrics.text, metrics.text[-2000:]
     finally:
         for rec in (old, new, loading):
             monitor.remove_heartbeat(settings, rec["name"])

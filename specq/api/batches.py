@@ -56,6 +56,7 @@ from . import schemas as S
 from .errors import ApiError, describe, json_error, responses
 from .jobs import check_field, form_text, links, parse_params_field
 from .query import parse_statuses
+from .views import batch_summary
 
 log = logging.getLogger("specq.api")
 
@@ -152,7 +153,7 @@ def batches_router(settings: ServiceSettings, caller_of: Callable[..., Caller]) 
             for b in rows:
                 if b.status in ("in_progress", "finalizing", "cancelling"):
                     b = batches.advance_batch(s, b.id) or b
-                data.append(b.to_dict())
+                data.append(batch_summary(b))
             return {"object": "list", "data": data, "limit": limit, "offset": offset}
 
     @router.get("/v1/batches/{batch_id}", summary="A batch: status, request counts, timestamps",
