@@ -85,9 +85,10 @@ class Request(BaseModel):
 
 
 class Response(BaseModel):
-    """A response body."""
+    """A response body. Keys a route returns beyond the model's fields are dropped, not an error: a
+    column added to a storage `to_dict()` shows in the API once it is added here."""
 
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
 
 
 # --- engine parameters --------------------------------------------------------------------------------
