@@ -140,7 +140,11 @@ def stats_cmd(
     batch: str = typer.Argument(..., help="A batch id (batch_…) or the name given with `submit --batch NAME`."),
     as_json: bool = typer.Option(False, "--json", help="Print the stats object as JSON."),
 ) -> None:
-    """Per-phase p50/p95 of a batch's finished requests, mean kept ratio and throughput (computed in SQL)."""
+    """Per-phase p50/p95 of a batch's finished requests, mean kept ratio and throughput (computed in SQL).
+
+    Piped, the phase table is one tab-separated line per phase, no header: phase, count, p50, p95,
+    mean, max (ms).
+    """
     st = api_call(lambda c: c.batch_stats(c.resolve_batch(batch)["id"]))
     if as_json:
         print_json(st)
