@@ -85,6 +85,10 @@ class Client:
                 raise ApiUnavailable(f"no specq API at {self.url}: start it with `specq up` (or set SPECQ_API_URL)") from e
             except (httpx.HTTPError, httpx.InvalidURL) as e:
                 raise ApiError(f"request to {self.url}{path} failed: {type(e).__name__}: {e}") from e
+            except UnicodeEncodeError as e:  # an id, name or question from argv with bytes that are not UTF-8
+                bad = e.object[e.start:e.end] if isinstance(e.object, str) else ""
+                raise ApiError(f"{bad!r} in a value of this request is not UTF-8 text (undecodable bytes in "
+                               "an argument?)") from None
             wait = retry_after(r)
             retry = method == "GET" and (r.status_code == 429 or (r.status_code == 503 and wait is not None))
             if not retry or attempt == self.RETRIES or (wait or 0) > self.RETRY_WAIT_MAX:
@@ -95,15 +99,19 @@ class Client:
             raise ApiError(f"{_error_message(r)} (HTTP {r.status_code}{later})", r.status_code)
         return r
 
-    def request(self, method: str, path: str, **kwargs: Any) -> Any:
-        """The JSON body of `send(...)`."""
+    def request(self, method: str, path: str, *, expect: tuple[str, ...] = (), **kwargs: Any) -> Any:
+        """The JSON body of `send(...)`; with `expect`, an object that has those keys (else ApiError:
+        the URL is not a specq API, and the CLI would fail on a missing field)."""
         r = self.send(method, path, **kwargs)
         try:
-            return r.json()
+            body = r.json()
         except ValueError:
             raise ApiError(f"{self.url}{path} answered HTTP {r.status_code} with non-JSON: is it a specq API?") from None
         except RecursionError:
             raise ApiError(f"{self.url}{path} answered JSON nested too deeply to read") from None
+        if expect and not (isinstance(body, dict) and all(k in body for k in expect)):
+            raise ApiError(f"{self.url}{path} answered JSON without {', '.join(expect)}: is it a specq API?")
+        return body
 
     # --- jobs -------------------------------------------------------------------------------------------
     def submit_file(self, path: Path, question: str | None = None, params: dict[str, Any] | None = None) -> dict:
@@ -116,7 +124,7 @@ class Client:
         if question is not None:
             form["question"] = question
         files = {"file": (filename, data, "application/octet-stream")}
-        return self.request("POST", "/v1/jobs", data=form, files=files)
+        return self.request("POST", "/v1/jobs", data=form, files=files, expect=_JOB)
 
     def submit_text(self, text: str, question: str | None = None, params: dict[str, Any] | None = None,
                     filename: str | None = None) -> dict:
@@ -125,19 +133,19 @@ class Client:
             body["question"] = question
         if filename is not None:
             body["filename"] = filename
-        return self.request("POST", "/v1/jobs", json=body)
+        return self.request("POST", "/v1/jobs", json=body, expect=_JOB)
 
     def job(self, job_id: str) -> dict:
-        return self.request("GET", f"/v1/jobs/{path_id(job_id)}")
+        return self.request("GET", f"/v1/jobs/{path_id(job_id)}", expect=_JOB)
 
     def jobs(self, status: str | None = None, limit: int = 50, offset: int = 0) -> dict:
         params: dict[str, Any] = {"limit": limit, "offset": offset}
         if status:
             params["status"] = status
-        return self.request("GET", "/v1/jobs", params=params)
+        return self.request("GET", "/v1/jobs", params=params, expect=_LIST)
 
     def cancel(self, job_id: str) -> dict:
-        return self.request("DELETE", f"/v1/jobs/{path_id(job_id)}")
+        return self.request("DELETE", f"/v1/jobs/{path_id(job_id)}", expect=_JOB)
 
     def health(self) -> dict:
         return self.request("GET", "/healthz")
@@ -156,7 +164,7 @@ class Client:
         names = names or [str(p) for p in paths]
         contents = contents if contents is not None else [Path(p).read_bytes() for p in paths]
         files = [("file", (name, data, "application/octet-stream")) for name, data in zip(names, contents)]
-        return self.request("POST", "/v1/batches", data=form, files=files)
+        return self.request("POST", "/v1/batches", data=form, files=files, expect=_BATCH)
 
     def submit_batch_jsonl(self, path: Path, params: dict[str, Any] | None = None, question: str | None = None,
                            metadata: dict[str, Any] | None = None, content: bytes | None = None) -> dict:
@@ -168,10 +176,10 @@ class Client:
             form["metadata"] = json.dumps(metadata)
         data = Path(path).read_bytes() if content is None else content
         files = [("input", (Path(path).name, data, "application/jsonl"))]
-        return self.request("POST", "/v1/batches", data=form, files=files)
+        return self.request("POST", "/v1/batches", data=form, files=files, expect=_BATCH)
 
     def batch(self, batch_id: str) -> dict:
-        return self.request("GET", f"/v1/batches/{path_id(batch_id)}")
+        return self.request("GET", f"/v1/batches/{path_id(batch_id)}", expect=_BATCH)
 
     def batches(self, status: str | None = None, name: str | None = None, limit: int = 20, offset: int = 0) -> dict:
         params: dict[str, Any] = {"limit": limit, "offset": offset}
@@ -179,7 +187,7 @@ class Client:
             params["status"] = status
         if name:
             params["name"] = name
-        return self.request("GET", "/v1/batches", params=params)
+        return self.request("GET", "/v1/batches", params=params, expect=_LIST)
 
     def resolve_batch(self, ref: str) -> dict:
         """A batch by id (`batch_…`) or by name (the newest batch submitted with `--batch NAME`)."""
@@ -191,10 +199,11 @@ class Client:
         return page["data"][0]
 
     def cancel_batch(self, batch_id: str) -> dict:
-        return self.request("POST", f"/v1/batches/{path_id(batch_id)}/cancel")
+        return self.request("POST", f"/v1/batches/{path_id(batch_id)}/cancel", expect=_BATCH)
 
     def batch_stats(self, batch_id: str) -> dict:
-        return self.request("GET", f"/v1/batches/{path_id(batch_id)}/stats")
+        return self.request("GET", f"/v1/batches/{path_id(batch_id)}/stats",
+                            expect=("batch_id", "status", "request_counts", "phases"))
 
     def batch_export(self, batch_id: str, what: str = "results", fmt: str = "jsonl") -> str:
         """The text of /results (jsonl or csv) or /errors (jsonl)."""
@@ -230,6 +239,10 @@ class Client:
             time.sleep(interval)
 
 
+#: the keys the CLI reads of a job, a list and a batch object
+_JOB = ("id", "status")
+_LIST = ("data",)
+_BATCH = ("id", "status", "request_counts")
 #: what an API key can hold: printable ASCII, no spaces (a header value must be ASCII)
 _KEY_CHARS = re.compile(r"[\x21-\x7e]+")
 
@@ -239,7 +252,10 @@ def path_id(value: str) -> str:
     ("", ".", "..": an HTTP client resolves those as path syntax)."""
     if value in ("", ".", ".."):
         raise ApiError(f"{value!r} is not an id")
-    return quote(value, safe="")
+    try:
+        return quote(value, safe="")
+    except UnicodeEncodeError:
+        raise ApiError(f"{value!r} is not an id (it holds bytes that are not UTF-8)") from None
 
 
 def retry_after(r: httpx.Response) -> float | None:
@@ -259,12 +275,12 @@ def retry_after(r: httpx.Response) -> float | None:
 
 
 def _error_message(r: httpx.Response) -> str:
+    """The API's one-line error message, or for an answer that is not specq's JSON error (a proxy's
+    HTML page, another server), the status's reason phrase saying so."""
     try:
-        body = r.json()
-        return str(body["error"]["message"])
+        return str(r.json()["error"]["message"])
     except (ValueError, KeyError, TypeError, RecursionError):
-        text = r.text.strip().splitlines()
-        return text[0][:200] if text else r.reason_phrase
+        return f"{r.reason_phrase or 'error'} (not a specq API error: is {r.url.copy_with(path='/', query=None)} a specq API?)"
 
 
 def progress_text(job: dict) -> str:

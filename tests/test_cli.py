@@ -138,6 +138,10 @@ def test_client_refuses_a_bad_key_url_or_id_in_one_line():
         (["status", ".."], {"SPECQ_API_URL": url}, "'..' is not an id"),
         (["cancel", "."], {"SPECQ_API_URL": url}, "is not an id"),
         (["status", "job_x"], {"SPECQ_API_URL": url}, "no specq API at"),
+        # bytes of argv that are not UTF-8 (Python hands them over as lone surrogates)
+        (["status", "job_\udcff"], {"SPECQ_API_URL": url}, "is not an id (it holds bytes that are not UTF-8)"),
+        (["stats", "name\udcff"], {"SPECQ_API_URL": url}, "is not UTF-8 text"),
+        (["submit", "missing\udcff.txt"], {"SPECQ_API_URL": url}, "file not found: missing\\udcff.txt"),
     ]
     for args, env, needle in cases:
         res = _cli(*args, env=env)
@@ -155,6 +159,37 @@ def test_run_reads_the_document_from_stdin(tiny_models):
     assert result["usage"]["prompt_tokens"] > len(DOC.split()) and result["usage"]["completion_tokens"] <= 2
     bad = _cli("run", "-", input=b"\x7fELF\x02\x01\x00\x00" * 4)
     assert bad.exit_code == 1 and bad.stderr.startswith("error: stdin looks binary")
+
+
+class _NotSpecq(BaseHTTPRequestHandler):
+    """Some other web server: JSON without specq's fields, or an HTML error page."""
+
+    def do_GET(self):
+        html = self.path.startswith("/v1/jobs/")
+        body = b"<!DOCTYPE html><h1>nope</h1>\n" if html else b'{"hello": "world"}'
+        self.send_response(404 if html else 200)
+        self.send_header("Content-Type", "text/html" if html else "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+def test_a_server_that_is_not_specq_is_one_line():
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _NotSpecq)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        for args, needle in ((["jobs"], "answered JSON without data: is it a specq API?"),
+                             (["batches", "--json"], "answered JSON without data"),
+                             (["status", "job_x"], "Not Found (not a specq API error: is " + url + "/ a specq API?) (HTTP 404)")):
+            res = _cli(*args, env={"SPECQ_API_URL": url})
+            assert res.exit_code == 1 and res.stderr.count("\n") == 1 and needle in res.stderr, (args, res.output)
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 # --- keys (the job store directly) --------------------------------------------------------------------

@@ -41,9 +41,15 @@ def read_input(path: Path) -> tuple[str, bytes]:
     if path.is_dir():
         raise InputError(f"{path} is a directory, not a file")
     try:
-        return path.name, path.read_bytes()
+        return shown_name(path.name), path.read_bytes()
     except OSError as e:
         raise InputError(f"cannot read {path}: {e.strerror or e}") from None
+
+
+def shown_name(name: str) -> str:
+    """A file name as it can be sent and stored: bytes of it that are not UTF-8 (lone surrogates in a
+    Python str) become U+FFFD."""
+    return name.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
 
 
 def load_document(path: Path) -> tuple[str, bytes, str]:
@@ -100,6 +106,9 @@ def api_call(fn):
             return fn(c)
     except ApiError as e:
         raise fail(str(e)) from None
+    except KeyboardInterrupt:  # Ctrl-C during a request: no traceback, the shell's status for SIGINT
+        typer.echo("interrupted", err=True)
+        raise typer.Exit(130) from None
 
 
 def _progress():

@@ -1,8 +1,8 @@
 """How the CLI prints text that came from a server, a file or a model: safe for the terminal, and
 lists in the form the reader needs.
 
-* `safe(text)`: C0/C1 control characters, DEL and the Unicode bidi controls are shown escaped
-  (`\\x1b`, `\\u202e`), so an ANSI escape sequence in a file name, an error or an answer is printed as
+* `safe(text)`: C0/C1 control characters, DEL, the Unicode bidi controls and lone surrogates are
+  shown escaped (`\\x1b`, `\\u202e`), so an ANSI escape sequence in a file name, an error or an answer is printed as
   inert characters instead of moving the cursor, recolouring, retitling or hiding what follows.
 * `cell(text)`: a rich `Text` of `safe(text)`: rich reads no markup (`[/x]`, `[link=…]`) in it.
   Every piece of user text given to rich goes through it; plain strings given to rich are markup.
@@ -27,8 +27,10 @@ from typing import Any, Iterable, Sequence
 
 import typer
 
-_BIDI = "\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069"
-#: one line: every C0 control, DEL, C1 controls, and the bidi marks, embeddings, overrides and isolates
+#: bidi marks, embeddings, overrides and isolates, and lone surrogates (undecodable bytes of a file
+#: name or an argument: printing one raises)
+_BIDI = "\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069\ud800-\udfff"
+#: one line: every C0 control, DEL, C1 controls, and the characters above
 _UNSAFE_LINE = re.compile(f"[\x00-\x1f\x7f-\x9f{_BIDI}]")
 #: several lines: the same but tab, newline and the CR of a CRLF line end
 _UNSAFE = re.compile(f"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f{_BIDI}]|\r(?!\n)")

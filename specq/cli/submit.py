@@ -7,7 +7,7 @@ from pathlib import Path
 import typer
 
 from .app import app
-from .common import (STDIN_NAME, api_call, fail, finish_job, is_stdin, load_document, read_input,
+from .common import (STDIN_NAME, api_call, fail, finish_job, is_stdin, load_document, read_input, shown_name,
                      wait_batch_with_progress, wait_with_progress)
 from .output import print_json, safe
 
@@ -111,7 +111,7 @@ def submit_batch(files: list[Path], jsonl: Path | None, question, params: dict, 
             batch = c.submit_batch_jsonl(Path(jsonl_name), params=params, question=question, metadata=metadata,
                                          content=jsonl_data)
         else:
-            names = [STDIN_NAME if is_stdin(f) else str(f) for f in files]
+            names = [STDIN_NAME if is_stdin(f) else shown_name(str(f)) for f in files]
             batch = c.submit_batch_files(files, question=question, params=params, metadata=metadata, names=names,
                                          contents=[data for _, data, _ in docs])
         if batch["status"] == "failed":
