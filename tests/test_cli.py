@@ -31,7 +31,7 @@ import typer
 from typer.testing import CliRunner
 
 from specq.cli import app
-from service_helpers import REPO, Stack, base_env, free_port, running, specq_cmd, wait_job
+from service_helpers import REPO, embedded_up, specq_cmd, wait_job
 
 DOC = "def add(a, b):\n    return a + b\n"
 #: a file name a terminal would obey if printed raw: clear screen, retitle, hyperlink, rich markup
@@ -227,10 +227,7 @@ def test_tenant_names_are_matched_whole(store):
 
 @pytest.fixture(scope="module")
 def stack(tiny_models, tmp_path_factory):
-    home = tmp_path_factory.mktemp("cli_svc")
-    port = free_port()
-    st = Stack(env=base_env(home, tiny_models, SPECQ_API_PORT=str(port)), port=port, logdir=home)
-    with running(st, ("up", "up")):
+    with embedded_up(tmp_path_factory.mktemp("cli_svc"), tiny_models) as st:
         yield st
 
 
