@@ -6,7 +6,7 @@ import typer
 
 from .app import app
 from .common import api_call, fail
-from .output import Column, echo_data, print_json, print_table, safe
+from .output import Column, echo_data, num, print_json, print_table, safe
 
 #: a batch's timestamps in the order a batch lives them
 _TIMES = ("created_at", "in_progress_at", "finalizing_at", "completed_at", "failed_at", "expired_at", "cancelling_at",
@@ -20,10 +20,6 @@ def _name(batch: dict) -> str:
 
 def _when(value) -> str:
     return (value or "").replace("T", " ")[:19]
-
-
-def _ms(value, spec: str = ",.1f") -> str:
-    return format(value, spec) if isinstance(value, (int, float)) else "-"
 
 
 @app.command("batches")
@@ -129,7 +125,7 @@ def _print_results_table(text: str) -> None:
         t, u = r.get("timings_ms") or {}, r.get("usage") or {}
         answer = " ".join(str(r.get("text") or "").split())
         rows.append((row.get("custom_id") if isinstance(row, dict) else "", answer[:200], u.get("prompt_tokens"),
-                     u.get("kept_tokens"), _ms(t.get("ttft")), _ms(t.get("decode")), _ms(t.get("total"))))
+                     u.get("kept_tokens"), num(t.get("ttft")), num(t.get("decode")), num(t.get("total"))))
     print_table(["custom_id", Column("answer", fold=True, max_width=60), Column("prompt", right=True),
                  Column("kept", right=True), Column("ttft ms", right=True), Column("decode ms", right=True),
                  Column("total ms", right=True)], rows)
@@ -152,11 +148,11 @@ def stats_cmd(
     c = st["request_counts"]
     typer.echo(safe(f"{st['batch_id']}  {st['status']}  {c['completed']}/{c['total']} completed, {c['failed']} failed"))
     if st.get("kept_ratio_mean") is not None:
-        typer.echo(f"  kept ratio (mean)   {_ms(st['kept_ratio_mean'], '.3f')}   "
-                   f"prompt tokens (mean) {_ms(st.get('prompt_tokens_mean'), '.1f')}")
+        typer.echo(f"  kept ratio (mean)   {num(st['kept_ratio_mean'], '.3f')}   "
+                   f"prompt tokens (mean) {num(st.get('prompt_tokens_mean'), '.1f')}")
     if st.get("wall_s"):
-        typer.echo(f"  wall                {_ms(st['wall_s'], '.1f')} s   throughput {_ms(st.get('jobs_per_s'), '.2f')} jobs/s")
-    rows = [(phase, p.get("count"), _ms(p.get("p50")), _ms(p.get("p95")), _ms(p.get("mean")), _ms(p.get("max")))
+        typer.echo(f"  wall                {num(st['wall_s'], '.1f')} s   throughput {num(st.get('jobs_per_s'), '.2f')} jobs/s")
+    rows = [(phase, p.get("count"), num(p.get("p50")), num(p.get("p95")), num(p.get("mean")), num(p.get("max")))
             for phase, p in (st.get("phases") or {}).items()]
     print_table(["phase"] + [Column(h, right=True) for h in ("count", "p50 ms", "p95 ms", "mean ms", "max ms")], rows)
 

@@ -119,6 +119,7 @@ def _progress():
     return Progress(SpinnerColumn(), TextColumn("{task.description}", markup=False), BarColumn(),
                     MofNCompleteColumn(), TimeElapsedColumn(), console=Console(stderr=True), transient=True)
 
+
 def wait_with_progress(client, job_id: str) -> dict:
     """Poll the job until it finishes, with a progress bar on stderr; its last state."""
     from ..client import progress_text

@@ -6,11 +6,11 @@ import typer
 
 from .app import app
 from .common import api_call, fail, finish_job, wait_with_progress
-from .output import Column, print_json, print_table, safe, stdout_is_terminal
+from .output import Column, num, print_json, print_table, safe, stdout_is_terminal
 
 
 def _ms(value) -> str:
-    return f"{value:,.0f} ms" if isinstance(value, (int, float)) else "-"
+    return num(value, ",.0f", " ms")
 
 
 def _print_job(job: dict) -> None:

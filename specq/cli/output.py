@@ -2,8 +2,9 @@
 lists in the form the reader needs.
 
 * `safe(text)`: C0/C1 control characters, DEL, the Unicode bidi controls and lone surrogates are
-  shown escaped (`\\x1b`, `\\u202e`), so an ANSI escape sequence in a file name, an error or an answer is printed as
-  inert characters instead of moving the cursor, recolouring, retitling or hiding what follows.
+  shown escaped (`\\x1b`, `\\u202e`), so an ANSI escape sequence in a file name, an error or an
+  answer is printed as inert characters instead of moving the cursor, recolouring, retitling or
+  hiding what follows.
 * `cell(text)`: a rich `Text` of `safe(text)`: rich reads no markup (`[/x]`, `[link=…]`) in it.
   Every piece of user text given to rich goes through it; plain strings given to rich are markup.
 * `print_table(columns, rows)`: a rich table on a terminal; when stdout is not a terminal, one
@@ -13,8 +14,9 @@ lists in the form the reader needs.
 * `echo_data(text)`: a file's worth of data (JSONL, CSV): byte for byte into a pipe or file, made
   safe only when it is shown on a terminal.
 
-A command with a list adds `--json` and prints `{"object": "list", "data": [...]}` with it (plus
-`total` where the API gives one), the way the REST API answers.
+A command with a list adds `--json`: a list the API returns is printed as the API answered it
+(`print_json(page)`), a local one as `{"object": "list", "data": [...]}` (`print_list`), the shape of
+the API's lists.
 """
 
 from __future__ import annotations
@@ -54,6 +56,14 @@ def cell(text: Any, *, lines: bool = False, style: str = ""):
     from rich.text import Text
 
     return Text(safe(text, lines=lines), style=style)
+
+
+def num(value: Any, spec: str = ",.1f", unit: str = "") -> str:
+    """`value` formatted with `spec` (and `unit`), or "-" when it is missing or not a number (a field an
+    older or newer server does not send must not crash a view)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return "-"
+    return format(value, spec) + unit
 
 
 def stdout_is_terminal() -> bool:
@@ -109,12 +119,9 @@ def print_json(obj: Any) -> None:
     typer.echo(json.dumps(obj, indent=2))
 
 
-def print_list(data: list, *, total: int | None = None) -> None:
-    """`--json` of a list command: the REST API's list object."""
-    obj: dict[str, Any] = {"object": "list", "data": data}
-    if total is not None:
-        obj["total"] = total
-    print_json(obj)
+def print_list(data: list) -> None:
+    """`--json` of a local list (keys, models): `{"object": "list", "data": data}`."""
+    print_json({"object": "list", "data": data})
 
 
 def echo_data(text: str) -> None:
@@ -132,4 +139,4 @@ def echo_data(text: str) -> None:
     sys.stdout.flush()
 
 
-__all__ = ["safe", "cell", "Column", "print_table", "print_json", "print_list", "echo_data", "stdout_is_terminal"]
+__all__ = ["safe", "cell", "num", "Column", "print_table", "print_json", "print_list", "echo_data", "stdout_is_terminal"]

@@ -9,7 +9,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from .output import cell
+from .output import cell, num
 
 #: phases in display order; sub-phases of `score` are indented
 _ORDER = ["tokenize", "score", "speculator_prefill", "lookahead", "score_math", "select", "sparse_prefill", "ttft", "decode", "total"]
@@ -24,16 +24,8 @@ def phase_table(result: dict[str, Any]) -> Table:
     names = [p for p in _ORDER if p in timings] + sorted(p for p in timings if p not in _ORDER)
     for name in names:
         label = f"  {name}" if name in _SUB else name
-        table.add_row(cell(label), cell(_ms(timings[name])))
+        table.add_row(cell(label), cell(num(timings[name])))
     return table
-
-
-def _ms(value: Any) -> str:
-    return f"{value:,.1f}" if isinstance(value, (int, float)) else "-"
-
-
-def _percent(value: Any) -> str:
-    return f"{value:.0%}" if isinstance(value, (int, float)) else "-"
 
 
 def summary_line(result: dict[str, Any]) -> str:
@@ -50,7 +42,7 @@ def summary_line(result: dict[str, Any]) -> str:
     if s.get("mode") == "specprefill":
         parts.insert(1, f"scorer {s.get('scorer')} ({s.get('windows')} windows)")
     if d.get("method", "none") != "none":
-        parts.append(f"draft {d.get('method')} accept {_percent(d.get('accept_rate'))}")
+        parts.append(f"draft {d.get('method')} accept {num(d.get('accept_rate'), '.0%')}")
     return " · ".join(parts)
 
 
