@@ -138,6 +138,25 @@ class ServiceSettings:
     max_batch_bytes: int = 256 * 1024 * 1024
     #: most requests (JSONL lines or files) in one batch
     max_batch_requests: int = 50_000
+    #: without keys (SPECQ_AUTH=none), the names the API answers to besides localhost, 127.0.0.1, ::1
+    #: and its listen address (comma-separated; ``*`` = any): the `Host` header must be one of them, and
+    #: a browser's cross-origin request must come from one (DNS rebinding and CSRF; docs/security.md)
+    allowed_hosts: str = ""
+    #: seconds a client has to send a whole request (headers and body) from the moment it connects or
+    #: its previous response ended; then it gets 408 and is disconnected (half-open and slow clients).
+    #: Raise it for batch uploads over slow links.
+    receipt_timeout: float = 60.0
+    #: most open connections per API process; above it the oldest connection that has not finished
+    #: sending a request is closed to make room (or, when every one is busy, the new one gets 503)
+    max_connections: int = 2048
+    #: most responses streaming at once per API process (batch exports, event streams); one more
+    #: answers 503 with Retry-After, so streams never take every connection. 0 = half of max_connections
+    max_streams: int = 0
+    #: how long finished jobs and batches are kept: after this (``30d``, ``12h``, ``90m``, or seconds),
+    #: a finished job's document, question, result and timings, and the job itself, are deleted; a
+    #: finished batch goes with all its jobs. Empty or 0 = keep forever (the default). The API
+    #: process sweeps every retention/10 (at least every 10 minutes).
+    retention: str = ""
 
     # ------------------------------------------------------------------------------------------------
     @classmethod
@@ -182,12 +201,38 @@ class ServiceSettings:
              f"SPECQ_BATCH_INVARIANT must be auto, on or off, not {self.batch_invariant!r}"),
             (self.max_queued_jobs >= 0, "SPECQ_MAX_QUEUED_JOBS must be >= 0 (0 = no limit)"),
             (bool(self.queue.strip()), "SPECQ_QUEUE must not be empty"),
+            (self.receipt_timeout > 0, "SPECQ_RECEIPT_TIMEOUT must be > 0 seconds"),
+            (self.max_connections >= 16, "SPECQ_MAX_CONNECTIONS must be >= 16"),
+            (0 <= self.max_streams < self.max_connections, "SPECQ_MAX_STREAMS must be >= 0 and below SPECQ_MAX_CONNECTIONS"),
+            (1 <= self.max_list_limit <= 10_000, "SPECQ_MAX_LIST_LIMIT must be in [1, 10000]"),
         ]
         for ok, message in checks:
             if not ok:
                 raise SettingsError(message)
+        self.retention_s  # noqa: B018  (parses SPECQ_RETENTION, raising SettingsError)
 
     # --- derived values -------------------------------------------------------------------------------
+    @property
+    def retention_s(self) -> float:
+        """SPECQ_RETENTION in seconds; 0 = keep forever."""
+        raw = self.retention.strip().lower()
+        if raw in ("", "0", "off", "none", "forever"):
+            return 0.0
+        units = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+        number, unit = (raw[:-1], raw[-1]) if raw[-1] in units else (raw, "s")
+        try:
+            value = float(number) * units[unit]
+        except ValueError:
+            value = -1.0
+        if not (value > 0 and value < float("inf")):
+            raise SettingsError(f"SPECQ_RETENTION must be a duration like 30d, 12h, 90m or seconds (or empty = off), "
+                                f"not {self.retention!r}")
+        return value
+
+    @property
+    def resolved_max_streams(self) -> int:
+        return self.max_streams or self.max_connections // 2
+
     @property
     def resolved_broker_url(self) -> str:
         return self.broker_url or embedded_broker_url()

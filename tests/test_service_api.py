@@ -117,18 +117,21 @@ def test_refusals_store_nothing(api, client):
     _err(post(content=chunked(), headers={"content-type": "application/json"}), 413, "request body")
 
     # unknown and bad params
-    _err(post(json={"text": DOC, "params": {"bogus": 1, "max_tokes": 5}}), 422, "unknown parameter(s): bogus, max_tokes")
-    _err(post(json={"text": DOC, "params": {"keep": 2.0}}), 422, "keep must be in (0, 1]")
-    _err(post(json={"text": DOC, "params": {"max_tokens": "many"}}), 422, "max_tokens has a bad value")
-    _err(post(json={"text": DOC, "params": {"mode": "turbo"}}), 422, "mode must be baseline or specprefill")
-    _err(post(json={"text": DOC, "params": [1, 2]}), 422, "params must be a JSON object")
-    _err(post(files={"file": ("a.py", DOC.encode())}, data={"params": '{"bogus": true}'}), 422, "unknown parameter(s): bogus")
+    _err(post(json={"text": DOC, "params": {"bogus": 1, "max_tokes": 5}}), 422, "params.bogus: unknown field",
+         "params.max_tokes: unknown field", "known params: chunk")
+    _err(post(json={"text": DOC, "params": {"keep": 2.0}}), 422, "params.keep: Input should be less than or equal to 1")
+    _err(post(json={"text": DOC, "params": {"max_tokens": "many"}}), 422, "params.max_tokens: Input should be a valid integer")
+    _err(post(json={"text": DOC, "params": {"mode": "turbo"}}), 422, "params.mode: Input should be 'baseline' or 'specprefill'")
+    _err(post(json={"text": DOC, "params": {"pool": 4}}), 422, "params: pool must be an odd number")
+    for not_an_object in ([1, 2], [], False, 0, ""):  # none of them means "no params"
+        _err(post(json={"text": DOC, "params": not_an_object}), 422, "params: Input should be an object")
+    _err(post(files={"file": ("a.py", DOC.encode())}, data={"params": '{"bogus": true}'}), 422, "params.bogus: unknown field")
     _err(post(files={"file": ("a.py", DOC.encode())}, data={"params": "{not json"}), 422, "params is not valid JSON")
     _err(post(files={"file": ("a.py", DOC.encode())}, data={"max_tokens": "5"}), 422, "unknown form field(s): max_tokens")
 
     # malformed requests
-    _err(post(json={"question": "no text"}), 422, "text is required")
-    _err(post(json={"text": DOC, "prompt": "x"}), 422, "unknown field(s): prompt")
+    _err(post(json={"question": "no text"}), 422, "text: required")
+    _err(post(json={"text": DOC, "prompt": "x"}), 422, "prompt: unknown field")
     _err(post(content=b"{nope", headers={"content-type": "application/json"}), 400, "not valid JSON")
     _err(post(content=b"[1]", headers={"content-type": "application/json"}), 400, "must be a JSON object")
     _err(post(content=DOC.encode(), headers={"content-type": "text/plain"}), 415, "application/json")
@@ -145,7 +148,8 @@ def test_refusals_store_nothing(api, client):
     assert _queued_messages(api) == before_msgs + 1
     job = client.get(f"/v1/jobs/{r.json()['id']}").json()
     assert job["status"] == "queued" and job["params"]["max_tokens"] == 3
-    assert job["params"]["question"] == "what does it print?" and job["result"] is None
+    assert job["input"]["question"] == "what does it print?" and job["result"] is None
+    assert "question" not in job["params"]  # stored once, in the job's input
 
 
 def test_lookups_and_listing_errors(api, client):
@@ -154,14 +158,18 @@ def test_lookups_and_listing_errors(api, client):
     _err(client.get("/v1/jobs", params={"status": "done"}), 422, "unknown status done")
     _err(client.get("/v1/jobs", params={"limit": 0}), 422, "limit")
     _err(client.get("/v1/nothing"), 404)
-    _err(client.put("/v1/jobs/job_x"), 405)
+    r = client.put("/v1/jobs/job_x")
+    _err(r, 405)
+    assert r.headers["allow"] == "DELETE, GET, HEAD"
     page = client.get("/v1/jobs", params={"status": "queued", "limit": 1000}).json()
     assert page["limit"] == 500 and all(j["status"] == "queued" for j in page["data"])
 
 
 def test_healthz_and_openapi(api, client):
-    h = client.get("/healthz").json()
-    assert h["status"] == "ok" and h["database"] == "ok" and h["broker"] == "ok"
+    assert client.get("/healthz").json() == {"status": "ok", "version": client.get("/readyz").json()["version"]}
+    ready = client.get("/readyz").json()
+    assert ready["status"] == "ready" and ready["database"] == "ok" and ready["broker"] == "ok", ready
+    assert ready["migrations"] == "ok" and ready["workers_ready"] == 0  # no worker in this stack
     spec = client.get("/openapi.json").json()
     body = spec["paths"]["/v1/jobs"]["post"]["requestBody"]["content"]
     assert {"application/json", "multipart/form-data"} <= set(body)

@@ -17,6 +17,13 @@
                                       "status", "error": {"message"}}
     GET  /v1/batches/{id}/stats       count, per-phase p50/p95/mean, mean kept ratio (SQL)
     POST /v1/batches/{id}/cancel      cancelling -> cancelled; finished results stay
+    DELETE /v1/batches/{id}/data      a finished batch, its jobs and all their data deleted (409 while
+                                      it runs)
+
+Bodies are validated by the models of `specq.api.schemas` (`BatchLine` per JSONL line,
+`BatchFormFields` for the form) before anything is stored. CSV cells that a spreadsheet would run as
+a formula (starting with = + - @, a tab or a carriage return) get a leading `'` (OWASP CSV injection);
+JSONL is exported as stored.
 
 The batch's jobs are ordinary jobs (`batch_id`, `custom_id`): the workers run them like any other,
 and each finished job moves its batch on (`storage.batches.advance_batch`).
@@ -31,8 +38,9 @@ import logging
 from collections.abc import Iterator
 from typing import Any, Callable
 
-from fastapi import APIRouter, Depends, Query, Request
+from fastapi import APIRouter, Depends, Path, Query, Request
 from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import ConfigDict, TypeAdapter, ValidationError
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import UploadFile
 
@@ -40,17 +48,18 @@ from ..contracts import InputError
 from ..engine.inputs import check_text, decode_document
 from ..engine.options import RunParams
 from ..settings import ServiceSettings
-from ..storage import batches, db, jobs, results, stats
+from ..storage import batches, db, jobs, lifecycle, results, stats
 from ..storage.keys import Caller
-from ..storage.quotas import QuotaExceeded, reserve_queued
 from ..storage.models import BATCH_STATUSES
-from .query import parse_statuses
-from .validate import MAX_NAME_CHARS, check_storable
+from ..storage.quotas import QuotaExceeded, reserve_queued
+from . import schemas as S
+from .errors import ApiError, describe, json_error, responses
+from .jobs import check_field, deleted, form_text, links, parse_params_field
+from .query import OFFSET, limit_query, parse_statuses, status_query
+from .views import batch_summary
 
 log = logging.getLogger("specq.api")
 
-#: keys of one JSONL request line
-LINE_KEYS = {"custom_id", "text", "question", "params", "filename"}
 #: form fields of POST /v1/batches
 FORM_KEYS = {"input", "file", "question", "params", "metadata", "completion_window", "endpoint"}
 JSONL_TYPES = {"application/jsonl", "application/x-ndjson", "application/x-jsonlines", "application/json-lines"}
@@ -59,31 +68,29 @@ MAX_ERRORS = 100
 #: CSV columns before the per-phase timing columns (`<phase>_ms`)
 CSV_COLUMNS = ["custom_id", "job_id", "status", "filename", "answer", "finish_reason", "prompt_tokens", "kept_tokens",
                "completion_tokens", "kept_ratio", "mode", "draft", "accept_rate", "queue_wait_ms"]
-
+#: first characters that make a spreadsheet read a cell as a formula (OWASP "CSV injection")
+CSV_FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+BatchId = Path(..., min_length=1, max_length=S.MAX_ID_CHARS, description="a batch id (batch_…)")
 
 #: the request body of POST /v1/batches, for /openapi.json (the route reads the body itself)
 BATCH_BODY_DOC = {
     "requestBody": {
         "required": True,
         "content": {
-            "multipart/form-data": {
-                "schema": {
-                    "type": "object",
-                    "properties": {
-                        "input": {"type": "string", "format": "binary",
-                                  "description": "JSONL, one request per line: {custom_id, text, question, params}"},
-                        "file": {"type": "array", "items": {"type": "string", "format": "binary"},
-                                 "description": "documents (custom_id = file name); instead of input"},
-                        "question": {"type": "string"},
-                        "params": {"type": "string", "description": "a JSON object: defaults of every request"},
-                        "metadata": {"type": "string", "description": "a JSON object; `name` names the batch"},
-                    },
-                }
-            },
-            "application/jsonl": {"schema": {"type": "string", "description": "the JSONL itself"}},
+            "multipart/form-data": {"schema": S.BATCH_FORM_SCHEMA},
+            "application/jsonl": {"schema": {"type": "string", "description": "the JSONL itself: one "
+                                             "BatchLine (#/components/schemas/BatchLine) per line"}},
         },
     }
 }
+JSONL_RESPONSE = {"application/jsonl": {"schema": {"type": "string", "description": "one JSON object per line"}}}
+CSV_RESPONSE = {"text/csv": {"schema": {"type": "string", "description": "CSV with a header row; cells starting "
+                                        "with = + - @ tab or CR are prefixed with '"}}}
+
+
+BATCH_LINKS = {**links("$response.body#/id", "batch_id", "getBatch", "cancelBatch", "getBatchResults",
+                       "getBatchErrors", "getBatchStats", "deleteBatchData"),
+               "ListBatches": {"operationId": "listBatches", "parameters": {"limit": 5}}}
 
 
 class _Invalid(Exception):
@@ -92,11 +99,10 @@ class _Invalid(Exception):
         self.item = {"line": line, "code": code, "message": message, "param": param}
 
 
-def batches_router(settings: ServiceSettings, caller_of: Callable[..., Caller], api_error: type) -> APIRouter:
+def batches_router(settings: ServiceSettings, caller_of: Callable[..., Caller]) -> APIRouter:
     """The /v1/batches routes; `caller_of` is the API's auth dependency (its Caller's `scope` filters
-    every read by tenant), `api_error` its error class."""
-    router = APIRouter()
-    ApiError = api_error
+    every read by tenant)."""
+    router = APIRouter(tags=["batches"])
 
     def _get(s, batch_id: str, scope: str | None):
         batch = batches.get_batch(s, batch_id, tenant=scope)
@@ -107,29 +113,31 @@ def batches_router(settings: ServiceSettings, caller_of: Callable[..., Caller], 
         return batch
 
     @router.post("/v1/batches", summary="Create a batch from a JSONL file or several documents",
-                 openapi_extra=BATCH_BODY_DOC)
+                 openapi_extra=BATCH_BODY_DOC, response_model=S.BatchOut, operation_id="createBatch",
+                 responses={200: {"links": BATCH_LINKS}, **responses(400, 401, 413, 415, 422, 429, 503)})
     async def create_batch(request: Request, caller: Caller = Depends(caller_of)) -> JSONResponse:
         ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
-        defaults: dict[str, Any] = {}
-        metadata = None
-        extra: dict[str, Any] = {}
+        fields = S.BatchFormFields()
         if ctype in JSONL_TYPES:
             body = await request.body()
             source = ("jsonl", body, None)
         elif ctype == "multipart/form-data":
-            source, defaults, metadata, extra = await _read_batch_form(request, settings, ApiError)
+            source, fields = await _read_batch_form(request, settings)
         else:
             raise ApiError(415, "send multipart/form-data (an `input` JSONL file, or `file` parts + question + "
                                 "params) or a JSONL body (content-type application/jsonl)", "unsupported_media_type")
-        batch, code = await run_in_threadpool(_create, settings, caller.tenant, source, defaults, metadata, extra, ApiError)
-        return JSONResponse(status_code=code, content=batch, headers={"Location": f"/v1/batches/{batch['id']}"})
+        batch = await run_in_threadpool(_create, settings, caller.tenant, source, fields)
+        return JSONResponse(status_code=200, content=batch, headers={"Location": f"/v1/batches/{batch['id']}"})
 
-    @router.get("/v1/batches", summary="List batches, newest first")
+    @router.get("/v1/batches", summary="List batches, newest first", response_model=S.BatchList,
+                operation_id="listBatches",
+                responses=responses(401, 422))
     def list_batches(
-        status: str | None = Query(None, description="one status or several, comma-separated"),
-        name: str | None = Query(None, description="only batches whose metadata name is this"),
-        limit: int = Query(20, ge=1),
-        offset: int = Query(0, ge=0),
+        status: str | None = status_query(BATCH_STATUSES),
+        name: str | None = Query(None, max_length=S.MAX_METADATA_VALUE_CHARS,
+                                 description="only batches whose metadata name is this"),
+        limit: int = limit_query(20),
+        offset: int = OFFSET,
         caller: Caller = Depends(caller_of),
     ) -> dict[str, Any]:
         statuses = parse_statuses(status, BATCH_STATUSES, ApiError)
@@ -144,16 +152,20 @@ def batches_router(settings: ServiceSettings, caller_of: Callable[..., Caller], 
             for b in rows:
                 if b.status in ("in_progress", "finalizing", "cancelling"):
                     b = batches.advance_batch(s, b.id) or b
-                data.append(b.to_dict())
+                data.append(batch_summary(b))
             return {"object": "list", "data": data, "limit": limit, "offset": offset}
 
-    @router.get("/v1/batches/{batch_id}", summary="A batch: status, request counts, timestamps")
-    def get_batch(batch_id: str, caller: Caller = Depends(caller_of)) -> dict[str, Any]:
+    @router.get("/v1/batches/{batch_id}", summary="A batch: status, request counts, timestamps",
+                operation_id="getBatch", response_model=S.BatchOut, responses=responses(401, 404, 422))
+    def get_batch(batch_id: str = BatchId, caller: Caller = Depends(caller_of)) -> dict[str, Any]:
         with db.session() as s:
             return _get(s, batch_id, caller.scope).to_dict()
 
-    @router.post("/v1/batches/{batch_id}/cancel", summary="Cancel a batch (finished results stay)")
-    def cancel_batch(batch_id: str, caller: Caller = Depends(caller_of)) -> dict[str, Any]:
+    @router.post("/v1/batches/{batch_id}/cancel", summary="Cancel a batch (finished results stay)",
+                 operation_id="cancelBatch", response_model=S.BatchOut,
+                 responses={200: {"links": links("$response.body#/id", "batch_id", "getBatch", "deleteBatchData",
+                                                 "getBatchErrors")}, **responses(401, 404, 409, 422)})
+    def cancel_batch(batch_id: str = BatchId, caller: Caller = Depends(caller_of)) -> dict[str, Any]:
         with db.session() as s:
             batch = batches.cancel_batch(s, batch_id, caller.scope)
             if batch is None:
@@ -162,8 +174,16 @@ def batches_router(settings: ServiceSettings, caller_of: Callable[..., Caller], 
                 raise ApiError(409, f"batch {batch_id} already {batch.status}: nothing to cancel", "conflict")
             return batch.to_dict()
 
-    @router.get("/v1/batches/{batch_id}/results", summary="Results of the succeeded requests: JSONL or CSV")
-    def batch_results(batch_id: str, format: str = Query("jsonl", pattern="^(jsonl|csv)$"),
+    @router.delete("/v1/batches/{batch_id}/data", summary="Delete a finished batch, its jobs and all their data",
+                   operation_id="deleteBatchData", response_model=S.Deleted, responses=responses(401, 404, 409, 422))
+    def delete_batch_data(batch_id: str = BatchId, caller: Caller = Depends(caller_of)) -> dict[str, Any]:
+        return deleted("batch", batch_id, lambda s: lifecycle.delete_batch(s, batch_id, tenant=caller.scope))
+
+    @router.get("/v1/batches/{batch_id}/results", summary="Results of the succeeded requests: JSONL or CSV",
+                response_class=StreamingResponse, operation_id="getBatchResults",
+                responses={200: {"content": {**JSONL_RESPONSE, **CSV_RESPONSE}, "description": "one line per "
+                                 "succeeded request, in request order"}, **responses(401, 404, 422, 503)})
+    def batch_results(batch_id: str = BatchId, format: str = Query("jsonl", pattern="^(jsonl|csv)$"),
                       caller: Caller = Depends(caller_of)):
         with db.session() as s:
             batch = _get(s, batch_id, caller.scope)
@@ -172,14 +192,18 @@ def batches_router(settings: ServiceSettings, caller_of: Callable[..., Caller], 
                                      headers={"Content-Disposition": f'attachment; filename="{batch.id}.csv"'})
         return StreamingResponse(_result_lines(batch.id), media_type="application/jsonl")
 
-    @router.get("/v1/batches/{batch_id}/errors", summary="Failed and cancelled requests: JSONL")
-    def batch_errors(batch_id: str, caller: Caller = Depends(caller_of)):
+    @router.get("/v1/batches/{batch_id}/errors", summary="Failed and cancelled requests: JSONL",
+                response_class=StreamingResponse, operation_id="getBatchErrors",
+                responses={200: {"content": JSONL_RESPONSE, "description": "one line per failed or cancelled "
+                                 "request"}, **responses(401, 404, 422, 503)})
+    def batch_errors(batch_id: str = BatchId, caller: Caller = Depends(caller_of)):
         with db.session() as s:
             batch = _get(s, batch_id, caller.scope)
         return StreamingResponse(_error_lines(batch.id), media_type="application/jsonl")
 
-    @router.get("/v1/batches/{batch_id}/stats", summary="Per-phase p50/p95, mean kept ratio (computed in SQL)")
-    def batch_stats(batch_id: str, caller: Caller = Depends(caller_of)) -> dict[str, Any]:
+    @router.get("/v1/batches/{batch_id}/stats", summary="Per-phase p50/p95, mean kept ratio (computed in SQL)",
+                operation_id="getBatchStats", response_model=S.BatchStats, responses=responses(401, 404, 422))
+    def batch_stats(batch_id: str = BatchId, caller: Caller = Depends(caller_of)) -> dict[str, Any]:
         with db.session() as s:
             batch = _get(s, batch_id, caller.scope)
             summary = stats.batch_summary(s, batch.id)
@@ -192,66 +216,86 @@ def batches_router(settings: ServiceSettings, caller_of: Callable[..., Caller], 
 # --- creating a batch ------------------------------------------------------------------------------------
 
 
-async def _read_batch_form(request: Request, settings: ServiceSettings, ApiError):
+async def _read_batch_form(request: Request, settings: ServiceSettings):
     try:
         form = await request.form(max_files=settings.max_batch_requests + 1, max_fields=16, max_part_size=1 << 20)
     except Exception as e:
         if getattr(e, "status_code", None) == 413:
             raise
-        raise ApiError(400, f"bad multipart body: {e}", "invalid_request") from None
+        raise ApiError(400, f"bad multipart body: {str(e)[:200]}", "invalid_request") from None
     try:
-        unknown = sorted(set(form.keys()) - FORM_KEYS)
+        unknown = sorted(str(k)[:40] for k in set(form.keys()) - FORM_KEYS)
         if unknown:
-            raise ApiError(422, f"unknown form field(s): {', '.join(unknown)} (known: {', '.join(sorted(FORM_KEYS))})",
+            raise ApiError(422, f"unknown form field(s): {', '.join(unknown[:8])} (known: {', '.join(sorted(FORM_KEYS))})",
                            "invalid_params")
+        for key in FORM_KEYS - {"file"}:
+            if len(form.getlist(key)) > 1:
+                raise ApiError(422, f"send {key} at most once", "invalid_params")
         inputs = [u for u in form.getlist("input") if isinstance(u, UploadFile)]
         files = [u for u in form.getlist("file") if isinstance(u, UploadFile)]
+        if len(inputs) != len(form.getlist("input")) or len(files) != len(form.getlist("file")):
+            raise ApiError(422, "input and file must be file parts", "invalid_params")
         if bool(inputs) == bool(files):
             raise ApiError(422, "send either one `input` part (a JSONL file, one request per line) or one or more "
                                 "`file` parts (documents)", "invalid_params")
-        if len(inputs) > 1:
-            raise ApiError(422, "send one `input` JSONL file per batch", "invalid_params")
-        defaults = _json_field(form.get("params"), "params", ApiError) or {}
-        metadata = _json_field(form.get("metadata"), "metadata", ApiError)
-        question = form.get("question")
-        if question is not None and not isinstance(question, str):
-            raise ApiError(422, "question must be a text field", "invalid_params")
-        if question is not None:
-            defaults["question"] = question
-        extra = {k: form.get(k) for k in ("completion_window", "endpoint") if isinstance(form.get(k), str)}
-        try:  # what the batch row keeps: checked here, before anything is stored
-            for value, name, size in ((defaults, "params", None), (metadata, "metadata", None),
-                                      (extra.get("completion_window"), "completion_window", 32),
-                                      (extra.get("endpoint"), "endpoint", 128),
-                                      *((u.filename, "a file name", MAX_NAME_CHARS) for u in inputs + files)):
-                check_storable(value, name, size)
-        except InputError as e:
-            raise ApiError(422, str(e), "invalid_input") from None
+        fields = S.BatchFormFields.model_construct(
+            params=parse_params_field(form["params"]) if "params" in form else None,
+            metadata=_metadata_field(form.get("metadata")),
+            question=form_text(form, "question", S.Question),
+            completion_window=form_text(form, "completion_window", S.Text(32)),
+            endpoint=form_text(form, "endpoint", S.Text(128)),
+        )
+        names = [check_field(u.filename or f"file{i}", "a file name", S.Name)
+                 for i, u in enumerate(inputs + files, 1)]
         if inputs:
-            source = ("jsonl", await inputs[0].read(), inputs[0].filename)
+            source = ("jsonl", await inputs[0].read(), names[0])
         else:
             if len(files) > settings.max_batch_requests:
                 raise ApiError(422, f"{len(files)} files, over the limit of {settings.max_batch_requests} per batch "
                                     "(SPECQ_MAX_BATCH_REQUESTS)", "invalid_params")
-            docs = [(u.filename or f"file{i}", await u.read(jobs.max_input_bytes() + 1)) for i, u in enumerate(files, 1)]
+            docs = [(name, await u.read(jobs.max_input_bytes() + 1)) for name, u in zip(names, files)]
             source = ("files", docs, None)
-        return source, defaults, metadata, extra
+        return source, fields
     finally:
         await form.close()
 
 
-def _json_field(raw, name: str, ApiError) -> dict | None:
-    if raw is None or (isinstance(raw, str) and not raw.strip()):
+def _metadata_field(raw) -> dict[str, str] | None:
+    if raw is None:
         return None
     if not isinstance(raw, str):
-        raise ApiError(422, f"{name} must be a text field holding a JSON object", "invalid_params")
+        raise ApiError(422, "metadata must be a text field holding a JSON object", "invalid_params")
     try:
-        value = json.loads(raw)
-    except (ValueError, RecursionError) as e:
-        raise ApiError(422, f"{name} is not valid JSON: {e}", "invalid_params") from None
-    if not isinstance(value, dict):
-        raise ApiError(422, f"{name} must be a JSON object", "invalid_params")
-    return value
+        return _METADATA.validate_json(raw)
+    except ValidationError as e:
+        first = e.errors(include_url=False)[0] if e.errors() else {}
+        if first.get("type") == "json_invalid":
+            raise json_error(str(first.get("msg", "")), "metadata", 422) from None
+        if first.get("type") == "dict_type" and not first.get("loc"):
+            raise ApiError(422, "metadata must be a JSON object of string values", "invalid_params") from None
+        raise ApiError(422, describe(e.errors(include_url=False), "metadata"), "invalid_params") from None
+
+
+_METADATA = TypeAdapter(S.Metadata, config=ConfigDict(strict=True))
+
+
+def _line_error(n: int, e: ValidationError) -> _Invalid:
+    errors = e.errors(include_url=False, include_input=False)
+    first = errors[0] if errors else {}
+    loc = first.get("loc") or ()
+    field_ = str(loc[0]) if loc else None
+    if first.get("type") == "json_invalid":
+        e = json_error(str(first.get("msg", "")), f"line {n}")
+        return _Invalid(n, "invalid_json" if e.status_code == 400 else "invalid_input", e.detail)
+    if first.get("type") == "model_type" and not loc:
+        return _Invalid(n, "invalid_request", f"line {n} must be a JSON object {{custom_id, text, question, params}}")
+    if field_ == "custom_id" and first.get("type") in ("missing", "string_too_short", "string_type"):
+        return _Invalid(n, "missing_custom_id", f"line {n}: custom_id is required (a string of 1-255 characters)",
+                        "custom_id")
+    if field_ == "text" and first.get("type") in ("missing", "string_type"):
+        return _Invalid(n, "missing_text", f"line {n}: text is required and must be a string", "text")
+    code = "invalid_params" if field_ == "params" else "invalid_request"
+    return _Invalid(n, code, f"line {n}: {describe(errors)}", field_)
 
 
 def _check_params(defaults: dict[str, Any], own: dict[str, Any], question: str | None) -> tuple[dict, str]:
@@ -260,7 +304,7 @@ def _check_params(defaults: dict[str, Any], own: dict[str, Any], question: str |
         merged["question"] = question
     params = RunParams.from_dict(merged)
     d = params.to_dict()
-    return d, str(d.get("question") or "")
+    return d, str(d.pop("question", "") or "")
 
 
 def _parse_jsonl(data: bytes, defaults: dict[str, Any], limit: int, max_requests: int):
@@ -275,63 +319,34 @@ def _parse_jsonl(data: bytes, defaults: dict[str, Any], limit: int, max_requests
             continue
         try:
             try:
-                line = json.loads(raw.decode("utf-8"))
+                raw.decode("utf-8")
             except UnicodeDecodeError:
                 raise _Invalid(n, "invalid_encoding", f"line {n} is not UTF-8") from None
-            except (ValueError, RecursionError) as e:
-                raise _Invalid(n, "invalid_json", f"line {n} is not valid JSON: {e}") from None
-            if not isinstance(line, dict):
-                raise _Invalid(n, "invalid_request", f"line {n} must be a JSON object {{custom_id, text, question, params}}")
-            unknown = sorted(set(line) - LINE_KEYS)
-            if unknown:
-                raise _Invalid(n, "invalid_request", f"line {n}: unknown field(s) {', '.join(unknown)} "
-                                                     f"(known: {', '.join(sorted(LINE_KEYS))})")
-            cid = line.get("custom_id")
-            if not isinstance(cid, str) or not cid.strip() or len(cid) > MAX_NAME_CHARS:
-                raise _Invalid(n, "missing_custom_id", f"line {n}: custom_id is required (a string of 1-255 characters)",
-                               "custom_id")
+            try:
+                line = S.BatchLine.model_validate_json(raw)
+            except ValidationError as e:
+                raise _line_error(n, e) from None
+            cid = line.custom_id
             if cid in seen:
-                raise _Invalid(n, "duplicate_custom_id", f"line {n}: custom_id {cid!r} already used on line {seen[cid]}",
-                               "custom_id")
+                raise _Invalid(n, "duplicate_custom_id", f"line {n}: custom_id {cid[:100]!r} already used on line "
+                                                         f"{seen[cid]}", "custom_id")
             seen[cid] = n
-            text = line.get("text")
-            if not isinstance(text, str):
-                raise _Invalid(n, "missing_text", f"line {n}: text is required and must be a string", "text")
-            size = len(text.encode("utf-8", "surrogatepass"))
+            size = len(line.text.encode("utf-8", "surrogatepass"))
             if size > limit:
                 raise _Invalid(n, "too_large", f"line {n}: text is {size} bytes, over the limit of {limit} bytes "
                                                "(SPECQ_MAX_INPUT_BYTES)", "text")
-            question = line.get("question")
-            if question is not None and not isinstance(question, str):
-                raise _Invalid(n, "invalid_request", f"line {n}: question must be a string", "question")
-            own = line.get("params") or {}
-            if not isinstance(own, dict):
-                raise _Invalid(n, "invalid_params", f"line {n}: params must be a JSON object", "params")
-            filename = line.get("filename")
-            if filename is not None and not isinstance(filename, str):
-                raise _Invalid(n, "invalid_request", f"line {n}: filename must be a string", "filename")
             try:
-                text.encode("utf-8")
-                check_text(text, name="text")
-            except UnicodeEncodeError:
-                raise _Invalid(n, "invalid_input", f"line {n}: text contains lone surrogates", "text") from None
-            except InputError as e:
-                raise _Invalid(n, "invalid_input", f"line {n}: {e}", "text") from None
-            for value, field_ in ((cid, "custom_id"), (question, "question"), (own, "params")):
-                try:
-                    check_storable(value, field_)
-                except InputError as e:
-                    raise _Invalid(n, "invalid_input", f"line {n}: {e}", field_) from None
+                S.storable(line.text)
+                check_text(line.text, name="text")
+            except (InputError, ValueError) as e:
+                message = str(e) if str(e).startswith("text") else f"text {e}"
+                raise _Invalid(n, "invalid_input", f"line {n}: {message}", "text") from None
             try:
-                check_storable(filename, "filename", MAX_NAME_CHARS)
-            except InputError as e:
-                raise _Invalid(n, "invalid_input", f"line {n}: {e}", "filename") from None
-            try:
-                params, q = _check_params(defaults, own, question)
+                params, q = _check_params(defaults, S.params_dict(line.params), line.question)
             except InputError as e:
                 raise _Invalid(n, "invalid_params", f"line {n}: {e}", "params") from None
-            requests.append(batches.BatchRequest(custom_id=cid, text=text, question=q, params=params,
-                                                 filename=filename))
+            requests.append(batches.BatchRequest(custom_id=cid, text=line.text, question=q, params=params,
+                                                 filename=line.filename))
             if len(requests) > max_requests:
                 raise _Invalid(n, "too_many_requests", f"more than {max_requests} requests (SPECQ_MAX_BATCH_REQUESTS)")
         except _Invalid as e:
@@ -365,7 +380,7 @@ def _parse_files(docs: list[tuple[str, bytes]], defaults: dict[str, Any], limit:
                 text = decode_document(data, name=name)
             except InputError as e:
                 raise _Invalid(n, "invalid_input", f"file {n}: {e}", "file") from None
-            requests.append(batches.BatchRequest(custom_id=name[:255], text=text, question=question, params=params,
+            requests.append(batches.BatchRequest(custom_id=name, text=text, question=question, params=params,
                                                  filename=name))
         except _Invalid as e:
             errors.append(e.item)
@@ -374,11 +389,21 @@ def _parse_files(docs: list[tuple[str, bytes]], defaults: dict[str, Any], limit:
     return requests, errors
 
 
-def _create(settings: ServiceSettings, tenant: str, source, defaults, metadata, extra, ApiError) -> tuple[dict, int]:
+def _response(s, batch_id: str) -> dict[str, Any]:
+    """The batch as its response body, checked against BatchOut (so it serialises)."""
+    body = S.BatchOut.model_validate(batches.get_batch(s, batch_id).to_dict()).model_dump(mode="json")
+    json.dumps(body, allow_nan=False)
+    return body
+
+
+def _create(settings: ServiceSettings, tenant: str, source, fields: S.BatchFormFields) -> dict[str, Any]:
     from ..broker import enqueue_job
 
     kind, payload, input_name = source
     limit = jobs.max_input_bytes()
+    defaults = dict(fields.params or {})
+    if fields.question is not None:
+        defaults["question"] = fields.question
     # parse before storing anything: an upload over a limit is refused with a 4xx and leaves no row
     if kind == "jsonl":
         requests, errors = _parse_jsonl(payload, defaults, limit, settings.max_batch_requests)
@@ -395,28 +420,28 @@ def _create(settings: ServiceSettings, tenant: str, source, defaults, metadata, 
             except QuotaExceeded as e:
                 raise ApiError(429, str(e), "too_many_requests") from None
         batch = batches.create_batch(
-            s, tenant=tenant, endpoint=extra.get("endpoint") or "/v1/jobs",
-            completion_window=extra.get("completion_window") or None,
+            s, tenant=tenant, endpoint=fields.endpoint or "/v1/jobs",
+            completion_window=fields.completion_window or None,
             input_filename=input_name if kind == "jsonl" else f"{len(payload)} files",
-            params={k: v for k, v in defaults.items()}, metadata=metadata)
-        if errors:
-            batches.set_batch_status(s, batch.id, "failed", errors={"object": "list", "data": errors})
-            log.info("batch %s failed validation: %s", batch.id, errors[0]["message"])
-            return batches.get_batch(s, batch.id).to_dict(), 200
+            params={k: v for k, v in defaults.items() if k != "question"}, metadata=fields.metadata)
         try:
-            reserve_queued(s, tenant, len(requests), settings.max_queued_jobs)  # add_requests commits it
-            ids = batches.add_requests(s, batch.id, requests, tenant=tenant, max_attempts=settings.max_attempts,
-                                       limit_bytes=limit)
-        except BaseException as e:  # nothing of the requests was stored: the batch must not stay `validating`
-            quota = isinstance(e, QuotaExceeded)
-            message = str(e) if quota else f"storing the requests failed: {type(e).__name__}"
-            batches.set_batch_status(s, batch.id, "failed", errors={"object": "list", "data": [
-                {"line": None, "code": "too_many_queued_jobs" if quota else "internal", "message": message,
-                 "param": None}]})
-            if quota:
-                raise ApiError(429, message, "too_many_requests") from None
+            if errors:
+                batches.set_batch_status(s, batch.id, "failed", errors={"object": "list", "data": errors})
+                log.info("batch %s failed validation: %s", batch.id, errors[0]["message"])
+                return _response(s, batch.id)
+            try:
+                reserve_queued(s, tenant, len(requests), settings.max_queued_jobs)  # add_requests commits it
+                ids = batches.add_requests(s, batch.id, requests, tenant=tenant, max_attempts=settings.max_attempts,
+                                           limit_bytes=limit)
+            except QuotaExceeded as e:
+                raise ApiError(429, str(e), "too_many_requests") from None
+            batches.set_batch_status(s, batch.id, "in_progress")
+            body = _response(s, batch.id)  # serialisable before any job is queued
+        except BaseException:
+            # nothing may stay half-stored: the batch (and any of its jobs) goes, the caller gets the error
+            s.rollback()
+            lifecycle.discard_batch(s, batch.id)
             raise
-        batches.set_batch_status(s, batch.id, "in_progress")
         for i, job_id in enumerate(ids):
             try:
                 enqueue_job(job_id, settings)
@@ -429,7 +454,7 @@ def _create(settings: ServiceSettings, tenant: str, source, defaults, metadata, 
                 raise ApiError(503, f"batch {batch.id}: {len(ids) - i} of {len(ids)} requests could not be queued: "
                                     f"{message}", "unavailable") from None
         log.info("batch %s: %d requests queued", batch.id, len(ids))
-        return batches.get_batch(s, batch.id).to_dict(), 200
+        return body
 
 
 # --- exports -------------------------------------------------------------------------------------------------
@@ -465,15 +490,26 @@ def _error_lines(batch_id: str) -> Iterator[bytes]:
 
 def csv_row(job_id: str, custom_id: str | None, status: str, filename: str | None, queue_wait_ms: float | None,
             result: dict[str, Any], phases: list[str]) -> list[Any]:
-    """One CSV row (CSV_COLUMNS, then `<phase>_ms` per phase) of a succeeded request."""
+    """One CSV row (CSV_COLUMNS, then `<phase>_ms` per phase) of a succeeded request, its text cells
+    neutralised (`csv_cell`)."""
     usage = result.get("usage") or {}
     prompt, kept = usage.get("prompt_tokens") or 0, usage.get("kept_tokens") or 0
     timings = result.get("timings_ms") or {}
     draft = result.get("draft") or {}
-    return [custom_id, job_id, status, filename or "", result.get("text", ""), result.get("finish_reason"), prompt, kept,
-            usage.get("completion_tokens") or 0, round(kept / prompt, 4) if prompt else "",
-            (result.get("spec") or {}).get("mode", ""), draft.get("method", ""), draft.get("accept_rate", ""),
-            "" if queue_wait_ms is None else round(queue_wait_ms, 3)] + [timings.get(p, "") for p in phases]
+    row = [custom_id, job_id, status, filename or "", result.get("text", ""), result.get("finish_reason"), prompt, kept,
+           usage.get("completion_tokens") or 0, round(kept / prompt, 4) if prompt else "",
+           (result.get("spec") or {}).get("mode", ""), draft.get("method", ""), draft.get("accept_rate", ""),
+           "" if queue_wait_ms is None else round(queue_wait_ms, 3)] + [timings.get(p, "") for p in phases]
+    return [csv_cell(v) for v in row]
+
+
+def csv_cell(value: Any) -> Any:
+    """A CSV cell a spreadsheet shows as text: a string starting with = + - @, a tab or a carriage return
+    gets a leading `'` (OWASP CSV injection: `=HYPERLINK(...)` in a model's answer would run as a
+    formula). Numbers are written as numbers."""
+    if isinstance(value, str) and value.startswith(CSV_FORMULA_STARTS):
+        return "'" + value
+    return value
 
 
 def _csv_lines(batch_id: str) -> Iterator[bytes]:
@@ -493,4 +529,4 @@ def _csv_lines(batch_id: str) -> Iterator[bytes]:
         yield buf.getvalue().encode()
 
 
-__all__ = ["batches_router", "CSV_COLUMNS", "csv_row"]
+__all__ = ["batches_router", "CSV_COLUMNS", "csv_row", "csv_cell"]

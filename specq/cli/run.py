@@ -8,11 +8,12 @@ import typer
 
 from .app import app
 from .common import fail, read_document, with_models
+from .output import print_json
 
 
 @app.command("run")
 def run_cmd(
-    file: Path = typer.Argument(..., help="A long document or code file (UTF-8 text)."),
+    file: Path = typer.Argument(..., help="A long document or code file (text: UTF-8, or UTF-16/32 with a BOM); - reads stdin."),
     question: str = typer.Option("", "-q", "--question", help="The question asked about FILE."),
     mode: str = typer.Option("baseline", help="baseline (prefill every token) or specprefill (score, keep the top chunks)."),
     positions: str = typer.Option("original", help="original (kept tokens keep their position ids) or compressed."),
@@ -44,8 +45,10 @@ def run_cmd(
     batch_invariant: str = typer.Option("auto", help="Batch-invariant target numerics (greedy output identical with every drafter): auto (on for a CPU target), on, off."),
     as_json: bool = typer.Option(False, "--json", help="Print the run result object as JSON."),
 ) -> None:
-    """Answer QUESTION about FILE in this process (no service needed) and print the phase timings."""
-    import json
+    """Answer QUESTION about FILE in this process (no service needed) and print the phase timings.
+
+    FILE `-` reads the document from stdin: `git diff | specq run - -q "What changed?"`.
+    """
 
     from ..contracts import EngineError
     from ..engine.options import EngineOptions, RunParams
@@ -71,9 +74,9 @@ def run_cmd(
     except KeyboardInterrupt:
         raise fail("interrupted") from None
     if as_json:
-        typer.echo(json.dumps(result, indent=2))
+        print_json(result)
     else:
-        from ..render import print_result
+        from .render import print_result
 
         print_result(result)
 

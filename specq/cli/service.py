@@ -68,17 +68,15 @@ def api_cmd(
     loglevel: str = typer.Option("info", help="uvicorn log level."),
 ) -> None:
     """Run the REST API (no models are loaded here; jobs go to the broker for `specq worker`)."""
-    import uvicorn
-
     settings = service_settings(api_host=host, api_port=port)
     service_ready_db(upgrade=False)
     if settings.auth == "none" and settings.api_host not in ("127.0.0.1", "localhost", "::1"):
         typer.echo(f"specq api: warning: no API keys (SPECQ_AUTH=none) on {settings.api_host}: anyone who reaches "
                    "this port sees every job; set SPECQ_AUTH=keys (docs/security.md)", err=True)
     from ..api.app import create_app
+    from ..api.server import serve
 
-    uvicorn.run(create_app(settings), host=settings.api_host, port=settings.api_port, log_level=loglevel.lower(),
-                access_log=loglevel.lower() == "debug")
+    serve(create_app(settings), settings, log_level=loglevel.lower(), access_log=loglevel.lower() == "debug")
 
 
 @app.command("up")

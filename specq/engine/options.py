@@ -8,7 +8,10 @@ job. The CLI's long options and the API's `params` keys are these field names (`
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
+import typing
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -18,7 +21,6 @@ Mode = Literal["baseline", "specprefill"]
 Positions = Literal["original", "compressed"]
 Scorer = Literal["windowed", "sliding", "full"]
 Draft = Literal["none", "ngram", "model", "mtp", "eagle3", "auto"]
-DRAFT_METHODS = ("none", "ngram", "model", "mtp", "eagle3", "auto")
 
 
 @dataclass
@@ -124,11 +126,16 @@ class RunParams:
     @classmethod
     def from_dict(cls, data: dict[str, Any] | None) -> "RunParams":
         """Build from API/CLI keys; unknown keys or bad values raise InputError with a message."""
-        data = dict(data or {})
+        if data is None:
+            data = {}
+        elif not isinstance(data, Mapping):  # `[]`, `false`, `0`, `""` are not "no params"
+            raise InputError(f"params must be an object of parameters, not {type(data).__name__}")
+        data = dict(data)
         names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - names)
+        unknown = sorted(str(k)[:40] for k in set(data) - names)
         if unknown:
-            raise InputError(f"unknown parameter(s): {', '.join(unknown)} (known: {', '.join(sorted(names))})")
+            shown = ", ".join(unknown[:8]) + (f" and {len(unknown) - 8} more" if len(unknown) > 8 else "")
+            raise InputError(f"unknown parameter(s): {shown} (known: {', '.join(sorted(names))})")
         kwargs: dict[str, Any] = {}
         for f in dataclasses.fields(cls):
             if f.name not in data or data[f.name] is None:
@@ -142,32 +149,99 @@ class RunParams:
         return dataclasses.asdict(self)
 
     def validate(self) -> None:
-        """Raise InputError for the first value out of range."""
+        """Raise InputError for the first value out of range (PARAM_BOUNDS, then the rules no single
+        range can say: odd pools, windows of 0 or >= 64 tokens, texts within MAX_PROMPT_TEXT_BYTES)."""
+        for name, bound in PARAM_BOUNDS.items():
+            value = getattr(self, name)
+            if isinstance(value, float) and not math.isfinite(value):
+                raise InputError(f"{name} must be a finite number")
+            if not bound.holds(value):
+                raise InputError(f"{name} must be {bound.describe()}")
+        for name, choices in PARAM_CHOICES.items():
+            if getattr(self, name) not in choices:
+                raise InputError(f"{name} must be {_or(choices)}")
         checks: list[tuple[bool, str]] = [
-            (self.mode in ("baseline", "specprefill"), "mode must be baseline or specprefill"),
-            (self.positions in ("original", "compressed"), "positions must be original or compressed"),
-            (0.0 < self.keep <= 1.0, "keep must be in (0, 1]"),
-            (1 <= self.chunk <= 4096, "chunk must be in [1, 4096]"),
-            (self.max_keep >= 0, "max_keep must be >= 0 (0 = no cap)"),
-            (self.min_tokens >= -1, "min_tokens must be >= 0 (or -1 for the default)"),
-            (1 <= self.lookahead <= 64, "lookahead must be in [1, 64]"),
-            (self.pool >= 1 and self.pool % 2 == 1, "pool must be an odd number >= 1"),
-            (self.scorer in ("windowed", "sliding", "full"), "scorer must be windowed, sliding or full"),
+            (self.pool % 2 == 1, "pool must be an odd number >= 1"),
             (self.window == 0 or self.window >= 64, "window must be 0 (auto) or >= 64 tokens"),
-            (1 <= self.max_tokens <= 32768, "max_tokens must be in [1, 32768]"),
-            (0.0 <= self.temperature <= 10.0, "temperature must be in [0, 10]"),
-            (self.top_k >= 0, "top_k must be >= 0"),
-            (0.0 < self.top_p <= 1.0, "top_p must be in (0, 1]"),
-            (self.seed >= -1, "seed must be >= 0 (or -1 for random)"),
-            (self.draft in DRAFT_METHODS, "draft must be none, ngram, model, mtp, eagle3 or auto"),
-            (1 <= self.n_draft <= 64, "n_draft must be in [1, 64]"),
-            (self.draft_min >= 1, "draft_min must be >= 1"),
-            (0.0 <= self.p_min < 1.0, "p_min must be in [0, 1)"),
-            (1 <= self.ngram <= 16, "ngram must be in [1, 16]"),
         ]
         for ok, message in checks:
             if not ok:
                 raise InputError(message)
+        for name in ("question", "system"):
+            text = getattr(self, name)
+            if "\x00" in text:
+                raise InputError(f"{name} contains a NUL character")
+            try:
+                size = len(text.encode("utf-8"))
+            except UnicodeEncodeError:
+                raise InputError(f"{name} contains lone surrogates; send UTF-8 text") from None
+            if size > MAX_PROMPT_TEXT_BYTES:
+                raise InputError(f"{name} is {size} bytes, over the limit of {MAX_PROMPT_TEXT_BYTES} bytes")
+
+
+@dataclass(frozen=True)
+class Bound:
+    """An inclusive range [lo, hi] of a numeric parameter (`lo_open`: lo itself excluded, and so on)."""
+
+    lo: float
+    hi: float
+    lo_open: bool = False
+    hi_open: bool = False
+
+    def holds(self, value: float) -> bool:
+        above = value > self.lo if self.lo_open else value >= self.lo
+        below = value < self.hi if self.hi_open else value <= self.hi
+        return above and below
+
+    def describe(self) -> str:
+        return f"in {'(' if self.lo_open else '['}{_num(self.lo)}, {_num(self.hi)}{')' if self.hi_open else ']'}"
+
+
+def _num(x: float) -> str:
+    return f"{x:g}" if isinstance(x, float) else str(x)
+
+
+def _or(choices: tuple[str, ...]) -> str:
+    return ", ".join(choices[:-1]) + " or " + choices[-1]
+
+
+#: the largest question or system message, UTF-8 bytes (the document has SPECQ_MAX_INPUT_BYTES)
+MAX_PROMPT_TEXT_BYTES = 64 * 1024
+#: the largest signed 32-bit integer: what llama.cpp and numpy take for counts of tokens
+INT32_MAX = 2**31 - 1
+
+#: every numeric parameter's range; the one place its upper bound is set. The API's schema
+#: (specq.api.schemas) is built from it, so /openapi.json states the same ranges.
+#: Bounds that cap memory the run would need before it starts: `pool` (scoring pads each
+#: (layer x head x lookahead row) score vector by pool - 1: 1,000,001 cost 39 s and 1.8 GB on a
+#: 30-token document), `lookahead` and `n_draft` (rows and batch sizes the contexts are built for),
+#: `chunk`; a `window` or `max_keep` above the context is cut to it by the engine, bounded here to
+#: keep the numbers 32-bit.
+PARAM_BOUNDS: dict[str, Bound] = {
+    "keep": Bound(0.0, 1.0, lo_open=True),
+    "chunk": Bound(1, 4096),
+    "max_keep": Bound(0, INT32_MAX),
+    "min_tokens": Bound(-1, INT32_MAX),
+    "lookahead": Bound(1, 64),
+    "pool": Bound(1, 1023),
+    "window": Bound(0, 1 << 20),
+    "max_tokens": Bound(1, 32768),
+    "temperature": Bound(0.0, 10.0),
+    "top_k": Bound(0, INT32_MAX),
+    "top_p": Bound(0.0, 1.0, lo_open=True),
+    "seed": Bound(-1, 2**63 - 1),
+    "n_draft": Bound(1, 64),
+    "draft_min": Bound(1, 64),
+    "p_min": Bound(0.0, 1.0, hi_open=True),
+    "ngram": Bound(1, 16),
+}
+#: the choices of each text-valued option (the Literal types above)
+PARAM_CHOICES: dict[str, tuple[str, ...]] = {
+    "mode": typing.get_args(Mode),
+    "positions": typing.get_args(Positions),
+    "scorer": typing.get_args(Scorer),
+    "draft": typing.get_args(Draft),
+}
 
 
 def _coerce(name: str, type_name: Any, value: Any) -> Any:
@@ -189,11 +263,13 @@ def _coerce(name: str, type_name: Any, value: Any) -> Any:
         if not isinstance(value, str):
             raise ValueError
         return value
-    except (TypeError, ValueError):
-        raise InputError(f"parameter {name} has a bad value: {value!r}") from None
+    except (TypeError, ValueError, OverflowError):
+        shown = repr(value)
+        raise InputError(f"parameter {name} has a bad value: {shown if len(shown) <= 60 else shown[:57] + '...'}") from None
 
 
 ENGINE_OPTION_NAMES = tuple(f.name for f in dataclasses.fields(EngineOptions))
 RUN_PARAM_NAMES = tuple(f.name for f in dataclasses.fields(RunParams))
 
-__all__ = ["DRAFT_METHODS", "EngineOptions", "RunParams", "ENGINE_OPTION_NAMES", "RUN_PARAM_NAMES"]
+__all__ = ["EngineOptions", "RunParams", "ENGINE_OPTION_NAMES", "RUN_PARAM_NAMES", "PARAM_BOUNDS", "PARAM_CHOICES",
+           "MAX_PROMPT_TEXT_BYTES", "Bound"]

@@ -215,7 +215,8 @@ def add_requests(
             ids.append(job_id)
             rows_jobs.append(Job(id=job_id, tenant=tenant, batch_id=batch_id, custom_id=r.custom_id, status="queued",
                                  progress_done=0, progress_total=0, attempts=0, max_attempts=max_attempts,
-                                 created_at=base + timedelta(microseconds=i), params=dict(r.params),
+                                 created_at=base + timedelta(microseconds=i),
+                                 params={k: v for k, v in r.params.items() if k != "question"},
                                  cancel_requested=False))
             rows_inputs.append(JobInput(job_id=job_id, filename=r.filename, text=r.text, question=r.question or "",
                                         size_bytes=size))
@@ -314,7 +315,12 @@ def cancel_batch(session: Session, batch_id: str, tenant: str | None = None) -> 
 
 def find_batches(session: Session, name: str, *, tenant: str | None = None, limit: int = 50) -> list[Batch]:
     """Batches whose metadata `name` is `name` (`specq submit --batch NAME`), newest first."""
-    q = select(Batch).where(Batch.metadata_["name"].as_string() == name)
+    named = Batch.metadata_["name"].as_string()
+    if session.get_bind().dialect.name == "sqlite":
+        # SQLite's JSON functions fail the whole query on one malformed value (NaN that older code
+        # stored, nesting past 1,000 levels): such rows are skipped (CASE evaluates in order)
+        named = case((func.json_valid(Batch.metadata_) == 1, named), else_=None)
+    q = select(Batch).where(named == name)
     if tenant is not None:
         q = q.where(Batch.tenant == tenant)
     q = q.order_by(Batch.created_at.desc(), Batch.id.desc()).limit(max(0, limit))

@@ -78,12 +78,14 @@ def get_engine(url: str | URL | None = None) -> Engine:
 
 
 def _make_engine(u: URL) -> Engine:
+    from .sanitize import safe_loads  # stored JSON that cannot be decoded must not fail a whole query
+
     if u.get_backend_name() != "sqlite":
-        return create_engine(u, pool_pre_ping=True)
+        return create_engine(u, pool_pre_ping=True, json_deserializer=safe_loads)
     database = u.database or ""
     if database and database != ":memory:" and not database.startswith("file:"):
         Path(database).expanduser().parent.mkdir(parents=True, exist_ok=True)
-    engine = create_engine(u, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000})
+    engine = create_engine(u, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000}, json_deserializer=safe_loads)
 
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_connection, _record):  # pragma: no cover - exercised through every test

@@ -86,7 +86,8 @@ def create_job(
 ) -> Job:
     """Insert a queued job and its input; return the Job.
 
-    `params` is a RunParams or its dict (stored as given). `question` defaults to params' `question`.
+    `params` is a RunParams or its dict (stored as given, less its `question`, which job_inputs holds).
+    `question` defaults to params' `question`.
     Raises InputTooLarge when `text` is over `limit_bytes` (default `max_input_bytes()`), and
     sqlalchemy.exc.IntegrityError for an unknown batch_id or a custom_id repeated within a batch.
     """
@@ -99,6 +100,7 @@ def create_job(
     p = _params_dict(params)
     if question is None:
         question = str(p.get("question") or "")
+    p.pop("question", None)  # stored once, in job_inputs (it can be 64 KiB; lists return params)
     job = Job(
         id=new_job_id(),
         tenant=tenant,

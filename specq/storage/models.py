@@ -30,6 +30,7 @@ from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.types import TypeDecorator
 
+from .sanitize import clean_errors, clean_metadata, safe_dict
 from ..contracts import BATCH_STATUSES, BATCH_TERMINAL, JOB_STATUSES, JOB_TERMINAL  # noqa: F401  (re-exported)
 
 #: constraint names are fixed by convention, so migrations (and SQLite batch migrations) can name them
@@ -125,9 +126,10 @@ class Batch(Base):
             "endpoint": self.endpoint,
             "completion_window": self.completion_window,
             "input_filename": self.input_filename,
-            "params": self.params or {},
-            "metadata": self.metadata_,
-            "errors": self.errors,
+            # stored JSON read defensively: rows older code accepted must not break reads (sanitize.py)
+            "params": safe_dict(self.params),
+            "metadata": clean_metadata(self.metadata_),
+            "errors": clean_errors(self.errors),
             "request_counts": {
                 "total": self.request_total,
                 "completed": self.request_completed,
@@ -201,7 +203,7 @@ class Job(Base):
             "started_at": _iso(self.started_at),
             "finished_at": _iso(self.finished_at),
             "queue_wait_ms": self.queue_wait_ms,
-            "params": self.params or {},
+            "params": safe_dict(self.params),
             "worker": self.worker,
             "heartbeat_at": _iso(self.heartbeat_at),
             "cancel_requested": bool(self.cancel_requested),

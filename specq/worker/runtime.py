@@ -9,8 +9,10 @@ A job's life in the worker (`WorkerRuntime.execute`):
    callback raises `RunCancelled` once one is seen, or `JobTimeLimit` past `time_limit`.
 3. Finish: the result and its phase timings in one transaction (`results.save_result`, idempotent);
    or `failed` with the engine's one-line message for bad input (InputError, never retried), the time
-   limit and model errors; or back to `queued` with a backoff for anything else (transient: a decode
-   failure, a lost database connection, …) until `max_attempts`, then `failed`. These writes are
+   limit, model errors and errors a retry cannot cure (`failure_kind`: a ValueError, an OverflowError,
+   …); an out-of-memory is retried once, then failed with a message; anything else (transient: a
+   decode failure, a lost database connection, …) goes back to `queued` with a backoff until
+   `max_attempts`, then `failed`. These writes are
    repeated through a database restart for up to `store_retry_for` seconds (`storage.retry`), so a
    computed result is not dropped.
 
@@ -243,8 +245,18 @@ class WorkerRuntime:
             except (InputError, ModelError) as e:
                 watcher.stop()
                 return self._fail(s, job_id, str(e))
-            except Exception as e:  # DecodeError, a lost connection, out of memory: worth another try
+            except Exception as e:  # DecodeError, a lost connection: worth another try; see failure_kind
                 watcher.stop()
+                kind = failure_kind(e)
+                if kind == "deterministic":  # the same input fails the same way: retrying only wastes time
+                    return self._fail(s, job_id, f"internal error: {_describe(e)}")
+                if kind == "oom":
+                    message = f"{OOM_PREFIX}: {_describe(e)}"
+                    if (job.error or "").startswith(OOM_PREFIX):  # the previous attempt ran out of memory too
+                        return self._fail(s, job_id, f"{message} (twice): the job needs more memory than this "
+                                                     "worker has; lower max_tokens, window or the document size, or "
+                                                     "run it on a bigger worker")
+                    return self._retry_or_fail(s, job, message)
                 return self._retry_or_fail(s, job, f"{_describe(e)}")
             watcher.stop()
             ms = (time.monotonic() - t0) * 1000.0
@@ -295,6 +307,24 @@ class WorkerRuntime:
             log.warning("embedded broker cleanup failed: %s", e)
 
 
+#: the error of an attempt that ran out of memory (the next attempt reads it to retry only once)
+OOM_PREFIX = "out of memory"
+#: exceptions that a retry cannot cure: the same job raises them again (a bug or an input the checks
+#: missed); they fail the job at once instead of using up its attempts
+DETERMINISTIC = (ArithmeticError, LookupError, TypeError, ValueError, AttributeError, AssertionError, RecursionError,
+                 NotImplementedError)
+
+
+def failure_kind(e: BaseException) -> str:
+    """How the worker treats an error of the engine: "oom" (out of memory: retried once, then failed),
+    "deterministic" (failed at once) or "transient" (retried with backoff up to max_attempts)."""
+    if isinstance(e, MemoryError) or type(e).__name__ == "OutOfMemoryError" or "out of memory" in str(e).lower():
+        return "oom"
+    if isinstance(e, DETERMINISTIC):
+        return "deterministic"
+    return "transient"
+
+
 def _describe(e: BaseException) -> str:
     text = str(e).strip().splitlines()[0] if str(e).strip() else ""
     if isinstance(e, EngineError):
@@ -304,4 +334,4 @@ def _describe(e: BaseException) -> str:
 
 ProgressFn = Callable[[str, int, int], None]
 
-__all__ = ["WorkerRuntime", "Outcome", "JobTimeLimit", "worker_name"]
+__all__ = ["WorkerRuntime", "Outcome", "JobTimeLimit", "worker_name", "failure_kind", "OOM_PREFIX"]

@@ -1,0 +1,403 @@
+"""The API's request and response models (pydantic): every body the REST API reads or writes.
+
+Requests are strict: unknown fields are refused (`extra="forbid"`), numbers are not coerced from
+strings or booleans, floats must be finite, every string and list has a bound, and no string may hold
+what the job store cannot (a NUL, which PostgreSQL refuses; a lone surrogate, which no UTF-8 encoder
+takes). So a request that passes validation can be stored and its response serialised; one that does
+not is a 4xx before anything is stored.
+
+Responses are the models FastAPI serialises (`response_model`), so /openapi.json describes what the
+API really returns, and a stored row that does not fit them is repaired on read (`specq.api.views`)
+instead of failing the request.
+
+Engine parameters (`RunParamsIn`) are built from `specq.engine.options.RunParams`: the same field
+names, defaults, choices and ranges (`PARAM_BOUNDS`), so the bounds live in one place.
+
+Limits named here:
+
+* question and system message: 64 KiB of UTF-8 each (`MAX_PROMPT_TEXT_BYTES`);
+* file names and custom ids: 255 characters;
+* batch metadata as OpenAI limits it: at most 16 pairs, keys up to 64 characters, values strings
+  up to 512 characters;
+* the document: `SPECQ_MAX_INPUT_BYTES` (8 MiB by default; checked in bytes by the route: 413).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, create_model
+
+from ..contracts import BATCH_STATUSES, JOB_STATUSES
+from ..engine.options import MAX_PROMPT_TEXT_BYTES, PARAM_BOUNDS, RunParams
+
+#: the longest file name or custom_id (job_inputs.filename, jobs.custom_id)
+MAX_NAME_CHARS = 255
+#: OpenAI's metadata limits: pairs, key characters, value characters
+MAX_METADATA_PAIRS = 16
+MAX_METADATA_KEY_CHARS = 64
+MAX_METADATA_VALUE_CHARS = 512
+#: ids are `job_`/`batch_` + hex; anything longer than this is not one of ours
+MAX_ID_CHARS = 64
+#: the largest `offset` of a list
+MAX_OFFSET = 1_000_000_000
+#: the largest `limit` a list accepts (pages are then cut to SPECQ_MAX_LIST_LIMIT)
+MAX_LIMIT = 10_000
+
+
+# --- building blocks --------------------------------------------------------------------------------
+
+
+def storable(value: str) -> str:
+    """`value` if the job store can hold it: no NUL (PostgreSQL text and JSONB refuse it), no lone
+    surrogate (JSON can spell both: "\\u0000", "\\ud800")."""
+    if "\x00" in value:
+        raise ValueError("contains a NUL character")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("contains lone surrogates; send UTF-8 text") from None
+    return value
+
+
+def Text(max_length: int, min_length: int = 0, description: str | None = None) -> Any:
+    """A string type of at most `max_length` characters that the store can hold."""
+    return Annotated[str, Field(min_length=min_length, max_length=max_length, description=description),
+                     AfterValidator(storable)]
+
+
+Name = Text(MAX_NAME_CHARS)
+Question = Text(MAX_PROMPT_TEXT_BYTES, description="the question asked about the document (at most 64 KiB of UTF-8)")
+MetadataKey = Text(MAX_METADATA_KEY_CHARS)
+MetadataValue = Text(MAX_METADATA_VALUE_CHARS)
+#: user metadata of a batch: up to 16 string pairs (`name` names the batch)
+Metadata = Annotated[dict[MetadataKey, MetadataValue], Field(max_length=MAX_METADATA_PAIRS)]
+Timestamp = Annotated[str | None, Field(description="ISO 8601 UTC, e.g. 2026-01-01T12:00:00.123456Z")]
+Count = Annotated[int, Field(ge=0)]
+
+
+class Request(BaseModel):
+    """A request body: strict, closed, finite."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False, hide_input_in_errors=True)
+
+
+class Response(BaseModel):
+    """A response body. Keys a route returns beyond the model's fields are dropped, not an error: a
+    column added to a storage `to_dict()` shows in the API once it is added here."""
+
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
+
+
+# --- engine parameters --------------------------------------------------------------------------------
+
+
+def _param_field(name: str, type_: Any, default: Any) -> tuple[Any, Any]:
+    bound = PARAM_BOUNDS.get(name)
+    kw: dict[str, Any] = {}
+    if bound is not None:
+        kw["gt" if bound.lo_open else "ge"] = bound.lo
+        kw["lt" if bound.hi_open else "le"] = bound.hi
+    if type_ is str:
+        return Annotated[str, Field(default, max_length=MAX_PROMPT_TEXT_BYTES), AfterValidator(storable)], default
+    if type_ is float:
+        return Annotated[float, Field(default, allow_inf_nan=False, **kw)], default
+    return Annotated[type_, Field(default, **kw)], default
+
+
+def _run_params_model() -> type[Request]:
+    hints = typing.get_type_hints(RunParams)
+    fields = {f.name: _param_field(f.name, hints[f.name], f.default) for f in dataclasses.fields(RunParams)}
+    model = create_model("RunParamsIn", __base__=Request, __doc__="Engine parameters of one job (RunParams; "
+                         "every key optional, defaults shown). docs/engine.md says what each does.", **fields)
+    return model
+
+
+#: `params` of a job or batch request
+RunParamsIn = _run_params_model()
+
+
+def params_dict(params: BaseModel | None) -> dict[str, Any]:
+    """The keys a request set (the rest take RunParams' defaults)."""
+    return {} if params is None else params.model_dump(exclude_unset=True)
+
+
+# --- errors ----------------------------------------------------------------------------------------------
+
+
+class ErrorDetail(Response):
+    message: str
+    type: str
+
+
+class ErrorBody(Response):
+    """Every 4xx and 5xx: a message a person can act on and a machine-readable type."""
+
+    error: ErrorDetail
+
+
+# --- jobs ------------------------------------------------------------------------------------------------
+
+
+class JobCreate(Request):
+    """POST /v1/jobs as JSON."""
+
+    text: str = Field(description="the document, UTF-8 text of at most SPECQ_MAX_INPUT_BYTES bytes (413 above "
+                                  "it); not empty, not binary")
+    question: Question | None = None
+    params: RunParamsIn | None = None  # type: ignore[valid-type]
+    filename: Name | None = Field(None, description="a name kept with the job")
+
+
+#: POST /v1/jobs as multipart/form-data (read by the route; this model is its OpenAPI description)
+JOB_FORM_SCHEMA = {
+    "type": "object",
+    "required": ["file"],
+    "properties": {
+        "file": {"type": "string", "format": "binary", "description": "the document (UTF-8 text)"},
+        "question": {"type": "string", "maxLength": MAX_PROMPT_TEXT_BYTES},
+        "params": {"type": "string", "maxLength": 1 << 20, "description": "a JSON object of RunParams"},
+    },
+    "additionalProperties": False,
+}
+
+
+class JobCreated(Response):
+    id: str
+    object: Literal["job"] = "job"
+    status: Literal[JOB_STATUSES]  # type: ignore[valid-type]
+
+
+class Progress(Response):
+    phase: str | None
+    done: int
+    total: int
+
+
+class JobInputOut(Response):
+    filename: str | None
+    size_bytes: int
+    question: str
+
+
+class JobSummary(Response):
+    """A job as lists show it: no document, question, system message or result."""
+
+    id: str
+    object: Literal["job"] = "job"
+    tenant: str
+    batch_id: str | None
+    custom_id: str | None
+    status: Literal[JOB_STATUSES]  # type: ignore[valid-type]
+    progress: Progress
+    attempts: int
+    max_attempts: int
+    error: str | None
+    created_at: Timestamp
+    started_at: Timestamp
+    finished_at: Timestamp
+    queue_wait_ms: float | None
+    params: dict[str, Any] = Field(description="RunParams the job asked for (lists leave out `system`)")
+    worker: str | None
+    heartbeat_at: Timestamp
+    cancel_requested: bool
+
+
+class JobOut(JobSummary):
+    """GET /v1/jobs/{id}: the job, its input and, once it succeeded, its result."""
+
+    input: JobInputOut | None = None
+    result: dict[str, Any] | None = Field(None, description="the run result object (docs/result.md)")
+
+
+class JobList(Response):
+    object: Literal["list"] = "list"
+    data: list[JobSummary]
+    total: int
+    limit: int
+    offset: int
+
+
+class Deleted(Response):
+    """DELETE …/data: what was deleted."""
+
+    id: str
+    object: str
+    deleted: Literal[True] = True
+    jobs_deleted: int = 0
+
+
+# --- batches ---------------------------------------------------------------------------------------------
+
+
+class BatchLine(Request):
+    """One line of a batch's JSONL: one request."""
+
+    custom_id: Text(MAX_NAME_CHARS, min_length=1)  # type: ignore[valid-type]
+    text: str = Field(description="the document (SPECQ_MAX_INPUT_BYTES; not empty, not binary)")
+    question: Question | None = None
+    params: RunParamsIn | None = None  # type: ignore[valid-type]
+    filename: Name | None = None
+
+
+BATCH_FORM_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "input": {"type": "string", "format": "binary",
+                  "description": "JSONL, one request per line: {custom_id, text, question, params, filename}"},
+        "file": {"type": "array", "items": {"type": "string", "format": "binary"},
+                 "description": "documents (custom_id = file name); instead of input"},
+        "question": {"type": "string", "maxLength": MAX_PROMPT_TEXT_BYTES},
+        "params": {"type": "string", "maxLength": 1 << 20, "description": "a JSON object: defaults of every request"},
+        "metadata": {"type": "string", "maxLength": 1 << 16,
+                     "description": "a JSON object of up to 16 string pairs (keys <= 64, values <= 512 characters); "
+                                    "`name` names the batch"},
+        "completion_window": {"type": "string", "maxLength": 32},
+        "endpoint": {"type": "string", "maxLength": 128},
+    },
+    "oneOf": [{"required": ["input"], "not": {"required": ["file"]}}, {"required": ["file"], "not": {"required": ["input"]}}],
+    "additionalProperties": False,
+}
+
+
+class BatchFormFields(Request):
+    """The text fields of POST /v1/batches (multipart), once parsed."""
+
+    params: RunParamsIn | None = None  # type: ignore[valid-type]
+    metadata: Metadata | None = None
+    question: Question | None = None
+    completion_window: Text(32) | None = None  # type: ignore[valid-type]
+    endpoint: Text(128) | None = None  # type: ignore[valid-type]
+
+
+class BatchError(Response):
+    line: int | None
+    code: str
+    message: str
+    param: str | None
+
+
+class BatchErrors(Response):
+    object: Literal["list"] = "list"
+    data: list[BatchError]
+
+
+class RequestCounts(Response):
+    total: Count
+    completed: Count
+    failed: Count
+
+
+class BatchOut(Response):
+    id: str
+    object: Literal["batch"] = "batch"
+    tenant: str
+    status: Literal[BATCH_STATUSES]  # type: ignore[valid-type]
+    endpoint: str | None
+    completion_window: str | None
+    input_filename: str | None
+    params: dict[str, Any] = Field(description="the batch's default RunParams")
+    metadata: Metadata | None
+    errors: BatchErrors | None
+    request_counts: RequestCounts
+    created_at: Timestamp
+    in_progress_at: Timestamp
+    finalizing_at: Timestamp
+    completed_at: Timestamp
+    failed_at: Timestamp
+    expired_at: Timestamp
+    cancelling_at: Timestamp
+    cancelled_at: Timestamp
+    expires_at: Timestamp
+
+
+class BatchList(Response):
+    object: Literal["list"] = "list"
+    data: list[BatchOut]
+    limit: int
+    offset: int
+
+
+class PhaseStats(Response):
+    count: int
+    mean: float | None
+    p50: float | None
+    p95: float | None
+    min: float | None
+    max: float | None
+
+
+class BatchStats(Response):
+    """GET /v1/batches/{id}/stats: aggregates over the succeeded requests (computed in SQL)."""
+
+    object: Literal["batch.stats"] = "batch.stats"
+    batch_id: str
+    status: Literal[BATCH_STATUSES]  # type: ignore[valid-type]
+    request_counts: RequestCounts
+    count: int = Field(description="succeeded requests (those with a result)")
+    kept_ratio_mean: float | None
+    prompt_tokens_mean: float | None
+    kept_tokens_mean: float | None
+    completion_tokens_mean: float | None
+    first_started_at: Timestamp
+    last_finished_at: Timestamp
+    wall_s: float | None
+    jobs_per_s: float | None
+    phases: dict[str, PhaseStats] = Field(description="per phase, milliseconds")
+
+
+# --- health and workers --------------------------------------------------------------------------------
+
+
+class Health(Response):
+    """GET /healthz: this process answers (liveness; it checks nothing else)."""
+
+    status: Literal["ok"] = "ok"
+    version: str
+
+
+class Ready(Response):
+    """GET /readyz: can this API accept jobs now?"""
+
+    status: Literal["ready", "unavailable"]
+    version: str
+    database: str = Field(description="ok, or why not")
+    broker: str
+    migrations: str = Field(description="ok (the schema is at the newest revision), or what is wrong")
+    broker_kind: Literal["embedded", "redis"]
+    queue: str
+    workers_ready: int = Field(description="workers of this API's queue with a fresh heartbeat that say they are ready")
+
+
+class WorkerOut(Response):
+    name: str
+    host: str | None
+    pid: int | None
+    queue: str | None
+    device: str | None = Field(description="the GPU index the worker was given (empty: as the machine has it)")
+    backend: str | None
+    model: str | None = Field(description="the target model")
+    ready: bool
+    slots: int = Field(description="jobs it can run at once")
+    busy: int = Field(description="jobs it is running")
+    current_jobs: list[str] = Field(description="their ids (admins only; empty for tenant keys)")
+    jobs_done: int
+    heartbeat_age_s: float
+    started_at: float | None
+
+
+class WorkerList(Response):
+    object: Literal["list"] = "list"
+    data: list[WorkerOut]
+
+
+__all__ = [
+    "storable", "Text", "Name", "Question", "Metadata", "Request", "Response", "RunParamsIn", "params_dict",
+    "ErrorBody", "ErrorDetail", "JobCreate", "JobCreated", "JobSummary", "JobOut", "JobList", "JobInputOut",
+    "Progress", "Deleted", "BatchLine", "BatchFormFields", "BatchOut", "BatchList", "BatchStats", "BatchError",
+    "BatchErrors", "RequestCounts", "Health", "Ready", "WorkerOut", "WorkerList", "JOB_FORM_SCHEMA",
+    "BATCH_FORM_SCHEMA", "MAX_NAME_CHARS", "MAX_ID_CHARS", "MAX_OFFSET", "MAX_LIMIT", "MAX_METADATA_PAIRS",
+    "MAX_METADATA_KEY_CHARS", "MAX_METADATA_VALUE_CHARS",
+]

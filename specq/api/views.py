@@ -1,0 +1,44 @@
+"""Stored rows as API responses (the shapes of `specq.api.schemas`).
+
+The storage layer's `to_dict()` already reads stored JSON defensively (`storage.sanitize`); here a
+job becomes either its list row (`job_summary`: no document, question, system message or result, so
+a page of 500 jobs stays small whatever they hold) or its full view (`job_view`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..storage import jobs, results
+from ..storage.sanitize import safe_dict
+
+#: params keys left out of list rows: prompt texts of up to 64 KiB each (GET /v1/jobs/{id} has them)
+LIST_OMITS = ("question", "system")
+
+
+def job_summary(job) -> dict[str, Any]:
+    d = job.to_dict()
+    d["params"] = {k: v for k, v in d["params"].items() if k not in LIST_OMITS}
+    return d
+
+
+def batch_summary(batch) -> dict[str, Any]:
+    """A batch as lists show it: its default params without the system message."""
+    d = batch.to_dict()
+    d["params"] = {k: v for k, v in d["params"].items() if k not in LIST_OMITS}
+    return d
+
+
+def job_view(s, job) -> dict[str, Any]:
+    """The job with its input (file name, size, question) and, once it succeeded, its result."""
+    d = job.to_dict()
+    d.pop("question", None)
+    result = results.get_result(s, job.id) if job.status == "succeeded" else None
+    d["result"] = safe_dict(result) if result is not None else None
+    inp = jobs.get_input(s, job.id)
+    d["input"] = None if inp is None else {"filename": inp.filename, "size_bytes": inp.size_bytes,
+                                           "question": inp.question or ""}
+    return d
+
+
+__all__ = ["job_summary", "job_view", "batch_summary", "LIST_OMITS"]
