@@ -506,3 +506,10 @@ def test_bench_drafters_runs_and_forces_the_rate(hidden_models):
         assert rows[m, 0.0]["accept_rate"] == 0.0 and rows[m, 1.0]["accept_rate"] == 1.0
         assert rows[m, 1.0]["mean_accepted_len"] >= 2.5  # full drafts (the last batch may be shorter)
     assert predicted_ratio(units, "ngram", 1.0, 3) == round(4 * units["target_decode_1"] / units["target_verify"]["3"], 3)
+
+
+def test_drafter_setting_for_the_worker():
+    from specq.settings import ServiceSettings
+
+    assert ServiceSettings.from_env({}).engine_options().drafter == ""
+    assert ServiceSettings.from_env({"SPECQ_DRAFTER": "/m/head.gguf"}).engine_options().drafter == "/m/head.gguf"

@@ -27,7 +27,11 @@ class Draft:
 
 
 class Drafter(Protocol):
-    """What the decode loop needs from a drafter (one class per drafter, see drafters.py)."""
+    """What the decode loop needs from a drafter (one class per drafter, see drafters.py).
+
+    A drafter that reads the target's hidden states (MTP, EAGLE3: drafters_hidden.py) also has
+    `observe(ctx, rows, tokens, positions)`, called after every target decode (prefill chunks too)
+    with the tokens that stay in the target's cache, as rows of that batch."""
 
     name: str
 
