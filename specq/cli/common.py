@@ -66,6 +66,14 @@ def read_document(path: Path) -> str:
     return load_document(path)[2]
 
 
+def with_models(opts, *, target: str | None = None, speculator: str | None = None, drafter: str | None = None):
+    """EngineOptions `opts` with the model options given on the command line (None/"" = keep)."""
+    for name, value in (("target", target), ("speculator", speculator), ("drafter", drafter)):
+        if value:
+            setattr(opts, name, value)
+    return opts
+
+
 def service_settings(**overrides):
     from ..settings import ServiceSettings, SettingsError
 

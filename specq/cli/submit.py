@@ -33,7 +33,7 @@ def submit_cmd(
     top_k: int = typer.Option(None, help="0 = off."),
     top_p: float = typer.Option(None, help="1 = off."),
     seed: int = typer.Option(None, help="Sampling seed (-1 = random)."),
-    draft: str = typer.Option(None, help="Speculative decoding drafter: none, ngram, model or auto."),
+    draft: str = typer.Option(None, help="Speculative decoding drafter: none, ngram, model, mtp (the target's MTP layers), eagle3 (--drafter) or auto."),
     n_draft: int = typer.Option(None, help="Tokens drafted per verification batch."),
     draft_min: int = typer.Option(None, help="Skip drafts shorter than this."),
     p_min: float = typer.Option(None, help="Model drafts stop below this top probability (0 = off)."),
