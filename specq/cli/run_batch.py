@@ -20,7 +20,7 @@ from pathlib import Path
 import typer
 
 from .app import app
-from .common import engine_options, fail
+from .common import fail, with_models
 
 
 @app.command("run-batch")
@@ -38,7 +38,10 @@ def run_batch_cmd(
 
     if not input_path.is_file():
         raise fail(f"file not found: {input_path}")
-    opts = engine_options(target, speculator, n_gpu_layers=n_gpu_layers, n_ctx=n_ctx, n_threads=threads)
+    from ..engine.options import EngineOptions
+
+    opts = with_models(EngineOptions(n_gpu_layers=n_gpu_layers, n_ctx=n_ctx, n_threads=threads), target=target,
+                       speculator=speculator)
     try:
         from ..engine.pipeline import Engine
 
