@@ -51,7 +51,7 @@ def run_cmd(
     """
 
     from ..contracts import EngineError
-    from ..engine.options import RunParams
+    from ..engine.options import EngineOptions, RunParams
 
     try:
         params = RunParams.from_dict(
