@@ -7,25 +7,16 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import text
 
-from service_helpers import pg_database, pg_reachable
+from service_helpers import empty_store
 from specq.storage import claims, db, jobs
 from specq.storage.models import Batch
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
 def url(request, tmp_path, monkeypatch):
-    if request.param == "sqlite":
-        u = f"sqlite:///{tmp_path / 'specq.sqlite'}"
+    with empty_store(request.param, tmp_path) as u:
         monkeypatch.setenv("SPECQ_DATABASE_URL", u)
         yield u
-        db.dispose_engines()
-        return
-    reason = pg_reachable()
-    if reason:
-        pytest.skip(reason)
-    with pg_database() as pg_url:
-        monkeypatch.setenv("SPECQ_DATABASE_URL", pg_url)
-        yield pg_url
 
 
 def _rows_at_0003(conn) -> None:

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from service_helpers import pg_database, pg_reachable
+from service_helpers import empty_store
 from specq.engine.textstream import TextStream
 
 
@@ -91,17 +91,7 @@ def test_chat_prompt_protects_template_and_the_last_paragraph(tiny_models):
 def store_url(request, tmp_path, monkeypatch):
     from specq.storage import db
 
-    if request.param == "sqlite":
-        url = f"sqlite:///{tmp_path / 'specq.sqlite'}"
-        monkeypatch.setenv("SPECQ_DATABASE_URL", url)
-        db.upgrade(url)
-        yield url
-        db.dispose_engines()
-        return
-    reason = pg_reachable()
-    if reason:
-        pytest.skip(reason)
-    with pg_database() as url:
+    with empty_store(request.param, tmp_path) as url:
         monkeypatch.setenv("SPECQ_DATABASE_URL", url)
         db.upgrade(url)
         yield url
