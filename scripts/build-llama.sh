@@ -15,9 +15,16 @@ ver=0.3.36
 py=${PYTHON:-python3}
 root=$(cd "$(dirname "$0")/.." && pwd)
 home=${SPECQ_HOME:-$HOME/.cache/specq}
-hash=$(cat "$root"/patches/*.patch | sha256sum | cut -c1-10)
 flavour=cpu
 case "${CMAKE_ARGS:-}" in *GGML_CUDA=on*|*GGML_CUDA=ON*) flavour=cuda ;; esac
+# No AMX kernels: with -march=native on a CPU that has AMX (Sapphire Rapids and later, such as this
+# project's CI machines) ggml repacks Q4_K weights into AMX buffers, and ggml_backend_amx_mul_mat
+# then segfaults in the speculator's first scoring decode (llama.cpp issue #20824, unfixed in this
+# release). gcc keeps an explicit -mno-* even when -march=native comes later on the command line.
+no_amx="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+build_flags="-DCMAKE_C_FLAGS=$no_amx|-DCMAKE_CXX_FLAGS=$no_amx"
+# the wheel's version names the patches and these build flags, so a cached wheel built otherwise is not reused
+hash=$( { cat "$root"/patches/*.patch; echo "$build_flags"; } | sha256sum | cut -c1-10)
 local_ver="$ver+specq.$hash.$flavour"
 
 installed=$("$py" -c 'import importlib.metadata as m; print(m.version("llama-cpp-python"))' 2>/dev/null || true)
@@ -46,7 +53,7 @@ if [ -z "$wheel" ]; then
   done
   sed -i "s/^__version__ = \"$ver\"/__version__ = \"$local_ver\"/" "$tree/llama_cpp/__init__.py"
   grep -q "__version__ = \"$local_ver\"" "$tree/llama_cpp/__init__.py" || { echo "error: could not set the version" >&2; exit 1; }
-  CMAKE_ARGS="${CMAKE_ARGS:-} -DLLAVA_BUILD=OFF -DLLAMA_BUILD_MTMD=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF" \
+  CMAKE_ARGS="${CMAKE_ARGS:-} \"-DCMAKE_C_FLAGS=$no_amx\" \"-DCMAKE_CXX_FLAGS=$no_amx\" -DLLAVA_BUILD=OFF -DLLAMA_BUILD_MTMD=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF" \
   CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}" \
     "$py" -m pip wheel -q --no-deps --no-build-isolation -w "$wheels" "$tree" > "$work/build.log" 2>&1 \
     || { tail -40 "$work/build.log" >&2; echo "error: llama-cpp-python build failed" >&2; exit 1; }

@@ -158,8 +158,9 @@ def test_queued_jobs_per_tenant(api):
             assert r.status_code == 202, r.text
             ids.append(r.json()["id"])
         before = _counts(api)
-        _err(busy.post("/v1/jobs", json=doc), 429, f"tenant busy has {MAX_QUEUED} queued or running jobs",
-             f"limit of {MAX_QUEUED} (SPECQ_MAX_QUEUED_JOBS)")
+        r = busy.post("/v1/jobs", json=doc)
+        _err(r, 429, f"tenant busy has {MAX_QUEUED} queued or running jobs", f"limit of {MAX_QUEUED} (SPECQ_MAX_QUEUED_JOBS)")
+        assert r.headers["retry-after"] == "30"  # when to try again
         line = json.dumps({"custom_id": "one", "text": "b = 1\n"})
         _err(busy.post("/v1/batches", content=line, headers={"content-type": "application/jsonl"}), 429,
              "SPECQ_MAX_QUEUED_JOBS")

@@ -55,8 +55,9 @@ from ..storage.models import BATCH_STATUSES
 from ..storage.quotas import QuotaExceeded, reserve_queued
 from . import schemas as S
 from .errors import ApiError, describe, json_error, responses
-from .jobs import check_field, form_text, links, parse_params_field
-from .query import parse_statuses
+from .jobs import check_field, deleted, form_text, links, parse_params_field
+from .query import OFFSET, limit_query, parse_statuses, status_query
+from .views import batch_summary
 
 log = logging.getLogger("specq.api")
 
@@ -133,12 +134,11 @@ def batches_router(settings: ServiceSettings, caller_of: Callable[..., Caller]) 
                 operation_id="listBatches",
                 responses=responses(401, 422))
     def list_batches(
-        status: str | None = Query(None, max_length=200, description="one status or several, comma-separated: "
-                                   + ", ".join(BATCH_STATUSES)),
+        status: str | None = status_query(BATCH_STATUSES),
         name: str | None = Query(None, max_length=S.MAX_METADATA_VALUE_CHARS,
                                  description="only batches whose metadata name is this"),
-        limit: int = Query(20, ge=1, le=S.MAX_LIMIT, description="page size (cut to SPECQ_MAX_LIST_LIMIT)"),
-        offset: int = Query(0, ge=0, le=S.MAX_OFFSET),
+        limit: int = limit_query(20),
+        offset: int = OFFSET,
         caller: Caller = Depends(caller_of),
     ) -> dict[str, Any]:
         statuses = parse_statuses(status, BATCH_STATUSES, ApiError)
@@ -153,7 +153,7 @@ def batches_router(settings: ServiceSettings, caller_of: Callable[..., Caller]) 
             for b in rows:
                 if b.status in ("in_progress", "finalizing", "cancelling"):
                     b = batches.advance_batch(s, b.id) or b
-                data.append(b.to_dict())
+                data.append(batch_summary(b))
             return {"object": "list", "data": data, "limit": limit, "offset": offset}
 
     @router.get("/v1/batches/{batch_id}", summary="A batch: status, request counts, timestamps",
@@ -178,14 +178,7 @@ def batches_router(settings: ServiceSettings, caller_of: Callable[..., Caller]) 
     @router.delete("/v1/batches/{batch_id}/data", summary="Delete a finished batch, its jobs and all their data",
                    operation_id="deleteBatchData", response_model=S.Deleted, responses=responses(401, 404, 409, 422))
     def delete_batch_data(batch_id: str = BatchId, caller: Caller = Depends(caller_of)) -> dict[str, Any]:
-        with db.session() as s:
-            try:
-                n = lifecycle.delete_batch(s, batch_id, tenant=caller.scope)
-            except lifecycle.NotFinished as e:
-                raise ApiError(409, str(e), "conflict") from None
-        if n is None:
-            raise ApiError(404, f"no batch {batch_id}", "not_found")
-        return {"id": batch_id, "object": "batch.deleted", "deleted": True, "jobs_deleted": n}
+        return deleted("batch", batch_id, lambda s: lifecycle.delete_batch(s, batch_id, tenant=caller.scope))
 
     @router.get("/v1/batches/{batch_id}/results", summary="Results of the succeeded requests: JSONL or CSV",
                 response_class=StreamingResponse, operation_id="getBatchResults",

@@ -5,7 +5,8 @@
     user's browser send a request could use the API: a web page posting cross-origin (CSRF), or a
     name the attacker controls resolving to 127.0.0.1 (DNS rebinding). So the `Host` header must name
     this machine by a loopback name (localhost, 127.0.0.1, ::1), the address the API listens on, or a
-    name in SPECQ_ALLOWED_HOSTS (400 otherwise), and a request with an `Origin` header must come from
+    name in SPECQ_ALLOWED_HOSTS (400 otherwise; listening on 0.0.0.0 adds this machine's host name and
+    addresses), and a request with an `Origin` header must come from
     the same origin (a page specq itself serves, e.g. /ui) or from a host in SPECQ_ALLOWED_HOSTS (403
     otherwise; `Origin: null` is refused). /healthz and /readyz are exempt (probes use bare IPs).
     With keys on, a key is needed anyway and browsers cannot attach one by themselves.
@@ -58,7 +59,24 @@ def allowed_hosts(settings: ServiceSettings) -> tuple[set[str], bool]:
     listen = settings.api_host.strip().lower()
     if listen and listen not in ("0.0.0.0", "::"):
         names.add(host_name(listen))
+    elif listen:
+        names |= own_names()  # listening everywhere: this machine's own names and addresses
     return names, "*" in extra
+
+
+def own_names() -> set[str]:
+    """This machine's host name, FQDN and the addresses they resolve to (never an attacker's name:
+    DNS rebinding sends a name the attacker owns)."""
+    import socket
+
+    names: set[str] = set()
+    try:
+        for name in {socket.gethostname(), socket.getfqdn()}:
+            names.add(name.lower())
+            names |= {str(info[4][0]).lower() for info in socket.getaddrinfo(name, None)}
+    except OSError:
+        pass
+    return names
 
 
 class RequestGuard:

@@ -3,8 +3,9 @@
     GET /healthz      liveness: this process answers (checks nothing else; always 200)
     GET /readyz       readiness: 200 when this API can accept jobs — the job store answers, its schema
                       is at the newest migration, the broker answers — else 503 naming what is not;
-                      `workers_ready` counts the workers with a fresh heartbeat that say they are
-                      ready (jobs are accepted with none: they wait in the queue)
+                      `workers_ready` counts the workers of this API's queue (SPECQ_QUEUE) with a
+                      fresh heartbeat that say they are ready (jobs are accepted with none: they
+                      wait in the queue)
     GET /v1/workers   the live workers from their heartbeats (`specq.monitor`): name, device,
                       backend, model, slots, busy, current jobs (admins only), heartbeat age
 
@@ -110,7 +111,8 @@ def readiness(settings: ServiceSettings) -> dict[str, Any]:
         check_broker(settings)
         body["broker"] = "ok"
         now = time.time()
-        body["workers_ready"] = sum(1 for r in _heartbeats(settings) if worker_view(r, now, False)["ready"])
+        body["workers_ready"] = sum(1 for r in _heartbeats(settings)
+                                    if r.get("queue") == settings.queue and worker_view(r, now, False)["ready"])
     except Exception as e:
         ok = False
         body["broker"] = f"unreachable: {_first_line(e)}"

@@ -40,7 +40,7 @@ from ..storage.models import JOB_STATUSES
 from ..storage.quotas import QuotaExceeded, reserve_queued
 from . import schemas as S
 from .errors import ApiError, describe, from_validation, json_error, responses
-from .query import parse_statuses
+from .query import OFFSET, limit_query, parse_statuses, status_query
 from .views import job_summary, job_view
 
 JSON_TYPES = ("application/json",)
@@ -112,12 +112,11 @@ def jobs_router(settings: ServiceSettings, caller_of: Callable[..., Caller]) -> 
     @router.get("/v1/jobs", summary="List jobs, newest first", operation_id="listJobs", response_model=S.JobList,
                 responses=responses(401, 422))
     def list_jobs(
-        status: str | None = Query(None, max_length=200, description="one status or several, comma-separated: "
-                                   + ", ".join(JOB_STATUSES)),
+        status: str | None = status_query(JOB_STATUSES),
         batch_id: str | None = Query(None, min_length=1, max_length=S.MAX_ID_CHARS,
                                      description="only the jobs of this batch"),
-        limit: int = Query(50, ge=1, le=S.MAX_LIMIT, description="page size (cut to SPECQ_MAX_LIST_LIMIT)"),
-        offset: int = Query(0, ge=0, le=S.MAX_OFFSET),
+        limit: int = limit_query(50),
+        offset: int = OFFSET,
         caller: Caller = Depends(caller_of),
     ) -> dict[str, Any]:
         statuses = parse_statuses(status, JOB_STATUSES, ApiError)
@@ -144,16 +143,22 @@ def jobs_router(settings: ServiceSettings, caller_of: Callable[..., Caller]) -> 
     @router.delete("/v1/jobs/{job_id}/data", summary="Delete a finished job and all its data",
                    operation_id="deleteJobData", response_model=S.Deleted, responses=responses(401, 404, 409, 422))
     def delete_job_data(job_id: str = JobId, caller: Caller = Depends(caller_of)) -> dict[str, Any]:
-        with db.session() as s:
-            try:
-                deleted = lifecycle.delete_job(s, job_id, tenant=caller.scope)
-            except lifecycle.NotFinished as e:
-                raise ApiError(409, str(e), "conflict") from None
-        if not deleted:
-            raise ApiError(404, f"no job {job_id}", "not_found")
-        return {"id": job_id, "object": "job.deleted", "deleted": True, "jobs_deleted": 1}
+        return deleted("job", job_id, lambda s: 1 if lifecycle.delete_job(s, job_id, tenant=caller.scope) else None)
 
     return router
+
+
+def deleted(kind: str, id_: str, delete: Callable[[Any], int | None]) -> dict[str, Any]:
+    """Run `delete(session)` (the number of jobs deleted, None if there is no such `kind`) and answer
+    like OpenAI's deletes: {id, object: "<kind>.deleted", deleted: true}; 404, or 409 if unfinished."""
+    with db.session() as s:
+        try:
+            n = delete(s)
+        except lifecycle.NotFinished as e:
+            raise ApiError(409, str(e), "conflict") from None
+    if n is None:
+        raise ApiError(404, f"no {kind} {id_}", "not_found")
+    return {"id": id_, "object": f"{kind}.deleted", "deleted": True, "jobs_deleted": n}
 
 
 # --- reading a request ----------------------------------------------------------------------------------
@@ -300,4 +305,4 @@ def _store_and_enqueue(settings: ServiceSettings, text: str, params: RunParams, 
         return body
 
 
-__all__ = ["jobs_router", "links", "run_params", "check_document", "parse_params_field", "form_text", "check_field", "JobId"]
+__all__ = ["jobs_router", "links", "deleted", "run_params", "check_document", "parse_params_field", "form_text", "check_field", "JobId"]

@@ -15,7 +15,7 @@ deployment (every worker, every API process):
 | `specq_jobs_stale` | gauge | | running jobs without a heartbeat for SPECQ_STALE_AFTER: their worker is gone, the reconciler requeues or fails them (docs/reliability.md) |
 | `specq_workers` | gauge | queue | workers with a fresh heartbeat |
 | `specq_worker_heartbeat_timestamp_seconds` | gauge | worker, queue | each live worker's last heartbeat (unix time) |
-| `specq_worker_busy` | gauge | worker, queue | 1 while it runs a job |
+| `specq_worker_busy` | gauge | worker, queue | jobs it is running (1 while a one-slot worker runs one) |
 | `specq_worker_jobs_done` | gauge | worker, queue | jobs finished by that worker process |
 | `specq_scrape_errors` | gauge | source | 1 when the database or the broker could not be read |
 
@@ -26,12 +26,14 @@ SPECQ_AUTH=keys only admin keys may read them (the app mounts this router behind
 from __future__ import annotations
 
 import logging
+import time
 
 from fastapi import APIRouter
 from fastapi.responses import Response
 
 from ..settings import ServiceSettings
 from .errors import responses
+from .health import worker_view
 
 log = logging.getLogger("specq.api")
 
@@ -122,11 +124,13 @@ class _Collector:
             busy = GaugeMetricFamily("specq_worker_busy", "1 while the worker runs a job", labels=["worker", "queue"])
             done = GaugeMetricFamily("specq_worker_jobs_done", "Jobs finished by the worker process",
                                      labels=["worker", "queue"])
-            for b in beats:
-                labels = [str(b.get("name")), str(b.get("queue"))]
-                ts.add_metric(labels, float(b.get("ts", 0)))
-                busy.add_metric(labels, 1 if b.get("current_job") else 0)
-                done.add_metric(labels, int(b.get("jobs_done") or 0))
+            now = time.time()
+            for b in beats:  # records of workers of any version: read through worker_view, defensively
+                w = worker_view(b, now, admin=False)
+                labels = [w["name"], str(w["queue"])]
+                ts.add_metric(labels, now - w["heartbeat_age_s"])
+                busy.add_metric(labels, w["busy"])
+                done.add_metric(labels, w["jobs_done"])
             yield ts
             yield busy
             yield done

@@ -2,7 +2,23 @@
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
+
+from fastapi import Query
+
+from .schemas import MAX_LIMIT, MAX_OFFSET
+
+
+def status_query(known: Sequence[str]) -> Any:
+    return Query(None, max_length=200, description="one status or several, comma-separated: " + ", ".join(known))
+
+
+def limit_query(default: int) -> Any:
+    return Query(default, ge=1, le=MAX_LIMIT, description="page size (cut to SPECQ_MAX_LIST_LIMIT)")
+
+
+#: `offset` of a list
+OFFSET = Query(0, ge=0, le=MAX_OFFSET)
 
 
 def parse_statuses(status: str | None, known: Sequence[str], error: Callable[..., Exception]) -> list[str] | None:

@@ -85,9 +85,10 @@ class Request(BaseModel):
 
 
 class Response(BaseModel):
-    """A response body."""
+    """A response body. Keys a route returns beyond the model's fields are dropped, not an error: a
+    column added to a storage `to_dict()` shows in the API once it is added here."""
 
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
 
 
 # --- engine parameters --------------------------------------------------------------------------------
@@ -378,7 +379,7 @@ class Ready(Response):
     migrations: str = Field(description="ok (the schema is at the newest revision), or what is wrong")
     broker_kind: Literal["embedded", "redis"]
     queue: str
-    workers_ready: int = Field(description="workers with a fresh heartbeat that say they are ready")
+    workers_ready: int = Field(description="workers of this API's queue with a fresh heartbeat that say they are ready")
 
 
 class WorkerOut(Response):

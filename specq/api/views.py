@@ -22,6 +22,13 @@ def job_summary(job) -> dict[str, Any]:
     return d
 
 
+def batch_summary(batch) -> dict[str, Any]:
+    """A batch as lists show it: its default params without the system message."""
+    d = batch.to_dict()
+    d["params"] = {k: v for k, v in d["params"].items() if k not in LIST_OMITS}
+    return d
+
+
 def job_view(s, job) -> dict[str, Any]:
     """The job with its input (file name, size, question) and, once it succeeded, its result."""
     d = job.to_dict()
@@ -34,4 +41,4 @@ def job_view(s, job) -> dict[str, Any]:
     return d
 
 
-__all__ = ["job_summary", "job_view", "LIST_OMITS"]
+__all__ = ["job_summary", "job_view", "batch_summary", "LIST_OMITS"]
