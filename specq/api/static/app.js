@@ -389,6 +389,34 @@
     };
   }
 
+  /** A list polled every POLL_LIST_MS with the filters `keys` of `state` (plus limit and offset) as
+   *  query parameters, paged by two buttons; `onList(list)` draws what the table does not. */
+  function pagedList({ name, endpoint, state, keys, table, prevBtn, nextBtn, onList }) {
+    let stop = () => {}, first = true;
+    const restart = () => {
+      stop();
+      const shown = Object.fromEntries(keys.map((k) => [k, state[k]]));
+      setQuery({ ...shown, limit: state.limit === 50 ? "" : state.limit, offset: state.offset });
+      stop = live.every(POLL_LIST_MS, async () => {
+        const q = new URLSearchParams({ limit: state.limit, offset: state.offset });
+        for (const k of keys) if (state[k]) q.set(k, state[k]);
+        const list = await api(`${endpoint}?${q}`);
+        table.update(list.data);
+        prevBtn.disabled = state.offset === 0;
+        onList(list);
+        if (first) { first = false; ready(name); }
+      });
+    };
+    prevBtn.addEventListener("click", () => { state.offset = Math.max(0, state.offset - state.limit); restart(); });
+    nextBtn.addEventListener("click", () => { state.offset += state.limit; restart(); });
+    /** redraw from the first page when `input` changes state[key] */
+    const filter = (input, key, parse = (v) => v.trim()) =>
+      input.addEventListener("change", () => { state[key] = parse(input.value); state.offset = 0; restart(); });
+    return { restart, filter, stop: () => stop() };
+  }
+
+  function pager() { return [h("button", { type: "button" }, "← newer"), h("button", { type: "button" }, "older →")]; }
+
   function jobsPage(root, _args, query) {
     const state = { status: query.get("status") || "", batch_id: query.get("batch_id") || "",
       limit: Number(query.get("limit")) || 50, offset: Number(query.get("offset")) || 0 };
@@ -399,7 +427,7 @@
     const limit = h("select", { name: "limit" }, [25, 50, 100, 200].map((n) => h("option", { value: n }, n)));
     limit.value = String(state.limit);
     const total = h("span", { class: "muted" });
-    const prevBtn = h("button", { type: "button" }, "← newer"), nextBtn = h("button", { type: "button" }, "older →");
+    const [prevBtn, nextBtn] = pager();
     const table = liveTable(JOB_HEADERS, jobRow, [3, 4]);
     const empty = h("div", { class: "muted" });
     root.replaceChildren(
@@ -407,32 +435,18 @@
       h("div", { class: "filters" }, h("label", {}, "status ", status), h("label", {}, "batch ", batch),
         h("label", {}, "per page ", limit), total),
       table.table, empty, h("div", { class: "pager" }, prevBtn, nextBtn));
-    let stop = () => {};
-    let first = true;
-    const restart = () => {
-      stop();
-      setQuery({ status: state.status, batch_id: state.batch_id, limit: state.limit === 50 ? "" : state.limit, offset: state.offset });
-      stop = live.every(POLL_LIST_MS, async () => {
-        const q = new URLSearchParams({ limit: state.limit, offset: state.offset });
-        if (state.status) q.set("status", state.status);
-        if (state.batch_id) q.set("batch_id", state.batch_id);
-        const list = await api(`/v1/jobs?${q}`);
-        table.update(list.data);
-        total.textContent = `${fmtNum(list.total)} job${list.total === 1 ? "" : "s"}`
-          + (list.total > list.data.length ? `, ${state.offset + 1}–${state.offset + list.data.length} shown` : "");
-        empty.textContent = list.data.length ? "" : "no jobs" + (state.status ? ` with status ${state.status}` : "");
-        prevBtn.disabled = state.offset === 0;
-        nextBtn.disabled = state.offset + list.data.length >= list.total;
-        if (first) { first = false; ready("jobs"); }
-      });
-    };
-    status.addEventListener("change", () => { state.status = status.value; state.offset = 0; restart(); });
-    batch.addEventListener("change", () => { state.batch_id = batch.value.trim(); state.offset = 0; restart(); });
-    limit.addEventListener("change", () => { state.limit = Number(limit.value); state.offset = 0; restart(); });
-    prevBtn.addEventListener("click", () => { state.offset = Math.max(0, state.offset - state.limit); restart(); });
-    nextBtn.addEventListener("click", () => { state.offset += state.limit; restart(); });
-    restart();
-    return () => stop();
+    const list = pagedList({ name: "jobs", endpoint: "/v1/jobs", state, keys: ["status", "batch_id"], table, prevBtn, nextBtn,
+      onList: (page) => {
+        total.textContent = `${fmtNum(page.total)} job${page.total === 1 ? "" : "s"}`
+          + (page.total > page.data.length ? `, ${state.offset + 1}–${state.offset + page.data.length} shown` : "");
+        empty.textContent = page.data.length ? "" : "no jobs" + (state.status ? ` with status ${state.status}` : "");
+        nextBtn.disabled = state.offset + page.data.length >= page.total;
+      } });
+    list.filter(status, "status");
+    list.filter(batch, "batch_id");
+    list.filter(limit, "limit", Number);
+    list.restart();
+    return list.stop;
   }
 
   // --- one job -----------------------------------------------------------------------------------------------
@@ -733,7 +747,7 @@
     status.value = state.status;
     const name = h("input", { type: "text", name: "name", placeholder: "name" });
     name.value = state.name;
-    const prevBtn = h("button", { type: "button" }, "← newer"), nextBtn = h("button", { type: "button" }, "older →");
+    const [prevBtn, nextBtn] = pager();
     const table = liveTable(["batch", "name", "status", "requests", "created", "finished"], (b) => [
       h("td", { class: "mono" }, navLink(batchHref(b.id), b.id)),
       h("td", { class: "wrap" }, batchName(b)),
@@ -746,28 +760,15 @@
     root.replaceChildren(h("h1", {}, "Batches"),
       h("div", { class: "filters" }, h("label", {}, "status ", status), h("label", {}, "name ", name)),
       table.table, empty, h("div", { class: "pager" }, prevBtn, nextBtn));
-    let stop = () => {}, first = true;
-    const restart = () => {
-      stop();
-      setQuery({ status: state.status, name: state.name, offset: state.offset });
-      stop = live.every(POLL_LIST_MS, async () => {
-        const q = new URLSearchParams({ limit: state.limit, offset: state.offset });
-        if (state.status) q.set("status", state.status);
-        if (state.name) q.set("name", state.name);
-        const list = await api(`/v1/batches?${q}`);
-        table.update(list.data);
-        empty.textContent = list.data.length ? "" : "no batches";
-        prevBtn.disabled = state.offset === 0;
-        nextBtn.disabled = list.data.length < state.limit;
-        if (first) { first = false; ready("batches"); }
-      });
-    };
-    status.addEventListener("change", () => { state.status = status.value; state.offset = 0; restart(); });
-    name.addEventListener("change", () => { state.name = name.value.trim(); state.offset = 0; restart(); });
-    prevBtn.addEventListener("click", () => { state.offset = Math.max(0, state.offset - state.limit); restart(); });
-    nextBtn.addEventListener("click", () => { state.offset += state.limit; restart(); });
-    restart();
-    return () => stop();
+    const list = pagedList({ name: "batches", endpoint: "/v1/batches", state, keys: ["status", "name"], table, prevBtn, nextBtn,
+      onList: (page) => {
+        empty.textContent = page.data.length ? "" : "no batches";
+        nextBtn.disabled = page.data.length < state.limit;
+      } });
+    list.filter(status, "status");
+    list.filter(name, "name");
+    list.restart();
+    return list.stop;
   }
 
   function phaseTable(phases) {
