@@ -5,6 +5,7 @@ against a live `specq api` and `specq worker` with tiny random-weight models.
   without a reload (the worker is started only once the page has shown it queued); its page has the
   phase waterfall of its stored timings and highlights exactly the stored kept spans;
 * a batch page shows the request counts, the per-phase p50/p95 of /stats and links to the results;
+* the page's Cancel button (a DELETE with `Origin`) passes the Host/Origin guard as a same-origin page;
 * a document, question and file name holding `<script>`, `</mark>`, `<img onerror>` and `javascript:`
   links render as text: nothing runs, no element is made from them;
 * with SPECQ_AUTH=keys the page asks for a key; with tenant A's key tenant B's job is not listed and
@@ -259,6 +260,23 @@ def test_untrusted_text_renders_inert(svc, chromium, shots):
     assert page.evaluate("window.__pwned") is None
     p.assert_clean()
     page.screenshot(path=str(shots / "jobs.png"))  # by now: the live job, the batch's and this one
+
+
+def test_cancel_from_the_page_passes_the_origin_check(svc, chromium):
+    """The page's DELETE carries `Origin` (GETs do not): without keys the guard lets this API's own
+    page through, and the job ends `cancelled`."""
+    svc.worker()
+    job_id = svc.submit("def slow():\n    return 0\n", params={"max_tokens": 3000, "seed": 1})
+    p = open_page(chromium)
+    seen: list[dict] = []
+    p.page.on("request", lambda r: seen.append({"method": r.method, **r.headers}) if r.method == "DELETE" else None)
+    p.page.goto(f"{svc.st.url}/ui/jobs/{job_id}")
+    p.wait_ready("job")
+    p.page.click("[data-role=cancel]")
+    p.page.wait_for_selector("h1 [data-status=cancelled]", timeout=120_000)
+    assert seen and seen[0]["origin"] == svc.st.url
+    assert svc.client.get(f"/v1/jobs/{job_id}").json()["status"] == "cancelled"
+    p.assert_clean()
 
 
 @pytest.fixture(scope="module")

@@ -667,11 +667,21 @@
     root.replaceChildren(title, statusCard, rest);
     let resultShown = false, stopped = false;
 
+    const cancel = async (btn) => {
+      btn.disabled = true;
+      try {
+        await api(`/v1/jobs/${enc(id)}`, { method: "DELETE" });  // a same-origin request with Origin: the guard lets it through
+        showStatus(await api(`/v1/jobs/${enc(id)}`));
+      } catch (e) { btn.disabled = false; alert(e.message); }
+    };
     const showStatus = (job) => {
       title.replaceChildren("Job ", h("span", { class: "id" }, job.id), " ", badge(job.status));
       const inp = job.input || {};
+      const cancellable = !JOB_TERMINAL.has(job.status) && !job.cancel_requested;
       statusCard.replaceChildren(kv([
-        ["status", [badge(job.status), " ", job.status === "running" ? progressCell(job) : ""]],
+        ["status", [badge(job.status), " ", job.status === "running" ? progressCell(job) : "",
+          job.cancel_requested && !JOB_TERMINAL.has(job.status) ? h("span", { class: "prog" }, "cancel requested") : "",
+          cancellable ? h("button", { type: "button", dataset: { role: "cancel" }, onclick: (e) => cancel(e.currentTarget) }, "Cancel") : ""]],
         ["file", inp.filename ? inp.filename : "–"],
         ["size", inp.size_bytes ? `${fmtNum(inp.size_bytes)} bytes` : "–"],
         ["question", inp.question || "–"],
