@@ -9,17 +9,21 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
+from datetime import datetime, timezone
+from email.utils import parsedate_to_datetime
 from pathlib import Path
 from typing import Any, Callable
+from urllib.parse import quote
 
 import httpx
 
+from .contracts import BATCH_TERMINAL, JOB_TERMINAL
 from .settings import DEFAULT_API_HOST, DEFAULT_API_PORT
 
 DEFAULT_API_URL = f"http://{DEFAULT_API_HOST}:{DEFAULT_API_PORT}"
-TERMINAL = ("succeeded", "failed", "cancelled")
-BATCH_TERMINAL = ("completed", "failed", "expired", "cancelled")
+TERMINAL = JOB_TERMINAL
 
 
 def api_url() -> str:
@@ -39,11 +43,28 @@ class ApiUnavailable(ApiError):
 
 
 class Client:
+    """One connection pool to the API. Ids go into paths percent-encoded (`/v1/jobs/..%2Fmetrics`),
+    never as path syntax. A GET answered 429 (or 503 with `Retry-After`) is retried after the
+    server's `Retry-After` (seconds or an HTTP date; at most `RETRY_WAIT_MAX` s each, `RETRIES`
+    times); a POST or DELETE is not retried (its error says when to retry)."""
+
+    RETRIES = 5
+    RETRY_WAIT_MAX = 30.0
+
     def __init__(self, url: str | None = None, api_key: str | None = None, timeout: float = 60.0) -> None:
         self.url = (url or api_url()).rstrip("/")
+        if not self.url.lower().startswith(("http://", "https://")):
+            raise ApiError(f"the API URL {self.url!r} must start with http:// or https:// (SPECQ_API_URL)")
         key = os.environ.get("SPECQ_API_KEY", "").strip() if api_key is None else api_key
+        if key and not _KEY_CHARS.fullmatch(key):
+            raise ApiError("SPECQ_API_KEY holds characters no key has (non-ASCII, spaces or control characters; "
+                           "keys are sk-specq-… in plain ASCII): was a quote or dash pasted with it?")
         headers = {"Authorization": f"Bearer {key}"} if key else {}
-        self._http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout)
+        try:
+            self._http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout)
+        except (httpx.InvalidURL, ValueError) as e:  # a malformed SPECQ_API_URL (bad port, IDNA, …)
+            raise ApiError(f"bad API URL {self.url!r} (SPECQ_API_URL): {e}") from None
+        self._sleep = time.sleep
 
     def close(self) -> None:
         self._http.close()
@@ -54,28 +75,56 @@ class Client:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def request(self, method: str, path: str, **kwargs: Any) -> Any:
-        try:
-            r = self._http.request(method, path, **kwargs)
-        except (httpx.ConnectError, httpx.ConnectTimeout) as e:
-            raise ApiUnavailable(f"no specq API at {self.url}: start it with `specq up` (or set SPECQ_API_URL)") from e
-        except httpx.HTTPError as e:
-            raise ApiError(f"request to {self.url}{path} failed: {type(e).__name__}: {e}") from e
+    def send(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        """The response to one request (retried as the class docstring says); ApiError for any
+        failure or status >= 400."""
+        for attempt in range(self.RETRIES + 1):
+            try:
+                r = self._http.request(method, path, **kwargs)
+            except (httpx.ConnectError, httpx.ConnectTimeout) as e:
+                raise ApiUnavailable(f"no specq API at {self.url}: start it with `specq up` (or set SPECQ_API_URL)") from e
+            except (httpx.HTTPError, httpx.InvalidURL) as e:
+                raise ApiError(f"request to {self.url}{path} failed: {type(e).__name__}: {e}") from e
+            except UnicodeEncodeError as e:  # an id, name or question from argv with bytes that are not UTF-8
+                bad = e.object[e.start:e.end] if isinstance(e.object, str) else ""
+                raise ApiError(f"{bad!r} in a value of this request is not UTF-8 text (undecodable bytes in "
+                               "an argument?)") from None
+            wait = retry_after(r)
+            retry = method == "GET" and (r.status_code == 429 or (r.status_code == 503 and wait is not None))
+            if not retry or attempt == self.RETRIES or (wait or 0) > self.RETRY_WAIT_MAX:
+                break
+            self._sleep(1.0 if wait is None else wait)
         if r.status_code >= 400:
-            raise ApiError(f"{_error_message(r)} (HTTP {r.status_code})", r.status_code)
+            later = f"; retry after {wait:g} s" if r.status_code in (429, 503) and wait is not None else ""
+            raise ApiError(f"{_error_message(r)} (HTTP {r.status_code}{later})", r.status_code)
+        return r
+
+    def request(self, method: str, path: str, *, expect: tuple[str, ...] = (), **kwargs: Any) -> Any:
+        """The JSON body of `send(...)`; with `expect`, an object that has those keys (else ApiError:
+        the URL is not a specq API, and the CLI would fail on a missing field)."""
+        r = self.send(method, path, **kwargs)
         try:
-            return r.json()
+            body = r.json()
         except ValueError:
             raise ApiError(f"{self.url}{path} answered HTTP {r.status_code} with non-JSON: is it a specq API?") from None
+        except RecursionError:
+            raise ApiError(f"{self.url}{path} answered JSON nested too deeply to read") from None
+        if expect and not (isinstance(body, dict) and all(k in body for k in expect)):
+            raise ApiError(f"{self.url}{path} answered JSON without {', '.join(expect)}: is it a specq API?")
+        return body
 
     # --- jobs -------------------------------------------------------------------------------------------
     def submit_file(self, path: Path, question: str | None = None, params: dict[str, Any] | None = None) -> dict:
-        data = Path(path).read_bytes()
+        return self.submit_bytes(Path(path).name, Path(path).read_bytes(), question=question, params=params)
+
+    def submit_bytes(self, filename: str, data: bytes, question: str | None = None,
+                     params: dict[str, Any] | None = None) -> dict:
+        """One job of a document's bytes (uploaded as the file `filename`)."""
         form: dict[str, str] = {"params": json.dumps(params or {})}
         if question is not None:
             form["question"] = question
-        files = {"file": (Path(path).name, data, "application/octet-stream")}
-        return self.request("POST", "/v1/jobs", data=form, files=files)
+        files = {"file": (filename, data, "application/octet-stream")}
+        return self.request("POST", "/v1/jobs", data=form, files=files, expect=_JOB)
 
     def submit_text(self, text: str, question: str | None = None, params: dict[str, Any] | None = None,
                     filename: str | None = None) -> dict:
@@ -84,48 +133,53 @@ class Client:
             body["question"] = question
         if filename is not None:
             body["filename"] = filename
-        return self.request("POST", "/v1/jobs", json=body)
+        return self.request("POST", "/v1/jobs", json=body, expect=_JOB)
 
     def job(self, job_id: str) -> dict:
-        return self.request("GET", f"/v1/jobs/{job_id}")
+        return self.request("GET", f"/v1/jobs/{path_id(job_id)}", expect=_JOB)
 
     def jobs(self, status: str | None = None, limit: int = 50, offset: int = 0) -> dict:
         params: dict[str, Any] = {"limit": limit, "offset": offset}
         if status:
             params["status"] = status
-        return self.request("GET", "/v1/jobs", params=params)
+        return self.request("GET", "/v1/jobs", params=params, expect=_LIST)
 
     def cancel(self, job_id: str) -> dict:
-        return self.request("DELETE", f"/v1/jobs/{job_id}")
+        return self.request("DELETE", f"/v1/jobs/{path_id(job_id)}", expect=_JOB)
 
     def health(self) -> dict:
         return self.request("GET", "/healthz")
 
     # --- batches ----------------------------------------------------------------------------------------
     def submit_batch_files(self, paths: list[Path], question: str | None = None, params: dict[str, Any] | None = None,
-                           metadata: dict[str, Any] | None = None, names: list[str] | None = None) -> dict:
-        """One batch of documents (custom_id = each file's name as given in `names`, default the paths)."""
+                           metadata: dict[str, Any] | None = None, names: list[str] | None = None,
+                           contents: list[bytes] | None = None) -> dict:
+        """One batch of documents (custom_id = each file's name as given in `names`, default the paths;
+        `contents`, when given, are their bytes instead of the files' own)."""
         form: dict[str, str] = {"params": json.dumps(params or {})}
         if question is not None:
             form["question"] = question
         if metadata:
             form["metadata"] = json.dumps(metadata)
         names = names or [str(p) for p in paths]
-        files = [("file", (name, Path(p).read_bytes(), "application/octet-stream")) for name, p in zip(names, paths)]
-        return self.request("POST", "/v1/batches", data=form, files=files)
+        contents = contents if contents is not None else [Path(p).read_bytes() for p in paths]
+        files = [("file", (name, data, "application/octet-stream")) for name, data in zip(names, contents)]
+        return self.request("POST", "/v1/batches", data=form, files=files, expect=_BATCH)
 
     def submit_batch_jsonl(self, path: Path, params: dict[str, Any] | None = None, question: str | None = None,
-                           metadata: dict[str, Any] | None = None) -> dict:
+                           metadata: dict[str, Any] | None = None, content: bytes | None = None) -> dict:
+        """One batch of a JSONL file (`content`, when given, is its bytes instead of the file's own)."""
         form: dict[str, str] = {"params": json.dumps(params or {})}
         if question is not None:
             form["question"] = question
         if metadata:
             form["metadata"] = json.dumps(metadata)
-        files = [("input", (Path(path).name, Path(path).read_bytes(), "application/jsonl"))]
-        return self.request("POST", "/v1/batches", data=form, files=files)
+        data = Path(path).read_bytes() if content is None else content
+        files = [("input", (Path(path).name, data, "application/jsonl"))]
+        return self.request("POST", "/v1/batches", data=form, files=files, expect=_BATCH)
 
     def batch(self, batch_id: str) -> dict:
-        return self.request("GET", f"/v1/batches/{batch_id}")
+        return self.request("GET", f"/v1/batches/{path_id(batch_id)}", expect=_BATCH)
 
     def batches(self, status: str | None = None, name: str | None = None, limit: int = 20, offset: int = 0) -> dict:
         params: dict[str, Any] = {"limit": limit, "offset": offset}
@@ -133,7 +187,7 @@ class Client:
             params["status"] = status
         if name:
             params["name"] = name
-        return self.request("GET", "/v1/batches", params=params)
+        return self.request("GET", "/v1/batches", params=params, expect=_LIST)
 
     def resolve_batch(self, ref: str) -> dict:
         """A batch by id (`batch_…`) or by name (the newest batch submitted with `--batch NAME`)."""
@@ -145,23 +199,16 @@ class Client:
         return page["data"][0]
 
     def cancel_batch(self, batch_id: str) -> dict:
-        return self.request("POST", f"/v1/batches/{batch_id}/cancel")
+        return self.request("POST", f"/v1/batches/{path_id(batch_id)}/cancel", expect=_BATCH)
 
     def batch_stats(self, batch_id: str) -> dict:
-        return self.request("GET", f"/v1/batches/{batch_id}/stats")
+        return self.request("GET", f"/v1/batches/{path_id(batch_id)}/stats",
+                            expect=("batch_id", "status", "request_counts", "phases"))
 
     def batch_export(self, batch_id: str, what: str = "results", fmt: str = "jsonl") -> str:
         """The text of /results (jsonl or csv) or /errors (jsonl)."""
         params = {"format": fmt} if what == "results" else {}
-        try:
-            r = self._http.get(f"/v1/batches/{batch_id}/{what}", params=params)
-        except (httpx.ConnectError, httpx.ConnectTimeout) as e:
-            raise ApiUnavailable(f"no specq API at {self.url}: start it with `specq up` (or set SPECQ_API_URL)") from e
-        except httpx.HTTPError as e:
-            raise ApiError(f"request to {self.url} failed: {type(e).__name__}: {e}") from e
-        if r.status_code >= 400:
-            raise ApiError(f"{_error_message(r)} (HTTP {r.status_code})", r.status_code)
-        return r.text
+        return self.send("GET", f"/v1/batches/{path_id(batch_id)}/{what}", params=params).text
 
     def wait_batch(self, batch_id: str, on_update: Callable[[dict], None] | None = None, interval: float = 0.5,
                    timeout: float | None = None) -> dict:
@@ -192,13 +239,48 @@ class Client:
             time.sleep(interval)
 
 
-def _error_message(r: httpx.Response) -> str:
+#: the keys the CLI reads of a job, a list and a batch object
+_JOB = ("id", "status")
+_LIST = ("data",)
+_BATCH = ("id", "status", "request_counts")
+#: what an API key can hold: printable ASCII, no spaces (a header value must be ASCII)
+_KEY_CHARS = re.compile(r"[\x21-\x7e]+")
+
+
+def path_id(value: str) -> str:
+    """`value` as one percent-encoded path segment; ApiError for one that cannot name anything
+    ("", ".", "..": an HTTP client resolves those as path syntax)."""
+    if value in ("", ".", ".."):
+        raise ApiError(f"{value!r} is not an id")
     try:
-        body = r.json()
-        return str(body["error"]["message"])
-    except (ValueError, KeyError, TypeError):
-        text = r.text.strip().splitlines()
-        return text[0][:200] if text else r.reason_phrase
+        return quote(value, safe="")
+    except UnicodeEncodeError:
+        raise ApiError(f"{value!r} is not an id (it holds bytes that are not UTF-8)") from None
+
+
+def retry_after(r: httpx.Response) -> float | None:
+    """The seconds of a `Retry-After` header (delta-seconds or an HTTP date), or None."""
+    raw = r.headers.get("retry-after", "").strip()
+    if not raw:
+        return None
+    if raw.isdigit():
+        return float(raw)
+    try:
+        when = parsedate_to_datetime(raw)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=timezone.utc)
+    return max(0.0, (when - datetime.now(timezone.utc)).total_seconds())
+
+
+def _error_message(r: httpx.Response) -> str:
+    """The API's one-line error message, or for an answer that is not specq's JSON error (a proxy's
+    HTML page, another server), the status's reason phrase saying so."""
+    try:
+        return str(r.json()["error"]["message"])
+    except (ValueError, KeyError, TypeError, RecursionError):
+        return f"{r.reason_phrase or 'error'} (not a specq API error: is {r.url.copy_with(path='/', query=None)} a specq API?)"
 
 
 def progress_text(job: dict) -> str:
@@ -213,5 +295,5 @@ def progress_text(job: dict) -> str:
     return f"{phase} {unit}{done}/{total}" if total > 1 else phase
 
 
-__all__ = ["Client", "ApiError", "ApiUnavailable", "api_url", "progress_text", "TERMINAL", "BATCH_TERMINAL",
-           "DEFAULT_API_URL"]
+__all__ = ["Client", "ApiError", "ApiUnavailable", "api_url", "path_id", "retry_after", "progress_text", "TERMINAL",
+           "BATCH_TERMINAL", "DEFAULT_API_URL"]

@@ -103,6 +103,8 @@ class ServiceSettings:
     #: the engine's defaults (the registry's default target and speculator, all layers on the GPU)
     target: str = ""
     speculator: str = ""
+    #: an EAGLE3 head for `draft: eagle3` (EngineOptions.drafter)
+    drafter: str = ""
     n_gpu_layers: int | None = None
     n_ctx: int | None = None
     n_batch: int | None = None
@@ -270,6 +272,8 @@ class ServiceSettings:
             opts.target = self.target
         if self.speculator:
             opts.speculator = self.speculator
+        if self.drafter:
+            opts.drafter = self.drafter
         if self.score_math:
             opts.score_math = self.score_math
         if self.batch_invariant:

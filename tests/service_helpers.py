@@ -196,3 +196,13 @@ def running(st: Stack, *services: tuple[str, ...]):
         yield st
     finally:
         st.stop()
+
+
+@contextlib.contextmanager
+def embedded_up(home: Path, models, **extra: str):
+    """`specq up` alone on the embedded default (SQLite job store + SQLAlchemy broker under `home`),
+    tiny models, a free port; yields the running Stack."""
+    port = free_port()
+    st = Stack(env=base_env(home, models, SPECQ_API_PORT=str(port), **extra), port=port, logdir=home)
+    with running(st, ("up", "up")):
+        yield st

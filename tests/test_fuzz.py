@@ -1,7 +1,8 @@
 """Property-based tests: no input crashes the service.
 
-* the engine's input path (`specq.engine.inputs`): random bytes, text in other encodings, control
-  characters, huge lines -> a UTF-8 document or InputError with a one-line message, nothing else;
+* the engine's input path (`specq.engine.inputs`): random bytes, text in other encodings (UTF-16/32
+  with a BOM are text), ANSI-coloured logs, real binary formats, control characters, huge lines -> a
+  document or InputError with a one-line message, nothing else;
 * the API's request validation, in process: random JSONL uploads and random `params` values -> a
   request or an error naming its line, never an exception;
 * the engine itself on the tiny models: random documents and random in-range params -> a result or
@@ -65,12 +66,22 @@ def _check_decoded(data: bytes) -> str | None:
     return text
 
 
+#: what a file starting with each byte-order mark is decoded as
+BOMS = [(b"\xef\xbb\xbf", "utf-8"), (b"\xff\xfe\x00\x00", "utf-32-le"), (b"\x00\x00\xfe\xff", "utf-32-be"),
+        (b"\xff\xfe", "utf-16-le"), (b"\xfe\xff", "utf-16-be")]
+
+
+def _codec(data: bytes) -> tuple[bytes, str]:
+    return next(((bom, codec) for bom, codec in BOMS if data.startswith(bom)), (b"", "utf-8"))
+
+
 @fuzz(300)
-@given(st.binary(max_size=2048))
+@given(st.one_of(st.binary(max_size=2048), st.tuples(st.sampled_from([b for b, _ in BOMS]), st.binary(max_size=512)).map(b"".join)))
 def test_random_bytes(data):
     text = _check_decoded(data)
-    if text is not None:  # only valid UTF-8 is accepted, and it comes back unchanged
-        assert data.decode("utf-8-sig") == text
+    if text is not None:  # only UTF-8, or the codec its BOM names, is accepted, and it comes back unchanged
+        bom, codec = _codec(data)
+        assert data[len(bom):].decode(codec) == text
 
 
 @fuzz(200)
@@ -78,8 +89,64 @@ def test_random_bytes(data):
 def test_text_in_any_encoding(text, encoding):
     data = text.encode(encoding, errors="replace")
     decoded = _check_decoded(data)
-    if decoded is not None and encoding in ("utf-8", "utf-8-sig"):
-        assert decoded == text.removeprefix("\ufeff") if encoding == "utf-8" else decoded == text
+    if encoding in ("utf-8", "utf-8-sig", "utf-16", "utf-32"):  # UTF-8, and UTF-16/32 with the BOM Python writes
+        try:
+            check_text(text.removeprefix("\ufeff") if encoding == "utf-8" else text)
+        except InputError:
+            assert decoded is None  # refused only for what the text itself is (empty, mostly controls)
+        else:
+            assert decoded == (text.removeprefix("\ufeff") if encoding == "utf-8" else text)
+
+
+LOG_LINE = st.text(st.characters(codec="utf-8", exclude_categories=["Cc", "Cs"]), min_size=1, max_size=60)
+#: what `ls --color`, pytest, cargo, systemd and git print: SGR colours, cursor and erase codes, OSC
+#: 8 hyperlinks and window titles, charset selection
+ESCAPES = st.sampled_from(["\x1b[0m", "\x1b[31m", "\x1b[1;32m", "\x1b[38;5;208m", "\x1b[38;2;255;0;0m", "\x1b[K",
+                           "\x1b[2J", "\x1b[?25l", "\x1b]8;;https://example.com\x1b\\", "\x1b]0;title\x07", "\x1b(B",
+                           "\x1b7", "\x1b8"])
+
+
+@fuzz(100)
+@given(st.lists(st.tuples(ESCAPES, LOG_LINE, ESCAPES), min_size=1, max_size=200),
+       st.sampled_from(["\n", "\r\n"]), st.sampled_from(["utf-8", "utf-16", "utf-8-sig"]))
+def test_ansi_coloured_logs_are_text(lines, newline, encoding):
+    """A log with a colour code on every line (controls ~10% of its characters) is a document, kept
+    with its escape sequences as they were."""
+    log = newline.join(a + line + b for a, line, b in lines) + newline
+    if not "".join(line for _, line, _ in lines).strip():
+        return  # nothing but escape sequences and spaces: empty, refused (test_control_characters_…)
+    assert decode_document(log.encode(encoding), name="build.log") == log
+
+
+def test_binary_files_are_refused_with_a_clear_message():
+    import gzip
+    import io
+    import zipfile
+
+    zipped = io.BytesIO()
+    with zipfile.ZipFile(zipped, "w") as z:
+        z.writestr("a.txt", "hello " * 100)
+    binaries = {
+        "image.png": b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR\x00\x00\x00\x10" + bytes(range(256)),
+        "prog": b"\x7fELF\x02\x01\x01\x00" + bytes(200),
+        "log.gz": gzip.compress(b"hello world\n" * 100),
+        "a.zip": zipped.getvalue(),
+        "utf16-without-bom.txt": "plain text, but UTF-16 with no BOM\n".encode("utf-16-le"),
+        "fake-bom.bin": b"\xff\xfe" + bytes(range(0xD8, 0xDC)) * 64,  # a UTF-16 BOM, then unpaired surrogates
+    }
+    for name, data in binaries.items():
+        with pytest.raises(InputError) as e:
+            decode_document(data, name=name)
+        _one_line(e.value)
+        assert str(e.value).startswith(name) and ("binary" in str(e.value) or "is not UTF" in str(e.value)), e.value
+    assert "byte-order mark" in str(pytest.raises(InputError, decode_document, binaries["utf16-without-bom.txt"]).value)
+
+
+@pytest.mark.parametrize("encoding", ["utf-16", "utf-16-le", "utf-16-be", "utf-32", "utf-32-le", "utf-32-be", "utf-8-sig"])
+def test_text_with_a_byte_order_mark_is_decoded(encoding):
+    text = "caf\u00e9 \u4e2d\u6587 \U0001f600\nline two\n"
+    bom = {"utf-16-le": "\ufeff", "utf-16-be": "\ufeff", "utf-32-le": "\ufeff", "utf-32-be": "\ufeff"}.get(encoding, "")
+    assert decode_document((bom + text).encode(encoding), name="notes.txt") == text
 
 
 @fuzz(150)

@@ -18,7 +18,8 @@ import httpx
 import pytest
 from sqlalchemy import select
 
-from service_helpers import Stack, base_env, free_port, pg_database, redis_pg_env, require_servers, running, wait_job
+from service_helpers import (Stack, base_env, embedded_up, free_port, pg_database, redis_pg_env, require_servers, running,
+                             wait_job)
 
 QUESTION = "What does this file define?"
 DOC = "def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n    return a - b\n"
@@ -37,8 +38,7 @@ def stack(request, tiny_models, tmp_path_factory):
             with running(st, ("api", "api"), ("worker", "worker", "--loglevel", "INFO")):
                 yield st
     else:
-        st = Stack(env=base_env(home, tiny_models, SPECQ_API_PORT=str(port)), port=port, logdir=home)
-        with running(st, ("up", "up")):
+        with embedded_up(home, tiny_models) as st:
             yield st
 
 

@@ -3,3 +3,8 @@
 ttft (baseline vs specprefill), decode (drafters side by side), prefill (sparse prefill cost);
 each writes JSON with the settings and code version it ran with.
 """
+
+from pathlib import Path
+
+#: the repository's examples/ (CPython's textwrap.py and the Python license): the benchmarks' documents
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"

@@ -21,7 +21,7 @@ from typing import Callable, Sequence
 
 from ..engine.options import EngineOptions, RunParams
 
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+from . import EXAMPLES
 
 
 @dataclass(frozen=True)

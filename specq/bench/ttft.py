@@ -21,7 +21,7 @@ from typing import Any, Callable
 
 from ..engine.options import RunParams
 
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+from . import EXAMPLES
 QUESTION = "Which company did the Python core development team move to in May 2000?"
 PHASES = ("speculator_prefill", "lookahead", "score_math", "select", "sparse_prefill")
 

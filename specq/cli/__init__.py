@@ -4,11 +4,13 @@
     service   specq worker | reconcile | api | up | down
     submit    specq submit                     jobs and batches sent to the API
     jobs      specq status | result | jobs | cancel
-    batches   specq batches | results | stats | cancel-batch
+    batches   specq batches | batch | results | stats | cancel-batch
     keys      specq keys …        db   specq db upgrade
     models    specq models …      bench specq bench …
 
-`common` holds the helpers they share; groups never import each other."""
+The helpers they share: `common` (failures, reading FILE or stdin, settings, the HTTP client, waiting),
+`output` (terminal-safe text, tables / tab-separated lines / JSON), `render` (a run result). Groups
+import those, never each other."""
 
 from __future__ import annotations
 

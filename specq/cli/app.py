@@ -1,4 +1,8 @@
-"""The root `specq` command; each module of this package adds its group of commands to it."""
+"""The root `specq` command; each module of this package adds its group of commands to it.
+
+Help is plain text (`rich_markup_mode=None`, inherited by every sub-command and group): nothing in a
+docstring or a `help=` is read as rich markup, so `[env SPECQ_GPU]` is printed as written and no
+command has to escape brackets. tests/test_cli.py checks every option's help of every command."""
 
 from __future__ import annotations
 
@@ -9,4 +13,6 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     add_completion=False,
+    rich_markup_mode=None,
+    context_settings={"max_content_width": 120},
 )

@@ -1,4 +1,4 @@
-"""`specq batches | results | stats | cancel-batch`: batches over HTTP."""
+"""`specq batches | batch | results | stats | cancel-batch`: batches over HTTP."""
 
 from __future__ import annotations
 
@@ -6,26 +6,74 @@ import typer
 
 from .app import app
 from .common import api_call, fail
+from .output import Column, echo_data, num, print_json, print_table, safe
+
+#: a batch's timestamps in the order a batch lives them
+_TIMES = ("created_at", "in_progress_at", "finalizing_at", "completed_at", "failed_at", "expired_at", "cancelling_at",
+          "cancelled_at", "expires_at")
+
+
+def _name(batch: dict) -> str:
+    meta = batch.get("metadata")
+    return str(meta.get("name") or "") if isinstance(meta, dict) else ""
+
+
+def _when(value) -> str:
+    return (value or "").replace("T", " ")[:19]
 
 
 @app.command("batches")
 def batches_cmd(
     status: str = typer.Option(None, help="Only these statuses (comma-separated): in_progress, completed, failed, cancelled, …"),
     limit: int = typer.Option(20, help="How many, newest first."),
+    as_json: bool = typer.Option(False, "--json", help="Print the API's list object as JSON (what GET /v1/batches answers)."),
 ) -> None:
-    """Recent batches with their status and request counts."""
-    from rich.console import Console
-    from rich.table import Table
+    """Recent batches with their status and request counts.
 
+    Piped (stdout not a terminal): one tab-separated line per batch, no header, ids whole:
+    id, name, status, done, failed, total, created (UTC).
+    """
     page = api_call(lambda c: c.batches(status=status, limit=limit))
-    table = Table(box=None, pad_edge=False)
-    for col in ("id", "name", "status", "done", "failed", "total", "created (UTC)"):
-        table.add_column(col, no_wrap=True)
+    if as_json:
+        print_json(page)
+        return
+    rows = []
     for b in page["data"]:
         c = b["request_counts"]
-        table.add_row(b["id"], str((b.get("metadata") or {}).get("name") or ""), b["status"], str(c["completed"]),
-                      str(c["failed"]), str(c["total"]), (b.get("created_at") or "").replace("T", " ")[:19])
-    Console().print(table)
+        rows.append((b["id"], _name(b), b["status"], c["completed"], c["failed"], c["total"], _when(b.get("created_at"))))
+    print_table(["id", Column("name", fold=True), "status", Column("done", right=True), Column("failed", right=True),
+                 Column("total", right=True), "created (UTC)"], rows)
+
+
+@app.command("batch")
+def batch_cmd(
+    batch: str = typer.Argument(..., help="A batch id (batch_…) or the name given with `submit --batch NAME`."),
+    as_json: bool = typer.Option(False, "--json", help="Print the batch object as JSON."),
+) -> None:
+    """One batch: status, request counts, timestamps, validation errors, and where its results are."""
+    b, url = api_call(lambda c: (c.resolve_batch(batch), c.url))
+    if as_json:
+        print_json(b)
+        return
+    c = b["request_counts"]
+    lines = [f"{b['id']}  {b['status']}"]
+    if _name(b):
+        lines.append(f"  name        {_name(b)}")
+    lines.append(f"  requests    {c['total']} total, {c['completed']} completed, {c['failed']} failed or cancelled")
+    for key in _TIMES:
+        if b.get(key):
+            lines.append(f"  {key[:-3].replace('_', ' '):<11} {_when(b[key])} UTC")
+    if b.get("input_filename"):
+        lines.append(f"  input       {b['input_filename']}")
+    errors = (b.get("errors") or {}).get("data") if isinstance(b.get("errors"), dict) else None
+    if errors:
+        first = errors[0].get("message") if isinstance(errors[0], dict) else errors[0]
+        lines.append(f"  errors      {len(errors)} (first: {first})")
+    lines.append(f"  results     specq results {b['id']} [--format csv]   GET {url}/v1/batches/{b['id']}/results")
+    if c["failed"]:
+        lines.append(f"  failures    specq results {b['id']} --errors   GET {url}/v1/batches/{b['id']}/errors")
+    lines.append(f"  stats       specq stats {b['id']}   GET {url}/v1/batches/{b['id']}/stats")
+    typer.echo("\n".join(safe(line) for line in lines))
 
 
 @app.command("results")
@@ -34,19 +82,24 @@ def results_cmd(
     fmt: str = typer.Option("table", "--format", "-f", help="jsonl (run result objects), csv (usage and phase timings as columns) or table."),
     errors: bool = typer.Option(False, "--errors", help="The failed and cancelled requests instead (JSONL)."),
 ) -> None:
-    """The answers of a batch's finished requests, one per request in submission order."""
+    """The answers of a batch's finished requests, one per request in submission order.
+
+    jsonl and csv are the API's bytes, unchanged when piped or redirected (control characters are
+    shown escaped only on a terminal). The table, piped, is one tab-separated line per request, no
+    header: custom_id, answer, prompt, kept, ttft ms, decode ms, total ms.
+    """
     if fmt not in ("jsonl", "csv", "table"):
         raise fail(f"--format must be jsonl, csv or table, not {fmt!r}")
 
     def go(c):
         b = c.resolve_batch(batch)
         if errors:
-            return b, c.batch_export(b["id"], "errors"), None
-        return b, c.batch_export(b["id"], "results", "csv" if fmt == "csv" else "jsonl"), None
+            return b, c.batch_export(b["id"], "errors")
+        return b, c.batch_export(b["id"], "results", "csv" if fmt == "csv" else "jsonl")
 
-    b, text, _ = api_call(go)
+    b, text = api_call(go)
     if errors or fmt in ("jsonl", "csv"):
-        typer.echo(text, nl=False)
+        echo_data(text)
     else:
         _print_results_table(text)
     c = b["request_counts"]
@@ -59,24 +112,23 @@ def results_cmd(
 def _print_results_table(text: str) -> None:
     import json
 
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(box=None, pad_edge=False)
-    for col, kw in (("custom_id", {"no_wrap": True}), ("answer", {"overflow": "fold", "max_width": 60}),
-                    ("prompt", {"justify": "right"}), ("kept", {"justify": "right"}), ("ttft ms", {"justify": "right"}),
-                    ("decode ms", {"justify": "right"}), ("total ms", {"justify": "right"})):
-        table.add_column(col, **kw)
+    rows = []
     for line in text.splitlines():
         if not line.strip():
             continue
-        row = json.loads(line)
-        r = row["result"]
+        try:
+            row = json.loads(line)
+        except (ValueError, RecursionError):
+            raise fail("the API's results are not JSONL: is it a specq API?") from None
+        r = row.get("result") if isinstance(row, dict) else None
+        r = r if isinstance(r, dict) else {}
         t, u = r.get("timings_ms") or {}, r.get("usage") or {}
-        answer = " ".join((r.get("text") or "").split())
-        table.add_row(str(row["custom_id"]), answer[:200], str(u.get("prompt_tokens")), str(u.get("kept_tokens")),
-                      f"{t.get('ttft', 0):,.1f}", f"{t.get('decode', 0):,.1f}", f"{t.get('total', 0):,.1f}")
-    Console().print(table)
+        answer = " ".join(str(r.get("text") or "").split())
+        rows.append((row.get("custom_id") if isinstance(row, dict) else "", answer[:200], u.get("prompt_tokens"),
+                     u.get("kept_tokens"), num(t.get("ttft")), num(t.get("decode")), num(t.get("total"))))
+    print_table(["custom_id", Column("answer", fold=True, max_width=60), Column("prompt", right=True),
+                 Column("kept", right=True), Column("ttft ms", right=True), Column("decode ms", right=True),
+                 Column("total ms", right=True)], rows)
 
 
 @app.command("stats")
@@ -84,28 +136,25 @@ def stats_cmd(
     batch: str = typer.Argument(..., help="A batch id (batch_…) or the name given with `submit --batch NAME`."),
     as_json: bool = typer.Option(False, "--json", help="Print the stats object as JSON."),
 ) -> None:
-    """Per-phase p50/p95 of a batch's finished requests, mean kept ratio and throughput (computed in SQL)."""
-    import json
+    """Per-phase p50/p95 of a batch's finished requests, mean kept ratio and throughput (computed in SQL).
 
-    from rich.console import Console
-    from rich.table import Table
-
+    Piped, the phase table is one tab-separated line per phase, no header: phase, count, p50, p95,
+    mean, max (ms).
+    """
     st = api_call(lambda c: c.batch_stats(c.resolve_batch(batch)["id"]))
     if as_json:
-        typer.echo(json.dumps(st, indent=2))
+        print_json(st)
         return
     c = st["request_counts"]
-    typer.echo(f"{st['batch_id']}  {st['status']}  {c['completed']}/{c['total']} completed, {c['failed']} failed")
+    typer.echo(safe(f"{st['batch_id']}  {st['status']}  {c['completed']}/{c['total']} completed, {c['failed']} failed"))
     if st.get("kept_ratio_mean") is not None:
-        typer.echo(f"  kept ratio (mean)   {st['kept_ratio_mean']:.3f}   prompt tokens (mean) {st['prompt_tokens_mean']:.1f}")
+        typer.echo(f"  kept ratio (mean)   {num(st['kept_ratio_mean'], '.3f')}   "
+                   f"prompt tokens (mean) {num(st.get('prompt_tokens_mean'), '.1f')}")
     if st.get("wall_s"):
-        typer.echo(f"  wall                {st['wall_s']:.1f} s   throughput {st['jobs_per_s']:.2f} jobs/s")
-    table = Table(box=None, pad_edge=False)
-    for col in ("phase", "count", "p50 ms", "p95 ms", "mean ms", "max ms"):
-        table.add_column(col, justify="left" if col == "phase" else "right")
-    for phase, p in st["phases"].items():
-        table.add_row(phase, str(p["count"]), f"{p['p50']:,.1f}", f"{p['p95']:,.1f}", f"{p['mean']:,.1f}", f"{p['max']:,.1f}")
-    Console().print(table)
+        typer.echo(f"  wall                {num(st['wall_s'], '.1f')} s   throughput {num(st.get('jobs_per_s'), '.2f')} jobs/s")
+    rows = [(phase, p.get("count"), num(p.get("p50")), num(p.get("p95")), num(p.get("mean")), num(p.get("max")))
+            for phase, p in (st.get("phases") or {}).items()]
+    print_table(["phase"] + [Column(h, right=True) for h in ("count", "p50 ms", "p95 ms", "mean ms", "max ms")], rows)
 
 
 @app.command("cancel-batch")
@@ -113,5 +162,4 @@ def cancel_batch_cmd(batch: str = typer.Argument(..., help="A batch id (batch_�
     """Cancel a batch: queued requests at once, running ones at their next step; finished results stay."""
     b = api_call(lambda c: c.cancel_batch(c.resolve_batch(batch)["id"]))
     c = b["request_counts"]
-    typer.echo(f"{b['id']}: {b['status']} ({c['completed']} completed results kept)")
-
+    typer.echo(safe(f"{b['id']}: {b['status']} ({c['completed']} completed results kept)"))

@@ -7,7 +7,7 @@ from pathlib import Path
 import typer
 
 from .app import app
-from .common import fail
+from .common import fail, with_models
 
 
 bench_app = typer.Typer(help="Benchmarks on this machine (not timed tests).", no_args_is_help=True)
@@ -42,11 +42,8 @@ def bench_decode(
 
     if batch_invariant not in ("auto", "on", "off"):
         raise fail(f"--batch-invariant must be auto, on or off, not {batch_invariant!r}")
-    opts = EngineOptions(n_gpu_layers=n_gpu_layers, n_threads=threads, repack=repack, batch_invariant=batch_invariant)
-    if target:
-        opts.target = target
-    if speculator:
-        opts.speculator = speculator
+    opts = with_models(EngineOptions(n_gpu_layers=n_gpu_layers, n_threads=threads, repack=repack,
+                                     batch_invariant=batch_invariant), target=target, speculator=speculator)
     wanted = [j.strip() for j in jobs.split(",") if j.strip()]
     by_name = {j.name: j for j in default_jobs()}
     unknown = [j for j in wanted if j not in by_name]
@@ -74,6 +71,57 @@ def bench_decode(
         raise fail("interrupted") from None
     if as_json:
         typer.echo(json.dumps([r.as_dict() for r in rows], indent=2))
+
+
+@bench_app.command("drafters")
+def bench_drafters(
+    methods: str = typer.Option("ngram,model,mtp", help="Comma-separated drafters: ngram, model, mtp, eagle3."),
+    rates: str = typer.Option("0,0.25,0.5,0.75,0.9,1", help="Forced acceptance rates (each drafted token kept with this probability)."),
+    n_draft: int = typer.Option(4, help="Tokens drafted per verification batch."),
+    max_tokens: int = typer.Option(64, help="Tokens generated per run."),
+    prompt_tokens: int = typer.Option(1024, help="Prompt length (context the costs are measured at)."),
+    reps: int = typer.Option(5, help="Repetitions of each unit-cost measurement (the fastest counts)."),
+    repeat: int = typer.Option(1, help="Runs per drafter and rate (the fastest counts)."),
+    clock: str = typer.Option("wall", help="wall, or thread (this thread's CPU time: with --threads 1 on a CPU build, the uncontended cost on a shared machine)."),
+    target: str = typer.Option(None, help="Target model: registry name or GGUF path (an MTP-capable one for mtp)."),
+    speculator: str = typer.Option(None, help="Speculator for the model drafter: registry name or GGUF path."),
+    drafter: str = typer.Option(None, help="EAGLE3 head for eagle3 (GGUF path)."),
+    n_gpu_layers: int = typer.Option(-1, help="Layers offloaded to the GPU (-1 = all)."),
+    n_ctx: int = typer.Option(0, help="Target context (0 = prompt + generated tokens, rounded up)."),
+    threads: int = typer.Option(0, help="CPU threads (0 = all cores)."),
+    batch_invariant: str = typer.Option("auto", help="Batch-invariant target numerics: auto (on for a CPU target), on, off."),
+    out: Path = typer.Option(None, help="Write the report as JSON here."),
+) -> None:
+    """Cost of each drafter's step and of verification vs a single decode, and decode speed-up as a function
+    of a forced acceptance rate (random weights: the acceptance is forced, the costs are real)."""
+    import json
+
+    from ..bench.drafters import run_drafters_bench
+    from ..contracts import EngineError
+    from ..engine.options import EngineOptions
+
+    try:
+        rate_list = [float(r) for r in rates.split(",") if r.strip()]
+    except ValueError:
+        raise fail(f"--rates must be comma-separated numbers, not {rates!r}") from None
+    if not rate_list or any(not 0 <= r <= 1 for r in rate_list):
+        raise fail("--rates must be in [0, 1]")
+    if batch_invariant not in ("auto", "on", "off"):
+        raise fail(f"--batch-invariant must be auto, on or off, not {batch_invariant!r}")
+    ctx = n_ctx or ((prompt_tokens + max_tokens + 2 * n_draft + 512) // 256 + 1) * 256
+    opts = with_models(EngineOptions(n_gpu_layers=n_gpu_layers, n_threads=threads, n_ctx=ctx, batch_invariant=batch_invariant),
+                       target=target, speculator=speculator, drafter=drafter)
+    try:
+        report = run_drafters_bench(opts, methods=[m.strip() for m in methods.split(",") if m.strip()],
+                                    rates=rate_list, n_draft=n_draft, max_tokens=max_tokens,
+                                    prompt_tokens=prompt_tokens, reps=reps, repeat=repeat, clock=clock,
+                                    say=typer.echo)
+    except (EngineError, ValueError) as e:
+        raise fail(str(e)) from None
+    if out:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(report, indent=2), encoding="utf-8")
+        typer.echo(f"wrote {out}")
 
 
 # --------------------------------------------------------------------------- bench: ttft, make-model
@@ -141,17 +189,19 @@ def bench_ttft(
 
 @bench_app.command("make-model")
 def bench_make_model(
-    shape: str = typer.Option(..., help="tiny, 0.5b, 1.5b, 7b or 14b (real Qwen2 shapes)."),
+    shape: str = typer.Option(..., help="qwen2: tiny, 0.5b, 1.5b, 7b or 14b; glm4moe: tiny, glm45-air-8e; qwen3: tiny, 8b; eagle3: tiny, 8b."),
+    arch: str = typer.Option("qwen2", help="qwen2, glm4moe (with an MTP block), qwen3 or eagle3 (a head for qwen3)."),
     out: Path = typer.Option(..., help="Where to write the GGUF."),
     vocab: str = typer.Option("bytes", help="'bytes' (tiny byte vocabulary) or a vocab-only GGUF, e.g. llama.cpp's ggml-vocab-qwen2.gguf."),
     seed: int = typer.Option(0, help="Weight seed."),
     n_ctx: int = typer.Option(0, help="Training context written into the file (0 = the shape's)."),
     n_layer: int = typer.Option(0, help="Override the number of layers (0 = the shape's)."),
 ) -> None:
-    """Write a random-weight Qwen2 GGUF of a real shape (for speed measurements: timing does not depend on weights)."""
+    """Write a random-weight GGUF of a real shape (for speed measurements: timing does not depend on weights)."""
     import time as _time
 
     from ..engine.synthetic import write_qwen2_gguf
+    from ..engine.synthetic_archs import ARCHS, write_arch_gguf
 
     overrides = {}
     if n_ctx:
@@ -160,7 +210,12 @@ def bench_make_model(
         overrides["n_layer"] = n_layer
     t0 = _time.perf_counter()
     try:
-        path = write_qwen2_gguf(out, shape, vocab=vocab, seed=seed, **overrides)
+        if arch == "qwen2":
+            path = write_qwen2_gguf(out, shape, vocab=vocab, seed=seed, **overrides)
+        elif arch in ARCHS:
+            path = write_arch_gguf(out, arch, shape, vocab=vocab, seed=seed, **overrides)
+        else:
+            raise ValueError(f"unknown architecture {arch!r} (qwen2, {', '.join(ARCHS)})")
     except (ValueError, OSError) as e:
         raise fail(str(e)) from None
     typer.echo(f"wrote {path} ({path.stat().st_size / 1e9:.2f} GB, {_time.perf_counter() - t0:.1f} s)")

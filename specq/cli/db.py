@@ -5,6 +5,7 @@ from __future__ import annotations
 import typer
 
 from .app import app
+from .common import fail
 
 
 db_app = typer.Typer(help="The job database (SPECQ_DATABASE_URL, default $SPECQ_HOME/specq.sqlite).", no_args_is_help=True)
@@ -24,8 +25,7 @@ def db_upgrade(
     try:
         shown = db.masked_url(url)
     except Exception as e:  # noqa: BLE001 - a malformed URL: say so in one line
-        typer.echo(f"error: bad database URL: {type(e).__name__}", err=True)
-        raise typer.Exit(1) from None
+        raise fail(f"bad database URL: {type(e).__name__}") from None
     try:
         rev = db.upgrade(url, revision)
     except (SQLAlchemyError, RuntimeError) as e:
@@ -33,8 +33,7 @@ def db_upgrade(
         password = db.normalize_url(url).password
         if password:
             reason = reason.replace(str(password), "***")
-        typer.echo(f"error: upgrading {shown} failed: {reason}", err=True)
-        raise typer.Exit(1) from None
+        raise fail(f"upgrading {shown} failed: {reason}") from None
     typer.echo(f"database: {shown}")
     typer.echo(f"revision: {rev} (head: {db.head_revision()})")
 

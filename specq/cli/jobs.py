@@ -5,7 +5,12 @@ from __future__ import annotations
 import typer
 
 from .app import app
-from .common import api_call, finish_job
+from .common import api_call, fail, finish_job, wait_with_progress
+from .output import Column, num, print_json, print_table, safe, stdout_is_terminal
+
+
+def _ms(value) -> str:
+    return num(value, ",.0f", " ms")
 
 
 def _print_job(job: dict) -> None:
@@ -19,7 +24,7 @@ def _print_job(job: dict) -> None:
         if job.get(key):
             lines.append(f"  {key[:-3]:<10} {job[key]}")
     if job.get("queue_wait_ms") is not None:
-        lines.append(f"  queue wait {job['queue_wait_ms']:.0f} ms")
+        lines.append(f"  queue wait {_ms(job['queue_wait_ms'])}")
     inp = job.get("input") or {}
     if inp:
         lines.append(f"  input      {inp.get('filename') or '-'} ({inp.get('size_bytes')} bytes)")
@@ -28,10 +33,8 @@ def _print_job(job: dict) -> None:
     result = job.get("result")
     if result:
         total = (result.get("timings_ms") or {}).get("total")
-        lines.append(f"  result     {len(result.get('text', ''))} chars, {total:,.0f} ms total (`specq result {job['id']}`)")
-    typer.echo("\n".join(lines))
-
-
+        lines.append(f"  result     {len(result.get('text') or '')} chars, {_ms(total)} total (`specq result {job['id']}`)")
+    typer.echo("\n".join(safe(line) for line in lines))  # every value may come from a user or a file
 
 
 @app.command("status")
@@ -40,11 +43,9 @@ def status_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print the job object as JSON."),
 ) -> None:
     """A job's status, progress, attempts and error."""
-    import json
-
     job = api_call(lambda c: c.job(job_id))
     if as_json:
-        typer.echo(json.dumps(job, indent=2))
+        print_json(job)
     else:
         _print_job(job)
 
@@ -53,34 +54,43 @@ def status_cmd(
 def result_cmd(
     job_id: str = typer.Argument(..., help="A job id (job_…)."),
     as_json: bool = typer.Option(False, "--json", help="Print the run result object as JSON."),
+    wait: bool = typer.Option(False, "--wait", "-w", help="Wait until the job finishes (progress on stderr)."),
 ) -> None:
     """A finished job's answer and phase table (exit 1 if it failed, was cancelled or is not done)."""
-    job = api_call(lambda c: c.job(job_id))
-    finish_job(job, as_json)
+
+    def go(c):
+        if not wait:
+            return c.job(job_id)
+        try:
+            return wait_with_progress(c, job_id)
+        except KeyboardInterrupt:
+            raise fail(f"stopped waiting; job {job_id} keeps running (`specq status {job_id}`)") from None
+
+    finish_job(api_call(go), as_json)
 
 
 @app.command("jobs")
 def jobs_cmd(
     status: str = typer.Option(None, help="Only these statuses (comma-separated): queued, running, succeeded, failed, cancelled."),
     limit: int = typer.Option(20, help="How many, newest first."),
+    as_json: bool = typer.Option(False, "--json", help="Print the API's list object as JSON (what GET /v1/jobs answers)."),
 ) -> None:
-    """Recent jobs with their status and progress."""
-    from rich.console import Console
-    from rich.table import Table
+    """Recent jobs with their status and progress.
 
+    Piped (stdout not a terminal): one tab-separated line per job, no header, ids whole:
+    id, status, progress, created (UTC), queue wait, error.
+    """
     from ..client import progress_text
 
     page = api_call(lambda c: c.jobs(status=status, limit=limit))
-    table = Table(box=None, pad_edge=False)
-    for col in ("id", "status", "progress", "created (UTC)", "queue wait"):
-        table.add_column(col, no_wrap=True)
-    table.add_column("error", overflow="fold")
-    for j in page["data"]:
-        wait = f"{j['queue_wait_ms']:.0f} ms" if j.get("queue_wait_ms") is not None else "-"
-        created = (j.get("created_at") or "").replace("T", " ")[:19]
-        table.add_row(j["id"], j["status"], progress_text(j) if j["status"] == "running" else "", created,
-                      wait, (j.get("error") or "")[:120])
-    Console().print(table)
+    if as_json:
+        print_json(page)
+        return
+    cut = 120 if stdout_is_terminal() else None  # a pipe gets the whole message
+    rows = [(j["id"], j["status"], progress_text(j) if j["status"] == "running" else "",
+             (j.get("created_at") or "").replace("T", " ")[:19], _ms(j.get("queue_wait_ms")), (j.get("error") or "")[:cut])
+            for j in page["data"]]
+    print_table(["id", "status", "progress", "created (UTC)", "queue wait", Column("error", fold=True)], rows)
     typer.echo(f"{len(page['data'])} of {page['total']} jobs", err=True)
 
 
@@ -89,5 +99,4 @@ def cancel_cmd(job_id: str = typer.Argument(..., help="A job id (job_…).")) ->
     """Cancel a queued job now, or a running job at its next phase, window or token."""
     job = api_call(lambda c: c.cancel(job_id))
     state = "cancelled" if job["status"] == "cancelled" else "cancel requested (it stops at its next step)"
-    typer.echo(f"{job_id}: {state}")
-
+    typer.echo(safe(f"{job['id']}: {state}"))

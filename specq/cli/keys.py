@@ -6,6 +6,7 @@ import typer
 
 from .app import app
 from .common import fail, service_ready_db
+from .output import Column, print_list, print_table, safe, stdout_is_terminal
 
 
 keys_app = typer.Typer(
@@ -40,24 +41,25 @@ def keys_create(
 def keys_list(
     tenant: str = typer.Option(None, "--tenant", help="Only this tenant's keys."),
     revoked: bool = typer.Option(False, "--revoked", help="Also show revoked keys."),
+    as_json: bool = typer.Option(False, "--json", help="Print {object: list, data: [key objects]} as JSON."),
 ) -> None:
-    """The keys: id, tenant, admin, the key's first characters, created, revoked."""
-    from rich.console import Console
-    from rich.table import Table
+    """The keys: id, tenant, admin, the key's first characters, name, created, revoked.
 
+    Piped (stdout not a terminal): one tab-separated line per key in that order, no header, ids and
+    prefixes whole (`specq keys list | cut -f1` gives ids `specq keys revoke` takes).
+    """
     from ..storage import db, keys
 
     service_ready_db(upgrade=db.is_sqlite())
     with db.session() as s:
-        rows = keys.list_keys(s, tenant=tenant, include_revoked=revoked)
-    table = Table(box=None)
-    for col in ("id", "tenant", "admin", "key", "name", "created", "revoked"):
-        table.add_column(col)
-    for r in rows:
-        d = r.to_dict()
-        table.add_row(d["id"], d["tenant"], "yes" if d["admin"] else "", d["prefix"] + "…", d["name"] or "",
-                      d["created_at"], d["revoked_at"] or "")
-    Console().print(table)
+        rows = [r.to_dict() for r in keys.list_keys(s, tenant=tenant, include_revoked=revoked)]
+    if as_json:
+        print_list(rows)
+        return
+    more = "…" if stdout_is_terminal() else ""
+    print_table(["id", "tenant", "admin", "key", Column("name", fold=True), "created", "revoked"],
+                [(d["id"], d["tenant"], "yes" if d["admin"] else "", d["prefix"] + more, d["name"] or "",
+                  d["created_at"], d["revoked_at"] or "") for d in rows])
 
 
 @keys_app.command("revoke")
@@ -73,5 +75,5 @@ def keys_revoke(ref: str = typer.Argument(..., help="The key's id (key_…) or i
         raise fail(str(e)) from None
     if row is None:
         raise fail(f"no key {ref}")
-    typer.echo(f"{row.id} ({row.prefix}…, tenant {row.tenant}) revoked at {row.to_dict()['revoked_at']}")
+    typer.echo(safe(f"{row.id} ({row.prefix}…, tenant {row.tenant}) revoked at {row.to_dict()['revoked_at']}"))
 

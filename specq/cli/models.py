@@ -6,6 +6,7 @@ import typer
 
 from .app import app
 from .common import fail
+from .output import Column, print_list, print_table, stdout_is_terminal
 
 
 models_app = typer.Typer(help="The model registry: pull, list and verify GGUF files.", no_args_is_help=True)
@@ -24,7 +25,7 @@ def _models_progress():
     )
 
     return Progress(
-        TextColumn("{task.description}"),
+        TextColumn("{task.description}", markup=False),
         BarColumn(),
         DownloadColumn(),
         TransferSpeedColumn(),
@@ -63,20 +64,24 @@ def models_pull(
 
 
 @models_app.command("list")
-def models_list() -> None:
-    """The registry: name, role, size, whether each file is present and verified, and its path."""
-    from rich.console import Console
-    from rich.table import Table
+def models_list(
+    as_json: bool = typer.Option(False, "--json", help="Print {object: list, data: [models]} as JSON."),
+) -> None:
+    """The registry: name, role, size, whether each file is present and verified, and its path.
 
+    Piped (stdout not a terminal): one tab-separated line per model in that order (size in bytes), no header.
+    """
     from ..engine import models as m
 
-    table = Table(box=None, pad_edge=False)
-    for col in ("name", "role", "size", "status", "license", "path"):
-        table.add_column(col, no_wrap=col != "path", overflow="fold")
-    for name in m.registry_names():
-        st = m.model_status(name)
-        table.add_row(name, st.spec.role, f"{st.spec.size / 1e6:,.1f} MB", st.state, st.spec.license, str(st.path))
-    Console().print(table)
+    states = [m.model_status(name) for name in m.registry_names()]
+    if as_json:
+        print_list([{"name": st.spec.name, "role": st.spec.role, "size_bytes": st.spec.size, "status": st.state,
+                     "license": st.spec.license, "sha256": st.spec.sha256, "path": str(st.path)} for st in states])
+        return
+    terminal = stdout_is_terminal()
+    print_table(["name", "role", Column("size", right=True), "status", "license", Column("path", fold=True)],
+                [(st.spec.name, st.spec.role, f"{st.spec.size / 1e6:,.1f} MB" if terminal else st.spec.size, st.state,
+                  st.spec.license, str(st.path)) for st in states], terminal=terminal)
 
 
 @models_app.command("verify")

@@ -7,12 +7,13 @@ from pathlib import Path
 import typer
 
 from .app import app
-from .common import fail, read_document
+from .common import fail, read_document, with_models
+from .output import print_json
 
 
 @app.command("run")
 def run_cmd(
-    file: Path = typer.Argument(..., help="A long document or code file (UTF-8 text)."),
+    file: Path = typer.Argument(..., help="A long document or code file (text: UTF-8, or UTF-16/32 with a BOM); - reads stdin."),
     question: str = typer.Option("", "-q", "--question", help="The question asked about FILE."),
     mode: str = typer.Option("baseline", help="baseline (prefill every token) or specprefill (score, keep the top chunks)."),
     positions: str = typer.Option("original", help="original (kept tokens keep their position ids) or compressed."),
@@ -29,13 +30,14 @@ def run_cmd(
     top_k: int = typer.Option(0, help="0 = off."),
     top_p: float = typer.Option(1.0, help="1 = off."),
     seed: int = typer.Option(-1, help="Sampling seed (-1 = random)."),
-    draft: str = typer.Option("none", help="Speculative decoding drafter: none, ngram, model or auto."),
+    draft: str = typer.Option("none", help="Speculative decoding drafter: none, ngram, model, mtp (the target's MTP layers), eagle3 (--drafter) or auto."),
     n_draft: int = typer.Option(4, help="Tokens drafted per verification batch."),
     draft_min: int = typer.Option(1, help="Skip drafts shorter than this."),
     p_min: float = typer.Option(0.0, help="Model drafts stop below this top probability (0 = off)."),
     ngram: int = typer.Option(2, help="N-gram size for the ngram drafter."),
     target: str = typer.Option(None, help="Target model: registry name or GGUF path."),
     speculator: str = typer.Option(None, help="Speculator/drafter model: registry name or GGUF path."),
+    drafter: str = typer.Option(None, help="EAGLE3 head paired with the target, for --draft eagle3 (GGUF path)."),
     n_gpu_layers: int = typer.Option(-1, help="Layers offloaded to the GPU (-1 = all)."),
     n_ctx: int = typer.Option(0, help="Target context size (0 = model's, capped at 32768)."),
     flash_attn: bool = typer.Option(True, "--flash-attn/--no-flash-attn", help="Flash attention."),
@@ -43,8 +45,10 @@ def run_cmd(
     batch_invariant: str = typer.Option("auto", help="Batch-invariant target numerics (greedy output identical with every drafter): auto (on for a CPU target), on, off."),
     as_json: bool = typer.Option(False, "--json", help="Print the run result object as JSON."),
 ) -> None:
-    """Answer QUESTION about FILE in this process (no service needed) and print the phase timings."""
-    import json
+    """Answer QUESTION about FILE in this process (no service needed) and print the phase timings.
+
+    FILE `-` reads the document from stdin: `git diff | specq run - -q "What changed?"`.
+    """
 
     from ..contracts import EngineError
     from ..engine.options import EngineOptions, RunParams
@@ -59,12 +63,8 @@ def run_cmd(
         document = read_document(file)
         if batch_invariant not in ("auto", "on", "off"):
             raise fail(f"--batch-invariant must be auto, on or off, not {batch_invariant!r}")
-        opts = EngineOptions(n_gpu_layers=n_gpu_layers, n_ctx=n_ctx, flash_attn=flash_attn, n_threads=threads,
-                             batch_invariant=batch_invariant)
-        if target:
-            opts.target = target
-        if speculator:
-            opts.speculator = speculator
+        opts = with_models(EngineOptions(n_gpu_layers=n_gpu_layers, n_ctx=n_ctx, flash_attn=flash_attn, n_threads=threads,
+                                         batch_invariant=batch_invariant), target=target, speculator=speculator, drafter=drafter)
         from ..engine.pipeline import Engine
 
         engine = Engine(opts)
@@ -74,9 +74,9 @@ def run_cmd(
     except KeyboardInterrupt:
         raise fail("interrupted") from None
     if as_json:
-        typer.echo(json.dumps(result, indent=2))
+        print_json(result)
     else:
-        from ..render import print_result
+        from .render import print_result
 
         print_result(result)
 

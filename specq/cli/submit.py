@@ -7,14 +7,16 @@ from pathlib import Path
 import typer
 
 from .app import app
-from .common import api_call, fail, finish_job, read_document, submit_batch, wait_with_progress
+from .common import (STDIN_NAME, api_call, fail, finish_job, is_stdin, load_document, read_input, shown_name,
+                     wait_batch_with_progress, wait_with_progress)
+from .output import print_json, safe
 
 
 @app.command("submit")
 def submit_cmd(
-    files: list[Path] = typer.Argument(None, help="Documents or code files (UTF-8 text); several make a batch."),
+    files: list[Path] = typer.Argument(None, help="Documents or code files (text: UTF-8, or UTF-16/32 with a BOM); several make a batch; - reads one from stdin."),
     question: str = typer.Option(None, "-q", "--question", help="The question asked about FILE."),
-    jsonl: Path = typer.Option(None, "--jsonl", help="A batch as JSONL: one {custom_id, text, question, params} per line."),
+    jsonl: Path = typer.Option(None, "--jsonl", help="A batch as JSONL: one {custom_id, text, question, params} per line (- = stdin)."),
     batch_name: str = typer.Option(None, "--batch", help="Submit as a batch with this name (`specq results NAME`)."),
     mode: str = typer.Option(None, help="baseline or specprefill."),
     positions: str = typer.Option(None, help="original or compressed."),
@@ -31,18 +33,19 @@ def submit_cmd(
     top_k: int = typer.Option(None, help="0 = off."),
     top_p: float = typer.Option(None, help="1 = off."),
     seed: int = typer.Option(None, help="Sampling seed (-1 = random)."),
-    draft: str = typer.Option(None, help="Speculative decoding drafter: none, ngram, model or auto."),
+    draft: str = typer.Option(None, help="Speculative decoding drafter: none, ngram, model, mtp (the target's MTP layers), eagle3 (--drafter) or auto."),
     n_draft: int = typer.Option(None, help="Tokens drafted per verification batch."),
     draft_min: int = typer.Option(None, help="Skip drafts shorter than this."),
     p_min: float = typer.Option(None, help="Model drafts stop below this top probability (0 = off)."),
     ngram: int = typer.Option(None, help="N-gram size for the ngram drafter."),
     wait: bool = typer.Option(False, "--wait", "-w", help="Wait for the answer with a progress bar, then print it."),
-    as_json: bool = typer.Option(False, "--json", help="With --wait: print the run result object as JSON."),
+    as_json: bool = typer.Option(False, "--json", help="Print the new job (batch) object as JSON instead of its id; with --wait the run result object (the finished batch)."),
 ) -> None:
     """Submit FILE + QUESTION as a job to the specq API (SPECQ_API_URL); print its id, or with --wait its answer.
 
     Several FILEs, --jsonl or --batch submit a batch (one job per file or line): its id is printed;
-    --wait shows the batch's progress; then `specq results BATCH --format csv`.
+    --wait shows the batch's progress; then `specq results BATCH --format csv`. FILE `-` is stdin
+    (the job's file name is "stdin"): `git diff | specq submit - -q "Any bugs?" --wait`.
 
     Options not given take the server's defaults (those of `specq run`). Model options (target, speculator,
     GPU layers, context) belong to the worker: `specq worker --help`.
@@ -56,20 +59,22 @@ def submit_cmd(
     params = {k: v for k, v in given.items() if v is not None}
     files = list(files or [])
     if jsonl is not None or batch_name is not None or len(files) > 1:
-        return submit_batch(files, jsonl, question, params, batch_name, wait)  # the batches section below
+        return submit_batch(files, jsonl, question, params, batch_name, wait, as_json)  # below
     if not files:
         raise fail("give a FILE to submit (or several, or --jsonl FILE for a batch)")
-    file = files[0]
     try:  # the server's checks, before uploading
-        read_document(file)
+        filename, data, _ = load_document(files[0])
     except InputError as e:
         raise fail(str(e)) from None
 
     def go(c):
-        job = c.submit_file(file, question=question, params=params)
+        job = c.submit_bytes(filename, data, question=question, params=params)
         if not wait:
-            typer.echo(job["id"])
-            typer.echo(f"queued: `specq status {job['id']}` or `specq result {job['id']}`", err=True)
+            if as_json:
+                print_json(job)
+            else:
+                typer.echo(job["id"])
+            typer.echo(f"queued: `specq status {job['id']}` or `specq result {job['id']} --wait`", err=True)
             return
         try:
             done = wait_with_progress(c, job["id"])
@@ -79,3 +84,66 @@ def submit_cmd(
 
     api_call(go)
 
+
+def submit_batch(files: list[Path], jsonl: Path | None, question, params: dict, name, wait: bool,
+                 as_json: bool = False) -> None:
+    """`specq submit` with several files, --jsonl or --batch: one batch; prints its id."""
+    from ..contracts import InputError
+
+    if jsonl is not None and files:
+        raise fail("give either FILEs or --jsonl FILE, not both")
+    if jsonl is None and not files:
+        raise fail("give the FILEs of the batch, or --jsonl FILE")
+    if sum(is_stdin(f) for f in files) > 1:
+        raise fail("stdin (-) can be one FILE of a batch, once")
+    try:  # the server's checks, before uploading
+        if jsonl is not None:
+            jsonl_name, jsonl_data = read_input(jsonl)
+            if not jsonl_data.strip():
+                raise InputError(f"{STDIN_NAME if is_stdin(jsonl) else jsonl} is empty")
+        docs = [load_document(f) for f in files]
+    except InputError as e:
+        raise fail(str(e)) from None
+    metadata = {"name": name} if name else None
+
+    def go(c):
+        if jsonl is not None:
+            batch = c.submit_batch_jsonl(Path(jsonl_name), params=params, question=question, metadata=metadata,
+                                         content=jsonl_data)
+        else:
+            names = [STDIN_NAME if is_stdin(f) else shown_name(str(f)) for f in files]
+            batch = c.submit_batch_files(files, question=question, params=params, metadata=metadata, names=names,
+                                         contents=[data for _, data, _ in docs])
+        if batch["status"] == "failed":
+            _batch_fail(batch)
+        if as_json and not wait:
+            print_json(batch)
+        elif not as_json:
+            typer.echo(batch["id"])
+        total = batch["request_counts"]["total"]
+        if not wait:
+            typer.echo(f"{total} requests queued: `specq batch {batch['id']}`, `specq results {batch['id']}`", err=True)
+            return
+        try:
+            done = wait_batch_with_progress(c, batch)
+        except KeyboardInterrupt:
+            raise fail(f"stopped waiting; batch {batch['id']} keeps running (`specq batch {batch['id']}`)") from None
+        counts = done["request_counts"]
+        if as_json:
+            print_json(done)
+        typer.echo(f"batch {done['id']} {done['status']}: {counts['completed']}/{counts['total']} completed, "
+                   f"{counts['failed']} failed; `specq results {done['id']} --format csv`", err=True)
+        if done["status"] != "completed" or counts["failed"]:
+            raise typer.Exit(1)
+
+    api_call(go)
+
+
+def _batch_fail(batch: dict) -> None:
+    """The validation errors of a batch the API refused as a whole (at most 20), then exit 1."""
+    errors = (batch.get("errors") or {}).get("data") or []
+    for e in errors[:20]:
+        typer.echo(f"error: {safe(e.get('message') if isinstance(e, dict) else e)}", err=True)
+    if len(errors) > 20:
+        typer.echo(f"error: … and {len(errors) - 20} more", err=True)
+    raise fail(f"batch {batch['id']} failed validation: nothing was queued")

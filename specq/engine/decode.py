@@ -2,7 +2,9 @@
 
 The loop owns the target's KV cache after the prefill: a verification batch writes the last emitted
 token plus the draft; rejected draft cells are removed again (seq_rm) so the cache always holds
-exactly the accepted history.
+exactly the accepted history. A drafter that reads the target's hidden states (MTP, EAGLE3:
+drafters_hidden.py) has `observe(ctx, rows, tokens, positions)` called after every target decode
+with the tokens that stay in the cache (rows of that batch).
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ def generate(
     history = list(prompt_tokens)
     tok = sampler.sample(first_logits)  # sampled, not yet in the cache
     pos = next_pos
+    observe = getattr(drafter, "observe", None)
     finish = "length"
     while True:
         if model.is_eog(tok):
@@ -72,6 +75,8 @@ def generate(
             ctx.decode([tok] + list(draft.tokens), list(range(pos, pos + k + 1)), logits="all")
             rows = [ctx.logits_row(i) for i in range(k + 1)]
             emitted, n_acc = verify(draft, rows, sampler)
+            if observe is not None:  # the last token and the accepted drafts stay in the cache
+                observe(ctx, range(1 + n_acc), [tok] + list(draft.tokens[:n_acc]), range(pos, pos + 1 + n_acc))
             if n_acc < k:
                 ctx.seq_rm(0, pos + 1 + n_acc, -1)  # drop the rejected draft cells
             pos += 1 + n_acc
@@ -97,6 +102,8 @@ def generate(
             tok = emitted[-1]
         else:
             ctx.decode([tok], [pos], logits="last")
+            if observe is not None:
+                observe(ctx, [0], [tok], [pos])
             pos += 1
             tok = sampler.sample(ctx.logits_row(-1))
     return Generation(tokens=out, finish_reason=finish, draft=stats)

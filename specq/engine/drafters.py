@@ -27,8 +27,13 @@ proposes.
   same temperature/top-k/top-p transform of its own logits (q known, with its own seeded generator).
   `p_min` (> 0) stops a draft once the speculator's top probability falls below it (greedy: the
   plain softmax at temperature 1; sampling: the transformed q).
-* `auto` — a fixed rule, `AUTO_RULE` / `AUTO_NGRAM` below, chosen from measurements: n-gram lookup
-  with n-gram size max(--ngram, 3) (docs/speculative-decoding.md).
+* `mtp` — the target's own multi-token-prediction block drafts (`MtpDrafter`, drafters_hidden.py),
+  on the target's hidden states; only for a target with MTP layers (`mtp_unsupported` says why not).
+* `eagle3` — an EAGLE3 head (`EngineOptions.drafter`, `--drafter PATH`) drafts on features of three
+  target layers (`Eagle3Drafter`); only for llama/qwen3/qwen3moe targets.
+* `auto` — a fixed rule, `resolve_auto` / `AUTO_RULE` / `AUTO_NGRAM` below: `mtp` where the target
+  has MTP layers, else `eagle3` where the engine has an EAGLE3 head, else n-gram lookup with n-gram
+  size max(--ngram, 3) (chosen from measurements, docs/speculative-decoding.md).
 
 Sampling with speculation keeps the output distribution exact only for memoryless samplers
 (temperature, top-k, top-p — the only ones RunParams offers); a sampler with state (repetition
@@ -39,7 +44,7 @@ position and is refused by design (there is no such option to pass).
 from __future__ import annotations
 
 import time
-from typing import Callable, Protocol, Sequence
+from typing import Callable, Mapping, Protocol, Sequence
 
 import numpy as np
 
@@ -47,7 +52,7 @@ from ..contracts import InputError
 from .llama import Context
 from .prompt import Prompt
 from .sampling import Sampler
-from .speculative import Draft, Drafter
+from .speculative import Draft, Drafter, draft_tokens
 
 #: `--draft auto`: what it means. Measured on the 2-core CPU with the real pair (1.5B target, 0.5B
 #: speculator, docs/speculative-decoding.md): n-gram lookup gave the largest decode speed-up on
@@ -56,15 +61,23 @@ from .speculative import Draft, Drafter
 #: target's). 3-grams beat 2-grams on every job measured (rename 1.93x vs 1.63x, quote 1.68x vs
 #: 1.51x, free-form 1.08x vs 0.77x: spurious 2-gram matches in free text waste verification batches).
 #: So `auto` = the ngram drafter with n-gram size max(--ngram, AUTO_NGRAM), on every backend; on GPU
-#: model drafting is unmeasured here, ask for it explicitly.
+#: model drafting is unmeasured here, ask for it explicitly. A drafter the models themselves offer
+#: (an MTP block, a paired EAGLE3 head) comes first: it is what such a model was trained to draft with
+#: (with real weights its acceptance rate is not measured here).
 AUTO_RULE = "ngram"
 AUTO_NGRAM = 3
+#: `auto` picks the first of these the engine's models support
+AUTO_PREFERRED = ("mtp", "eagle3")
 
 
-def resolve_auto(method: str, backend: str = "cpu") -> str:
-    """The concrete drafter for `method` ("auto" → AUTO_RULE; others unchanged)."""
+def resolve_auto(method: str, backend: str = "cpu", available: Sequence[str] = ()) -> str:
+    """The concrete drafter for `method` ("auto" → the first of AUTO_PREFERRED in `available`, else
+    AUTO_RULE; others unchanged)."""
     if method != "auto":
         return method
+    for m in AUTO_PREFERRED:
+        if m in available:
+            return m
     return AUTO_RULE
 
 
@@ -246,29 +259,15 @@ class ModelDrafter:
         if logits is None:
             return Draft([])
         ctx, cached = self.ctx, self.cache.cached_tokens
-        tokens: list[int] = []
-        probs: list[np.ndarray] = []
-        while True:
-            if self.sampler is None:
-                d = int(np.argmax(logits))
-                if self.p_min > 0.0:
-                    z = logits.astype(np.float64)
-                    top = 1.0 / float(np.exp(z - z[d]).sum())
-                    if top < self.p_min:
-                        break
-            else:
-                q = self.sampler.probs(logits)
-                if self.p_min > 0.0 and float(q.max()) < self.p_min:
-                    break
-                d = self.sampler.draw(q)
-                probs.append(q)
-            tokens.append(d)
-            if len(tokens) >= n or self.model.is_eog(d) or len(cached) + 1 > ctx.n_ctx:
-                break
+
+        def step(d: int) -> np.ndarray | None:
+            if len(cached) + 1 > ctx.n_ctx:
+                return None
             ctx.decode([d], [len(cached)], logits="last")
             cached.append(d)
-            logits = ctx.logits_row(-1)
-        return Draft(tokens, probs if self.sampler is not None else None)
+            return ctx.logits_row(-1)
+
+        return draft_tokens(logits, n, self.sampler, self.p_min, self.model.is_eog, step)
 
     def accept(self, history: Sequence[int], n_accepted: int) -> None:
         pass  # the next propose() re-synchronises the cache with the history
@@ -295,15 +294,24 @@ def make_drafter(
     backend: str = "cpu",
     speculator_cache: Callable[[], SpeculatorCache] | None = None,
     scored: bool = False,
+    hidden_drafters: Mapping[str, Callable[[], tuple[Context, dict]]] | None = None,
+    unavailable: Mapping[str, str] | None = None,
+    seq: int = 0,
 ) -> Drafter | None:
-    """The drafter for `method` (none/ngram/model/auto), or None for none.
+    """The drafter for `method` (none/ngram/model/mtp/eagle3/auto), or None for none.
 
     speculator_cache: returns the speculator context to draft on (called only for `model`).
     scored: the run scored this prompt, so the cache may hold a scored window to continue from.
+    hidden_drafters: for `mtp` / `eagle3`, a function per method the engine's models support,
+        returning its drafting context and the drafter's extra arguments (pipeline.py).
+    unavailable: why a method is not supported (quoted when it is asked for).
+    seq: the drafter's sequence in its context (one per job being decoded).
     """
+    hidden = dict(hidden_drafters or {})
     if method == "auto":
-        ngram = max(ngram, AUTO_NGRAM)
-    method = resolve_auto(method, backend)
+        method = resolve_auto(method, backend, [m for m in AUTO_PREFERRED if m in hidden])
+        if method == AUTO_RULE:
+            ngram = max(ngram, AUTO_NGRAM)
     if method == "none":
         return None
     if method == "ngram":
@@ -317,10 +325,20 @@ def make_drafter(
             view = list(cache.cached_tokens)
         sampler = draft_sampler(temperature, top_k, top_p, seed) if temperature > 0 else None
         return ModelDrafter(cache, view, prompt.n, sampler=sampler, p_min=p_min)
-    raise InputError(f"unknown draft method {method!r} (none, ngram, model or auto)")
+    if method in ("mtp", "eagle3"):
+        from .drafters_hidden import Eagle3Drafter, MtpDrafter
+
+        if method not in hidden:
+            why = (unavailable or {}).get(method) or "the engine has no model for it"
+            raise InputError(f"draft {method} is not available: {why}")
+        ctx, extra = hidden[method]()
+        sampler = draft_sampler(temperature, top_k, top_p, seed) if temperature > 0 else None
+        cls = MtpDrafter if method == "mtp" else Eagle3Drafter
+        return cls(ctx, seq=seq, sampler=sampler, p_min=p_min, **extra)
+    raise InputError(f"unknown draft method {method!r} (none, ngram, model, mtp, eagle3 or auto)")
 
 
 __all__ = [
-    "AUTO_NGRAM", "AUTO_RULE", "DraftCache", "ModelDrafter", "NgramDrafter", "SpeculatorCache", "is_window_view",
+    "AUTO_NGRAM", "AUTO_PREFERRED", "AUTO_RULE", "DraftCache", "ModelDrafter", "NgramDrafter", "SpeculatorCache", "is_window_view",
     "make_drafter", "resolve_auto",
 ]

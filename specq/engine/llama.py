@@ -85,10 +85,11 @@ def library_version() -> str:
 class Model:
     """A loaded GGUF model and its vocabulary."""
 
-    def __init__(self, path: str | Path, *, n_gpu_layers: int = -1, repack: bool = True) -> None:
+    def __init__(self, path: str | Path, *, n_gpu_layers: int = -1, repack: bool = True, load_mtp: bool = False) -> None:
         """repack: let llama.cpp repack weights into its CPU-specific layouts (extra buffer types). Their
         kernels differ by batch size (gemv below 4 tokens, gemm above), so logits of one token depend
-        on how many tokens were decoded with it (see EngineOptions.repack)."""
+        on how many tokens were decoded with it (see EngineOptions.repack). load_mtp: also load the
+        model's multi-token-prediction (NextN) blocks, if it has any (llama_ext.py, drafters_mtp.py)."""
         init_backend()
         self.path = Path(path)
         if not self.path.is_file():
@@ -96,6 +97,8 @@ class Model:
         params = llama_cpp.llama_model_default_params()
         params.n_gpu_layers = n_gpu_layers if n_gpu_layers >= 0 else 999
         params.use_extra_bufts = bool(repack)
+        params.load_mtp = bool(load_mtp)
+        self.load_mtp = bool(load_mtp)
         self.n_gpu_layers = n_gpu_layers if llama_cpp.llama_supports_gpu_offload() else 0
         clear_log()
         self.ptr = llama_cpp.llama_model_load_from_file(str(self.path).encode(), params)
@@ -108,6 +111,11 @@ class Model:
         self.n_head = int(llama_cpp.llama_model_n_head(self.ptr))
         self.n_head_kv = int(llama_cpp.llama_model_n_head_kv(self.ptr))
         self.n_embd = int(llama_cpp.llama_model_n_embd(self.ptr))
+        #: NextN/MTP blocks after the trunk (0: none); usable only when loaded with load_mtp
+        self.n_layer_nextn = int(llama_cpp.llama_model_n_layer_nextn(self.ptr))
+        arch = ctypes.create_string_buffer(64)
+        n = llama_cpp.llama_model_meta_val_str(self.ptr, b"general.architecture", arch, len(arch))
+        self.arch = arch.value.decode("utf-8", errors="replace") if n > 0 else ""
         self.add_bos = bool(llama_cpp.llama_vocab_get_add_bos(self.vocab))
         tmpl = llama_cpp.llama_model_chat_template(self.ptr, None)
         self.chat_template: bytes | None = tmpl or None
@@ -203,11 +211,15 @@ class Context:
         kv_unified: bool = True,
         cb_eval: object | None = None,
         type_k: str = "f16",
+        ctx_type: int = 0,
+        ctx_other: "Context | None" = None,
     ) -> None:
         """kv_unified=False gives each of the n_seq_max sequences its own stream of n_ctx / n_seq_max
         cells: a sequence then attends over its own cells only (no masked pass over the others').
         type_k: the K cache's element type (f16, q8_0); q8_0 keeps llama.cpp's CPU flash attention on
-        one code path for every batch size (see specq/engine/invariance.py)."""
+        one code path for every batch size (see specq/engine/invariance.py). ctx_type: llama.cpp's
+        context type (LLAMA_CONTEXT_TYPE_MTP runs the model's MTP blocks); ctx_other: the context an
+        EAGLE3 head borrows the target's token embedding / output projection from."""
         self.model = model
         self.n_ctx = int(n_ctx)
         #: cells one sequence can hold
@@ -232,6 +244,10 @@ class Context:
             llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash_attn else llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
         )
         params.no_perf = False
+        params.ctx_type = int(ctx_type)
+        if ctx_other is not None:
+            params.ctx_other = ctx_other.ptr
+        self._ctx_other = ctx_other  # the borrowed weights' context must outlive this one
         self._cb_eval = cb_eval  # keep the ctypes callback alive as long as the context
         if cb_eval is not None:
             params.cb_eval = cb_eval

@@ -20,7 +20,7 @@ from ..contracts import InputError
 Mode = Literal["baseline", "specprefill"]
 Positions = Literal["original", "compressed"]
 Scorer = Literal["windowed", "sliding", "full"]
-Draft = Literal["none", "ngram", "model", "auto"]
+Draft = Literal["none", "ngram", "model", "mtp", "eagle3", "auto"]
 
 
 @dataclass
@@ -31,6 +31,9 @@ class EngineOptions:
     target: str = "qwen2.5-coder-1.5b-instruct-q4_k_m"
     #: speculator/drafter model (same tokenizer as the target): registry name or path
     speculator: str = "qwen2.5-coder-0.5b-instruct-q4_k_m"
+    #: an EAGLE3 head paired with the target (GGUF path or registry name) for `--draft eagle3`;
+    #: "" = none. Loaded on first use; needs a llama/qwen3/qwen3moe target (drafters_hidden.py)
+    drafter: str = ""
     #: layers offloaded to the GPU; -1 = all (ignored by a CPU-only build)
     n_gpu_layers: int = -1
     #: flash attention; scores are recomputed from Q and K, so it can stay on while scoring (the

@@ -8,6 +8,8 @@ callback is called between phases, per scoring window and per decoded token; rai
 from __future__ import annotations
 
 from .llama import Context, Model, backend_name, supports_position_gaps  # isort: skip  (llama_cpp first)
+from .llama_ext import set_hidden_output  # isort: skip
+from .drafters_hidden import mtp_unsupported, open_eagle3_context, open_mtp_context  # isort: skip
 
 import time
 from pathlib import Path
@@ -50,7 +52,8 @@ class Engine:
         backend = backend_name()
         #: the target's numerics: batch-invariant mode or as the options say (invariance.py)
         self.numerics = num = invariance.resolve(opts, backend)
-        self.target = Model(self.target_path, n_gpu_layers=opts.n_gpu_layers, repack=num.repack)
+        # MTP layers load with the trunk when the file has them (a model without any is unaffected)
+        self.target = Model(self.target_path, n_gpu_layers=opts.n_gpu_layers, repack=num.repack, load_mtp=True)
         self.n_ctx = opts.n_ctx or min(self.target.n_ctx_train or MAX_DEFAULT_CTX, MAX_DEFAULT_CTX)
         self.n_ubatch = opts.n_ubatch or (2048 if backend != "cpu" else 512)
         self.ctx = Context(
@@ -63,6 +66,11 @@ class Engine:
             type_k=num.type_k,
         )
         self.gaps_supported = supports_position_gaps(self.target)
+        #: why `--draft mtp` cannot run here ("" = it can: the target's hidden states are then output
+        #: on every run, drafting or not, so --draft none and mtp runs share the target's numerics)
+        self.mtp_unsupported = mtp_unsupported(self.target)
+        if not self.mtp_unsupported:
+            set_hidden_output(self.ctx, True, masked=False)
         self.info = EngineInfo(
             n_gpu_layers=self.target.n_gpu_layers,
             flash_attn=num.flash_attn,
@@ -74,9 +82,13 @@ class Engine:
             batch_invariant=num.batch_invariant,
             repack=num.repack,
             type_k=num.type_k,
+            mtp=not self.mtp_unsupported,
         )
         self._speculator: Model | None = None
         self._scorer = None
+        self._mtp_ctx: Context | None = None
+        self._eagle3: tuple[Model, Context, list[int]] | None = None
+        self._eagle3_why: str | None = None
 
     # -- models ------------------------------------------------------------------------------------
     @property
@@ -146,13 +158,14 @@ class Engine:
         else:
             kept = list(range(prompt.n))
 
+        # made before the prefill: an MTP/EAGLE3 drafter reads the target's hidden states of the prompt
+        drafter = self._drafter(params, prompt, scored=(mode == "specprefill"))
         report("sparse_prefill", 0, 1)
         t0 = time.perf_counter()
-        pre = sparse_prefill(self.ctx, prompt.tokens, kept, positions)
+        pre = sparse_prefill(self.ctx, prompt.tokens, kept, positions, observe=getattr(drafter, "observe", None))
         timings["sparse_prefill"] = _ms(t0)
 
         sampler = Sampler(params.temperature, params.top_k, params.top_p, params.seed)
-        drafter = self._drafter(params, prompt, scored=(mode == "specprefill"))
         n_draft = params.n_draft
         if drafter is not None:
             warnings += invariance.draft_warning(self.numerics, n_draft, greedy=params.temperature == 0)
@@ -259,16 +272,74 @@ class Engine:
 
     def _drafter(self, params: RunParams, prompt: Prompt, *, scored: bool = False):
         """The run's drafter (drafters.py); `model` drafts on the scorer's speculator context and, when
-        this run scored, continues from the KV state scoring left there."""
+        this run scored, continues from the KV state scoring left there; `mtp` / `eagle3` on their
+        own contexts, fed with the target's hidden states (drafters_hidden.py)."""
         from .drafters import make_drafter
 
+        hidden, unavailable = {}, {}
+        if self.mtp_unsupported:
+            unavailable["mtp"] = self.mtp_unsupported
+        else:
+            hidden["mtp"] = lambda: (self.mtp_context(), {})
+        if params.draft in ("eagle3", "auto"):  # the head loads (and is checked) only when it may draft
+            why = self._eagle3_unsupported()
+            if why:
+                unavailable["eagle3"] = why
+            else:
+                hidden["eagle3"] = self._eagle3_drafter_args
         return make_drafter(
             params.draft, prompt, ngram=params.ngram, temperature=params.temperature, top_k=params.top_k,
             top_p=params.top_p, seed=params.seed, p_min=params.p_min, backend=self.info.backend,
-            speculator_cache=self.scorer, scored=scored,
+            speculator_cache=self.scorer, scored=scored, hidden_drafters=hidden, unavailable=unavailable,
         )
 
+    def mtp_context(self) -> Context:
+        """The target's MTP block's context (`--draft mtp`), built on first use."""
+        if self._mtp_ctx is None:
+            if self.mtp_unsupported:
+                raise ModelError(self.mtp_unsupported)
+            self._mtp_ctx = open_mtp_context(self.ctx, n_threads=self.options.resolved_threads())
+        return self._mtp_ctx
+
+    def eagle3(self) -> tuple[Model, Context, list[int]]:
+        """The EAGLE3 head (EngineOptions.drafter), its context and the target layers it reads; loaded
+        on first use and refused when it does not fit the target (drafters_hidden.eagle3_unsupported)."""
+        if self._eagle3 is None:
+            from .models import resolve_model
+
+            path = Path(resolve_model(self.options.drafter, progress=self._pull_progress))
+            head = Model(path, n_gpu_layers=self.options.n_gpu_layers)
+            try:
+                ctx, layers = open_eagle3_context(head, self.ctx, n_threads=self.options.resolved_threads())
+            except BaseException:
+                head.close()
+                raise
+            self._eagle3 = (head, ctx, layers)
+            self.info.drafter = path.name
+        return self._eagle3
+
+    def _eagle3_unsupported(self) -> str:
+        """Why `--draft eagle3` cannot run here ("" = it can); loads the head on first call."""
+        if not self.options.drafter:
+            return "no EAGLE3 head configured (EngineOptions.drafter, --drafter PATH)"
+        if self._eagle3_why is None:
+            try:
+                self.eagle3()
+                self._eagle3_why = ""
+            except ModelError as e:
+                self._eagle3_why = str(e)
+        return self._eagle3_why
+
+    def _eagle3_drafter_args(self) -> tuple[Context, dict]:
+        _, ctx, layers = self.eagle3()
+        return ctx, {"layers": layers, "n_embd_target": self.target.n_embd}
+
     def close(self) -> None:
+        if self._mtp_ctx is not None:
+            self._mtp_ctx.close()
+        if self._eagle3 is not None:
+            self._eagle3[1].close()
+            self._eagle3[0].close()
         self.ctx.close()
         self.target.close()
         if self._scorer is not None:

@@ -9,7 +9,7 @@ decoding continues at K — what a stock build can run.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -23,8 +23,12 @@ class PrefillResult:
     logits: np.ndarray  # the target's logits after the last prompt token
 
 
-def sparse_prefill(ctx: Context, tokens: Sequence[int], kept: Sequence[int], positions: str = "original") -> PrefillResult:
-    """Prefill tokens[kept] into an empty cache; `kept` must be sorted, unique, and end at len(tokens)-1."""
+def sparse_prefill(ctx: Context, tokens: Sequence[int], kept: Sequence[int], positions: str = "original", *,
+                   observe: Callable | None = None) -> PrefillResult:
+    """Prefill tokens[kept] into an empty cache; `kept` must be sorted, unique, and end at len(tokens)-1.
+
+    observe: a hidden-state drafter's `observe(ctx, rows, tokens, positions)`, called after each
+    llama_decode (batches of ctx.n_batch tokens, as Context.decode splits them anyway)."""
     n = len(tokens)
     idx = np.asarray(kept, dtype=np.int64)
     if idx.size == 0 or idx[-1] != n - 1:
@@ -39,5 +43,11 @@ def sparse_prefill(ctx: Context, tokens: Sequence[int], kept: Sequence[int], pos
     else:
         raise ValueError(f"unknown positions mode {positions!r}")
     ctx.clear()
-    ctx.decode(toks, pos, logits="last")
+    if observe is None:
+        ctx.decode(toks, pos, logits="last")
+    else:
+        for start in range(0, idx.size, ctx.n_batch):
+            end = min(start + ctx.n_batch, idx.size)
+            ctx.decode(toks[start:end], pos[start:end], logits="last" if end == idx.size else "none")
+            observe(ctx, range(end - start), toks[start:end].tolist(), pos[start:end].tolist())
     return PrefillResult(next_pos=next_pos, n_kept=int(idx.size), logits=ctx.logits_row(-1))

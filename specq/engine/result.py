@@ -46,6 +46,11 @@ class EngineInfo:
     type_k: str = "f16"
     #: where the scoring math ran: numpy (host) or torch (the speculator's device); "" = not scored
     score_math: str = ""
+    #: the target's MTP block is loaded (`--draft mtp` possible; its hidden states are output on every
+    #: run, drafting or not, so every run shares the same numerics)
+    mtp: bool = False
+    #: the EAGLE3 head's file, once loaded
+    drafter: str = ""
 
 
 @dataclass

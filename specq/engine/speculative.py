@@ -11,7 +11,7 @@ n-gram draft is a one-hot q.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol, Sequence
+from typing import Callable, Protocol, Sequence
 
 import numpy as np
 
@@ -27,7 +27,11 @@ class Draft:
 
 
 class Drafter(Protocol):
-    """What the decode loop needs from a drafter (one class per drafter, see drafters.py)."""
+    """What the decode loop needs from a drafter (one class per drafter, see drafters.py).
+
+    A drafter that reads the target's hidden states (MTP, EAGLE3: drafters_hidden.py) also has
+    `observe(ctx, rows, tokens, positions)`, called after every target decode (prefill chunks too)
+    with the tokens that stay in the target's cache, as rows of that batch."""
 
     name: str
 
@@ -57,6 +61,46 @@ class DraftStats:
             "mean_accepted_len": round(float(np.mean(self.accepted_lens)), 4) if self.accepted_lens else 0.0,
             "verify_batches": self.verify_batches,
         }
+
+
+def pick_draft_token(logits: np.ndarray, sampler: Sampler | None, p_min: float) -> tuple[int, np.ndarray | None] | None:
+    """A model-like drafter's next token from its logits: the argmax (sampler None; q one-hot) or a draw
+    from the sampler's transform (q returned); None = stop drafting, its top probability is below
+    p_min (greedy: the plain softmax at temperature 1; sampling: the transformed q)."""
+    if sampler is None:
+        d = int(np.argmax(logits))
+        if p_min > 0.0:
+            z = logits.astype(np.float64)
+            if 1.0 / float(np.exp(z - z[d]).sum()) < p_min:
+                return None
+        return d, None
+    q = sampler.probs(logits)
+    if p_min > 0.0 and float(q.max()) < p_min:
+        return None
+    return sampler.draw(q), q
+
+
+def draft_tokens(logits: np.ndarray, n: int, sampler: Sampler | None, p_min: float,
+                 is_eog: Callable[[int], bool], step: Callable[[int], np.ndarray | None]) -> Draft:
+    """A model-like drafter's draft: pick a token from `logits` (pick_draft_token), then
+    `step(token)` decodes it and returns the next logits (None: no room left), until n tokens, an
+    end-of-generation token or a p_min stop."""
+    tokens: list[int] = []
+    probs: list[np.ndarray] = []
+    while True:
+        picked = pick_draft_token(logits, sampler, p_min)
+        if picked is None:
+            break
+        d, q = picked
+        if q is not None:
+            probs.append(q)
+        tokens.append(d)
+        if len(tokens) >= n or is_eog(d):
+            break
+        logits = step(d)
+        if logits is None:
+            break
+    return Draft(tokens, probs if sampler is not None else None)
 
 
 def verify(draft: Draft, rows: Sequence[np.ndarray], sampler: Sampler) -> tuple[list[int], int]:

@@ -451,8 +451,6 @@ def write_qwen2_gguf(
     overrides: any `Qwen2Shape` field: n_layer, n_embd, n_head, n_head_kv, n_ff, n_ctx, rope_theta,
         rms_eps, tie_embeddings.
     """
-    import gguf
-
     spec = resolve_shape(shape, **overrides)
     if dtype not in ("f16", "f32"):
         raise ValueError(f"dtype must be 'f16' or 'f32', got {dtype!r}")
@@ -463,18 +461,7 @@ def write_qwen2_gguf(
     vocab_label = vocab if isinstance(vocab, str) and vocab in ("bytes", "bytes-alt") else Path(vocab).name
     shape_label = shape if isinstance(shape, str) else "custom"
 
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    part = path.with_name(path.name + ".part")
-
-    writer = gguf.GGUFWriter(part, ARCH)
-    try:
-        writer.add_type("model")
-        writer.add_name(name or f"specq-synthetic-qwen2-{shape_label}")
-        writer.add_description(
-            f"random-weight Qwen2 model written by specq.engine.synthetic (shape={shape_label}, "
-            f"vocab={vocab_label}, seed={seed}, dtype={dtype}); not a trained model"
-        )
+    def metadata(writer: Any) -> None:
         writer.add_context_length(int(spec.n_ctx))
         writer.add_embedding_length(int(spec.n_embd))
         writer.add_block_count(int(spec.n_layer))
@@ -483,6 +470,47 @@ def write_qwen2_gguf(
         writer.add_head_count_kv(int(spec.n_head_kv))
         writer.add_rope_freq_base(float(spec.rope_theta))
         writer.add_layer_norm_rms_eps(float(spec.rms_eps))
+
+    return write_gguf(
+        path, ARCH, _tensor_plan(spec, n_vocab, wdtype), kvs, metadata, seed=seed, dtype=dtype,
+        name=name or f"specq-synthetic-qwen2-{shape_label}", shape_label=shape_label, vocab_label=vocab_label,
+    )
+
+
+def write_gguf(
+    path: str | os.PathLike[str],
+    arch: str,
+    plan: Sequence["_Tensor"],
+    kvs: Sequence[_KV],
+    metadata: Any,
+    *,
+    seed: int,
+    dtype: str,
+    name: str,
+    shape_label: str,
+    vocab_label: str,
+) -> Path:
+    """Write a GGUF of architecture `arch`: `metadata(writer)` adds the `{arch}.*` hyperparameters,
+    `kvs` the vocabulary, `plan` the tensors (streamed in chunks from their seeded generators).
+
+    The file is written to `<path>.part` and renamed when complete; nothing is left on failure.
+    """
+    import gguf
+
+    n_vocab = len(_kv_value(kvs, "tokenizer.ggml.tokens"))
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    part = path.with_name(path.name + ".part")
+
+    writer = gguf.GGUFWriter(part, arch)
+    try:
+        writer.add_type("model")
+        writer.add_name(name)
+        writer.add_description(
+            f"random-weight {arch} model written by specq.engine.synthetic (shape={shape_label}, "
+            f"vocab={vocab_label}, seed={seed}, dtype={dtype}); not a trained model"
+        )
+        metadata(writer)
         writer.add_vocab_size(n_vocab)
         writer.add_file_type(int(gguf.LlamaFileType.MOSTLY_F16 if dtype == "f16" else gguf.LlamaFileType.ALL_F32))
         writer.add_string("specq.synthetic.shape", str(shape_label))
@@ -491,7 +519,6 @@ def write_qwen2_gguf(
         for kv in kvs:
             writer.add_key_value(kv.key, kv.value, kv.vtype, kv.sub_type)
 
-        plan = _tensor_plan(spec, n_vocab, wdtype)
         for t in plan:
             writer.add_tensor_info(t.name, t.shape, t.dtype, t.nbytes)
         writer.write_header_to_file()

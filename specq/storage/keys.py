@@ -22,7 +22,8 @@ KEY_PREFIX = "sk-specq-"
 #: characters of the secret kept (in clear) to name a key in listings: the prefix + 8
 SHOWN_CHARS = len(KEY_PREFIX) + 8
 #: tenant names: what a path segment, a log field and a Prometheus label can hold without escaping
-TENANT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+#: (matched whole with fullmatch: `$` would also accept a trailing newline)
+TENANT_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
 
 @dataclass(frozen=True)
@@ -44,7 +45,7 @@ def hash_key(secret: str) -> str:
 
 
 def check_tenant(tenant: str) -> str:
-    if not TENANT_RE.match(tenant or ""):
+    if not isinstance(tenant, str) or not TENANT_RE.fullmatch(tenant):
         raise ValueError(f"bad tenant name {tenant!r}: 1-64 characters, letters, digits, '.', '_', '-', "
                          "starting with a letter or digit")
     return tenant
