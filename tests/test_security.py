@@ -83,7 +83,7 @@ def tenant_a(stack):
 
 
 def _endpoints(job_id: str, batch_id: str) -> list[tuple[str, str]]:
-    return [("GET", f"/v1/jobs/{job_id}"), ("DELETE", f"/v1/jobs/{job_id}"),
+    return [("GET", f"/v1/jobs/{job_id}"), ("GET", f"/v1/jobs/{job_id}/document"), ("DELETE", f"/v1/jobs/{job_id}"),
             ("GET", f"/v1/batches/{batch_id}"), ("GET", f"/v1/batches/{batch_id}/results"),
             ("GET", f"/v1/batches/{batch_id}/results?format=csv"), ("GET", f"/v1/batches/{batch_id}/errors"),
             ("GET", f"/v1/batches/{batch_id}/stats"), ("POST", f"/v1/batches/{batch_id}/cancel")]

@@ -10,7 +10,8 @@
     /healthz, /readyz   specq.api.health    liveness; can this API accept jobs
     /v1/workers         specq.api.health    the live workers (heartbeats)
     /metrics            specq.api.metrics   Prometheus text (admins only with keys on)
-    /docs, /openapi.json
+    /ui…, /docs         specq.api.ui        the web page; Swagger UI (every asset served here, no CDN)
+    /openapi.json
 
 Request and response bodies are the models of `specq.api.schemas`; who may call and which tenant's
 rows each caller sees: `specq.api.auth` (SPECQ_AUTH). Every error is JSON
@@ -56,6 +57,9 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
         description="Long-prompt LLM jobs: submit a document and a question, poll for the answer and its "
         "per-phase timings.",
         lifespan=_lifespan(settings),
+        # FastAPI's own /docs and /redoc load their scripts from a CDN: specq.api.ui serves /docs itself
+        docs_url=None,
+        redoc_url=None,
     )
     app.state.settings = settings
     # outermost last: the guard sees every request first, then the body limit, then the stream slots
@@ -97,6 +101,7 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
     from .metrics import metrics_router
     from .openai_chat import openai_router
     from .openai_models import ModelCatalog, models_router
+    from .ui import ui_router
 
     catalog = ModelCatalog(settings)
     app.include_router(jobs_router(settings, caller_of))
@@ -106,6 +111,7 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
     app.include_router(openai_router(settings, caller_of, catalog))
     app.include_router(files_router(settings, caller_of))
     app.include_router(health_router(settings, caller_of))
+    app.include_router(ui_router(settings))
     # /metrics counts every tenant's jobs: with keys on, only admin keys may read it
     app.include_router(metrics_router(settings), dependencies=[Depends(admin_only(caller_of))])
     app.openapi = lambda: _openapi(app)

@@ -11,7 +11,8 @@
     GET  /v1/batches                  ?status=&name=&limit=&offset= -> {object: list, data, total}
     GET  /v1/batches/{id}             the batch: status, request_counts, timestamps, metadata
     GET  /v1/batches/{id}/results     JSONL, one line per succeeded request, in request order:
-                                      {"id", "custom_id", "status", "result": <run result object>};
+                                      {"id", "custom_id", "status", "result": <run result object>}
+                                      without `selection` (?include=selection adds it);
                                       ?format=csv flattens usage and timings into columns
     GET  /v1/batches/{id}/errors      JSONL of failed and cancelled requests {"id", "custom_id",
                                       "status", "error": {"message"}}
@@ -197,13 +198,15 @@ def batches_router(settings: ServiceSettings, caller_of: Callable[..., Caller], 
                 responses={200: {"content": {**JSONL_RESPONSE, **CSV_RESPONSE}, "description": "one line per "
                                  "succeeded request, in request order"}, **responses(401, 404, 422, 503)})
     def batch_results(batch_id: str = BatchId, format: str = Query("jsonl", pattern="^(jsonl|csv)$"),
+                      include: str | None = Query(None, pattern="^selection$", description="`selection`: add each "
+                                                  "result's kept spans and chunk scores (JSONL only; docs/result.md)"),
                       caller: Caller = Depends(caller_of)):
         with db.session() as s:
             batch = _get(s, batch_id, caller.scope)
         if format == "csv":
             return StreamingResponse(_csv_lines(batch.id), media_type="text/csv; charset=utf-8",
                                      headers={"Content-Disposition": f'attachment; filename="{batch.id}.csv"'})
-        return StreamingResponse(_result_lines(batch.id), media_type="application/jsonl")
+        return StreamingResponse(_result_lines(batch.id, detail=include == "selection"), media_type="application/jsonl")
 
     @router.get("/v1/batches/{batch_id}/errors", summary="Failed and cancelled requests: JSONL",
                 response_class=StreamingResponse, operation_id="getBatchErrors",
@@ -430,15 +433,16 @@ def _create(settings: ServiceSettings, tenant: str, source, fields: S.BatchFormF
 # --- exports -------------------------------------------------------------------------------------------------
 
 
-def _pages(batch_id: str, statuses) -> Iterator[tuple[list, dict[str, dict]]]:
+def _pages(batch_id: str, statuses, detail: bool = False) -> Iterator[tuple[list, dict[str, dict]]]:
     with db.session() as s:
         for page in batches.iter_batch_jobs(s, batch_id, status=statuses):
-            found = results.get_results(s, [job.id for job, _ in page]) if "succeeded" in statuses else {}
+            ids = [job.id for job, _ in page]
+            found = results.get_results(s, ids, detail=detail) if "succeeded" in statuses else {}
             yield page, found
 
 
-def _result_lines(batch_id: str) -> Iterator[bytes]:
-    for page, found in _pages(batch_id, ("succeeded",)):
+def _result_lines(batch_id: str, detail: bool = False) -> Iterator[bytes]:
+    for page, found in _pages(batch_id, ("succeeded",), detail):
         out = []
         for job, _filename in page:
             result = found.get(job.id)

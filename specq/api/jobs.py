@@ -5,8 +5,10 @@
                                 -> 202 `JobCreated` {id, object, status}, Location: /v1/jobs/{id}
     GET    /v1/jobs/{id}        `JobOut`: status, progress, error, timestamps, input and, once it
                                 succeeded, `result`
-    GET    /v1/jobs             ?status=queued,running&limit=&offset= -> `JobList` (rows without the
-                                document, question, system message or result)
+    GET    /v1/jobs/{id}/document  `JobDocument`: the document and question the job was given (the
+                                kept spans of its result are character offsets into this text)
+    GET    /v1/jobs             ?status=queued,running&batch_id=&limit=&offset= -> `JobList` (rows
+                                without the document, question, system message or result)
     DELETE /v1/jobs/{id}        cancel: queued -> cancelled now; running -> stops at its next phase,
                                 window or token
     DELETE /v1/jobs/{id}/data   a finished job's document, question, result and timings, and the job
@@ -21,7 +23,7 @@ from __future__ import annotations
 import json
 from typing import Any, Callable
 
-from fastapi import APIRouter, Depends, Path, Request
+from fastapi import APIRouter, Depends, Path, Query, Request
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
@@ -97,10 +99,22 @@ def jobs_router(settings: ServiceSettings, caller_of: Callable[..., Caller]) -> 
                 raise ApiError(404, f"no job {job_id}", "not_found")
             return job_view(s, job)
 
+    @router.get("/v1/jobs/{job_id}/document", summary="The document and question a job was given",
+                operation_id="getJobDocument", response_model=S.JobDocument, responses=responses(401, 404, 422))
+    def get_job_document(job_id: str = JobId, caller: Caller = Depends(caller_of)) -> dict[str, Any]:
+        with db.session() as s:
+            inp = jobs.get_input(s, job_id, tenant=caller.scope)
+            if inp is None:
+                raise ApiError(404, f"no job {job_id}", "not_found")
+            return {"id": job_id, "object": "job.document", "filename": inp.filename, "size_bytes": inp.size_bytes,
+                    "question": inp.question or "", "text": inp.text}
+
     @router.get("/v1/jobs", summary="List jobs, newest first", operation_id="listJobs", response_model=S.JobList,
                 responses=responses(401, 422))
     def list_jobs(
         status: str | None = status_query(JOB_STATUSES),
+        batch_id: str | None = Query(None, min_length=1, max_length=S.MAX_ID_CHARS,
+                                     description="only the jobs of this batch"),
         limit: int = limit_query(50),
         offset: int = OFFSET,
         caller: Caller = Depends(caller_of),
@@ -108,8 +122,8 @@ def jobs_router(settings: ServiceSettings, caller_of: Callable[..., Caller]) -> 
         statuses = parse_statuses(status, JOB_STATUSES, ApiError)
         limit = min(limit, settings.max_list_limit)
         with db.session() as s:
-            rows = jobs.list_jobs(s, status=statuses, tenant=caller.scope, limit=limit, offset=offset)
-            total = jobs.count_jobs(s, status=statuses, tenant=caller.scope)
+            rows = jobs.list_jobs(s, status=statuses, tenant=caller.scope, batch_id=batch_id, limit=limit, offset=offset)
+            total = jobs.count_jobs(s, status=statuses, tenant=caller.scope, batch_id=batch_id)
             return {"object": "list", "data": [job_summary(j) for j in rows], "total": total,
                     "limit": limit, "offset": offset}
 

@@ -229,6 +229,17 @@ class JobOut(JobSummary):
     result: dict[str, Any] | None = Field(None, description="the run result object (docs/result.md)")
 
 
+class JobDocument(Response):
+    """GET /v1/jobs/{id}/document: what the job was asked about."""
+
+    id: str
+    object: Literal["job.document"] = "job.document"
+    filename: str | None
+    size_bytes: int
+    question: str
+    text: str = Field(description="the document; `result.selection` offsets are character offsets into it")
+
+
 class JobList(Response):
     object: Literal["list"] = "list"
     data: list[JobSummary]
@@ -481,7 +492,7 @@ EVENT_MODELS = {"status": EventStatus, "phase": EventPhase, "progress": EventPro
 
 __all__ = [
     "storable", "Text", "Name", "Question", "Metadata", "Request", "Response", "RunParamsIn", "params_dict",
-    "ErrorBody", "ErrorDetail", "JobCreate", "JobCreated", "JobSummary", "JobOut", "JobList", "JobInputOut",
+    "ErrorBody", "ErrorDetail", "JobCreate", "JobCreated", "JobSummary", "JobOut", "JobList", "JobInputOut", "JobDocument",
     "Progress", "Deleted", "BatchLine", "BatchFormFields", "BatchOut", "BatchList", "BatchStats", "BatchError",
     "BatchErrors", "RequestCounts", "Health", "Ready", "WorkerOut", "WorkerList", "JOB_FORM_SCHEMA",
     "BATCH_FORM_SCHEMA", "MAX_NAME_CHARS", "MAX_ID_CHARS", "MAX_OFFSET", "MAX_LIMIT", "MAX_METADATA_PAIRS",

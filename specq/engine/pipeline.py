@@ -15,9 +15,12 @@ import time
 from pathlib import Path
 from typing import Callable
 
+import numpy as np
+
 from . import invariance
 from .decode import generate
 from ..contracts import InputError, ModelError
+from .kept_spans import selection_record
 from .options import EngineOptions, RunParams
 from .prefill import sparse_prefill
 from .chat_prompt import build_chat_prompt, build_raw_prompt
@@ -164,8 +167,9 @@ class Engine:
             warnings.append(f"prompt has {prompt.n} tokens < min_tokens {min_tokens}: ran baseline")
 
         spec = SpecInfo(mode=mode, positions=positions, keep=1.0, lookahead=0, windows=0, scorer="none")
+        doc_scores = None
         if mode == "specprefill":
-            kept = self._select(prompt, params, timings, spec, report)
+            kept, doc_scores = self._select(prompt, params, timings, spec, report)
         else:
             kept = list(range(prompt.n))
 
@@ -221,6 +225,10 @@ class Engine:
         timings["total"] = (t_end - t_start) * 1000.0
 
         d = gen.draft.as_dict()
+        # after the timed phases: what the target saw, in character offsets (kept_spans.py)
+        selection = None if doc_scores is None else selection_record(
+            self.target.token_bytes, document, prompt.document, prompt.doc_start, kept,
+            prompt.protected_indices(), doc_scores, params.chunk)
         return RunResult(
             text=text.text,
             finish_reason="stop" if text.stopped else gen.finish_reason,
@@ -232,6 +240,7 @@ class Engine:
             warnings=warnings,
             tokens=gen.tokens,
             kept_indices=kept,
+            selection=selection,
         )
 
     # -- phases filled by the scoring and speculative-decoding modules --------------------------------
@@ -266,8 +275,10 @@ class Engine:
                 raise ModelError(f"score_math torch: {why}")
         return choice
 
-    def _select(self, prompt: Prompt, params: RunParams, timings: dict, spec: SpecInfo, report: Progress) -> list[int]:
-        """Score the prompt with the speculator and pick the kept indices (phases `score`, `select`)."""
+    def _select(self, prompt: Prompt, params: RunParams, timings: dict, spec: SpecInfo,
+                report: Progress) -> tuple[list[int], np.ndarray]:
+        """Score the prompt with the speculator and pick the kept indices (phases `score`, `select`);
+        (kept indices, document token scores)."""
         from .selection import select_kept
 
         t0 = time.perf_counter()
@@ -285,7 +296,7 @@ class Engine:
         )
         timings["select"] = _ms(t0)
         spec.keep, spec.lookahead, spec.windows, spec.scorer = params.keep, params.lookahead, scored.windows, params.scorer
-        return kept
+        return kept, scored.scores
 
     def _drafter(self, params: RunParams, prompt: Prompt, *, scored: bool = False):
         """The run's drafter (drafters.py); `model` drafts on the scorer's speculator context and, when

@@ -78,11 +78,16 @@ class RunResult:
     tokens: list[int] = field(default_factory=list, repr=False)
     #: kept prompt indices (not part of the JSON object)
     kept_indices: list[int] = field(default_factory=list, repr=False)
+    #: specprefill runs: the kept spans and chunk scores in character offsets (kept_spans.py); a key of
+    #: the JSON object only when set
+    selection: dict[str, Any] | None = field(default=None, repr=False)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d.pop("tokens")
         d.pop("kept_indices")
+        if d["selection"] is None:
+            d.pop("selection")
         d["timings_ms"] = {k: round(float(v), 3) for k, v in self.timings_ms.items()}
         return d
 

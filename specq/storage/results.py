@@ -17,6 +17,9 @@ from .models import Job, PhaseTiming, Result, utcnow
 #: result keys stored in their own columns (or rows); every other key goes to `results.extra`
 _COLUMNS = ("text", "finish_reason", "usage", "timings_ms", "spec", "engine", "draft")
 _PHASE_ORDER = {p: i for i, p in enumerate(CORE_PHASES + SCORE_PHASES)}
+#: result keys batch exports leave out unless asked (`get_results(detail=True)`): per-job detail that a
+#: page about one job reads, not a table of many (`selection`: kept spans and chunk scores, docs/result.md)
+DETAIL_KEYS = ("selection",)
 
 
 def _result_dict(result: Any) -> dict[str, Any]:
@@ -116,7 +119,8 @@ def get_result(session: Session, job_id: str, tenant: str | None = None) -> dict
     return _as_dict(row, timings)
 
 
-def _as_dict(row: Result, timings: dict[str, float]) -> dict[str, Any]:
+def _as_dict(row: Result, timings: dict[str, float], detail: bool = True) -> dict[str, Any]:
+    leave_out = _COLUMNS if detail else _COLUMNS + DETAIL_KEYS
     return {
         "text": row.text,
         "finish_reason": row.finish_reason,
@@ -129,12 +133,13 @@ def _as_dict(row: Result, timings: dict[str, float]) -> dict[str, Any]:
         "spec": row.spec or {},
         "engine": row.engine or {},
         "draft": row.draft or {},
-        **{k: v for k, v in (row.extra or {}).items() if k not in _COLUMNS},
+        **{k: v for k, v in (row.extra or {}).items() if k not in leave_out},
     }
 
 
-def get_results(session: Session, job_ids: list[str]) -> dict[str, dict[str, Any]]:
-    """{job_id: result} for those of `job_ids` that have a result, in two queries (batch exports)."""
+def get_results(session: Session, job_ids: list[str], *, detail: bool = False) -> dict[str, dict[str, Any]]:
+    """{job_id: result} for those of `job_ids` that have a result, in two queries (batch exports);
+    without `detail`, the DETAIL_KEYS are left out."""
     ids = list(dict.fromkeys(job_ids))
     if not ids:
         return {}
@@ -148,7 +153,7 @@ def get_results(session: Session, job_ids: list[str]) -> dict[str, dict[str, Any
     out = {}
     for row in rows:
         pairs = sorted(timings.get(row.job_id, []), key=lambda r: (_PHASE_ORDER.get(r[0], len(_PHASE_ORDER)), r[0]))
-        out[row.job_id] = _as_dict(row, dict(pairs))
+        out[row.job_id] = _as_dict(row, dict(pairs), detail)
     return out
 
 
@@ -157,4 +162,4 @@ def phase_order(phases: list[str]) -> list[str]:
     return sorted(set(phases), key=lambda p: (_PHASE_ORDER.get(p, len(_PHASE_ORDER)), p))
 
 
-__all__ = ["save_result", "get_result", "get_results", "get_timings", "phase_order"]
+__all__ = ["save_result", "get_result", "get_results", "get_timings", "phase_order", "DETAIL_KEYS"]
