@@ -6,7 +6,8 @@ timeout (above the job time limit, an hour by default), and the embedded broker 
 SQLAlchemy transport marks a message delivered when a worker takes it. The store knows better: a
 running job's heartbeat stops when its worker dies.
 
-One sweep (`reconcile_once`): every `running` job whose heartbeat is older than SPECQ_STALE_AFTER is
+One sweep (`reconcile_once`) also expires batches whose completion window ended; and every `running`
+job whose heartbeat is older than SPECQ_STALE_AFTER is
 
 * **cancelled** if a cancel was requested (its worker died before honouring it);
 * **requeued** if it has attempts left: back to `queued` (its `error` says which worker stopped and
@@ -48,9 +49,11 @@ class Sweep:
     unsent: list[str] = field(default_factory=list)
     #: queued jobs whose message was sent again (`republish_queued`)
     republished: list[str] = field(default_factory=list)
+    #: batches whose completion window ended (storage.batches.expire_due)
+    expired: list[str] = field(default_factory=list)
 
     def __bool__(self) -> bool:
-        return bool(self.requeued or self.failed or self.cancelled or self.unsent or self.republished)
+        return bool(self.requeued or self.failed or self.cancelled or self.unsent or self.republished or self.expired)
 
     def summary(self) -> str:
         return ", ".join(f"{len(ids)} {name}" for name, ids in vars(self).items() if ids) or "nothing to do"
@@ -91,6 +94,10 @@ def reconcile_once(settings: ServiceSettings, *, limit: int = 200) -> Sweep:
                     stale.undo_requeue(s, job)
                     sweep.unsent.append(job.id)
         _advance_batches(s, sorted(finished_batches))
+        try:  # batches whose completion window ended are expired even when nobody reads them
+            sweep.expired = batches_expire_due(s)
+        except Exception as e:
+            log.warning("expiring batches failed: %s", e)
     for name in ("requeued", "failed", "cancelled"):
         for job_id in getattr(sweep, name):
             log.warning("reconciler: job %s %s (its worker stopped heartbeating)", job_id, name)
@@ -109,6 +116,12 @@ def republish_queued(settings: ServiceSettings, *, older_than_s: float = 0.0) ->
             enqueue_job(job_id, settings)
             sweep.republished.append(job_id)
     return sweep
+
+
+def batches_expire_due(s) -> list[str]:
+    from .storage import batches
+
+    return batches.expire_due(s)
 
 
 def _advance_batches(s, batch_ids: list[str]) -> None:
