@@ -224,6 +224,30 @@ class Client:
                 raise ApiError(f"batch {batch_id} still {batch['status']} after {timeout:g}s")
             time.sleep(interval)
 
+    def events(self, job_id: str, timeout: float | None = None):
+        """The job's events (GET /v1/jobs/{id}/events) as (event, data) pairs, until `done`."""
+        try:
+            with self._http.stream("GET", f"/v1/jobs/{path_id(job_id)}/events",
+                                   timeout=httpx.Timeout(30.0, read=timeout)) as r:
+                if r.status_code >= 400:
+                    r.read()
+                    raise ApiError(f"{_error_message(r)} (HTTP {r.status_code})", r.status_code)
+                event, data = "message", []
+                for line in r.iter_lines():
+                    if line.startswith("event:"):
+                        event = line[6:].strip()
+                    elif line.startswith("data:"):
+                        data.append(line[5:].strip())
+                    elif not line and data:
+                        yield event, json.loads("\n".join(data))
+                        if event == "done":
+                            return
+                        event, data = "message", []
+        except (httpx.ConnectError, httpx.ConnectTimeout) as e:
+            raise ApiUnavailable(f"no specq API at {self.url}: start it with `specq up` (or set SPECQ_API_URL)") from e
+        except httpx.HTTPError as e:
+            raise ApiError(f"the event stream of {job_id} broke: {type(e).__name__}: {e}") from e
+
     def wait(self, job_id: str, on_update: Callable[[dict], None] | None = None, interval: float = 0.2,
              timeout: float | None = None) -> dict:
         """Poll until the job is succeeded, failed or cancelled; return its last state."""

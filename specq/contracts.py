@@ -16,6 +16,10 @@ SCORE_PHASES = ("speculator_prefill", "lookahead", "score_math")
 JOB_STATUSES = ("queued", "running", "succeeded", "failed", "cancelled")
 #: statuses a job never leaves
 JOB_TERMINAL = ("succeeded", "failed", "cancelled")
+#: what a job holds: a document and a question (native), chat messages, or a raw completion prompt
+JOB_KINDS = ("job", "chat", "completion")
+#: claim priorities: interactive requests before batch requests
+PRIORITY_INTERACTIVE, PRIORITY_BATCH = 0, 1
 BATCH_STATUSES = (
     "validating",
     "in_progress",
@@ -51,6 +55,6 @@ class RunCancelled(EngineError):
 
 
 __all__ = [
-    "CORE_PHASES", "SCORE_PHASES", "JOB_STATUSES", "JOB_TERMINAL", "BATCH_STATUSES", "BATCH_TERMINAL",
+    "CORE_PHASES", "SCORE_PHASES", "JOB_KINDS", "PRIORITY_INTERACTIVE", "PRIORITY_BATCH", "JOB_STATUSES", "JOB_TERMINAL", "BATCH_STATUSES", "BATCH_TERMINAL",
     "EngineError", "InputError", "ModelError", "DecodeError", "RunCancelled",
 ]

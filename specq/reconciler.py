@@ -6,7 +6,8 @@ timeout (above the job time limit, an hour by default), and the embedded broker 
 SQLAlchemy transport marks a message delivered when a worker takes it. The store knows better: a
 running job's heartbeat stops when its worker dies.
 
-One sweep (`reconcile_once`): every `running` job whose heartbeat is older than SPECQ_STALE_AFTER is
+One sweep (`reconcile_once`) also expires batches whose completion window ended; and every `running`
+job whose heartbeat is older than SPECQ_STALE_AFTER is
 
 * **cancelled** if a cancel was requested (its worker died before honouring it);
 * **requeued** if it has attempts left: back to `queued` (its `error` says which worker stopped and
@@ -20,7 +21,8 @@ the dead worker's message later) finds the job claimed or finished and does noth
 
 Where it runs: in every worker process, a daemon thread sweeping every SPECQ_RECONCILE_INTERVAL seconds
 (so `specq up` and Compose need no extra service), and once with `specq reconcile`. Jobs are re-sent to
-SPECQ_QUEUE of the process that reconciles (jobs do not record their queue).
+the queue each job was first sent to (`jobs.queue`; SPECQ_QUEUE of the process that reconciles for
+rows from before queues were recorded).
 """
 
 from __future__ import annotations
@@ -47,9 +49,11 @@ class Sweep:
     unsent: list[str] = field(default_factory=list)
     #: queued jobs whose message was sent again (`republish_queued`)
     republished: list[str] = field(default_factory=list)
+    #: batches whose completion window ended (storage.batches.expire_due)
+    expired: list[str] = field(default_factory=list)
 
     def __bool__(self) -> bool:
-        return bool(self.requeued or self.failed or self.cancelled or self.unsent or self.republished)
+        return bool(self.requeued or self.failed or self.cancelled or self.unsent or self.republished or self.expired)
 
     def summary(self) -> str:
         return ", ".join(f"{len(ids)} {name}" for name, ids in vars(self).items() if ids) or "nothing to do"
@@ -82,7 +86,7 @@ def reconcile_once(settings: ServiceSettings, *, limit: int = 200) -> Sweep:
                     finished_batches.update([job.batch_id] if job.batch_id else [])
             elif stale.requeue_stale(s, job.id, before, f"attempt {job.attempts} lost: {why}; requeued"):
                 try:
-                    enqueue_job(job.id, settings)
+                    enqueue_job(job.id, settings, queue=job.queue)
                     sweep.requeued.append(job.id)
                 except Exception as e:
                     log.warning("job %s: could not re-send it (%s: %s); next sweep tries again", job.id,
@@ -90,6 +94,10 @@ def reconcile_once(settings: ServiceSettings, *, limit: int = 200) -> Sweep:
                     stale.undo_requeue(s, job)
                     sweep.unsent.append(job.id)
         _advance_batches(s, sorted(finished_batches))
+        try:  # batches whose completion window ended are expired even when nobody reads them
+            sweep.expired = batches_expire_due(s)
+        except Exception as e:
+            log.warning("expiring batches failed: %s", e)
     for name in ("requeued", "failed", "cancelled"):
         for job_id in getattr(sweep, name):
             log.warning("reconciler: job %s %s (its worker stopped heartbeating)", job_id, name)
@@ -108,6 +116,12 @@ def republish_queued(settings: ServiceSettings, *, older_than_s: float = 0.0) ->
             enqueue_job(job_id, settings)
             sweep.republished.append(job_id)
     return sweep
+
+
+def batches_expire_due(s) -> list[str]:
+    from .storage import batches
+
+    return batches.expire_due(s)
 
 
 def _advance_batches(s, batch_ids: list[str]) -> None:

@@ -138,6 +138,9 @@ class ServiceSettings:
     max_batch_bytes: int = 256 * 1024 * 1024
     #: most requests (JSONL lines or files) in one batch
     max_batch_requests: int = 50_000
+    #: most bytes one tenant's files may hold together (POST /v1/files answers 413 above it; batches'
+    #: output files are not counted against it)
+    max_file_storage_bytes: int = 10 * 1024**3
     #: without keys (SPECQ_AUTH=none), the names the API answers to besides localhost, 127.0.0.1, ::1
     #: and its listen address (comma-separated; ``*`` = any): the `Host` header must be one of them, and
     #: a browser's cross-origin request must come from one (DNS rebinding and CSRF; docs/security.md)
@@ -195,6 +198,7 @@ class ServiceSettings:
             (self.max_request_bytes >= 0, "SPECQ_MAX_REQUEST_BYTES must be >= 0"),
             (self.max_batch_bytes > 0, "SPECQ_MAX_BATCH_BYTES must be > 0"),
             (self.max_batch_requests >= 1, "SPECQ_MAX_BATCH_REQUESTS must be >= 1"),
+            (self.max_file_storage_bytes > 0, "SPECQ_MAX_FILE_STORAGE_BYTES must be > 0"),
             (self.auth in ("none", "keys"), f"SPECQ_AUTH must be none or keys, not {self.auth!r}"),
             (self.score_math in ("", "auto", "numpy", "torch"), f"SPECQ_SCORE_MATH must be auto, numpy or torch, not {self.score_math!r}"),
             (self.batch_invariant in ("", "auto", "on", "off"),

@@ -62,6 +62,27 @@ def pg_database():
         admin.close()
 
 
+@contextlib.contextmanager
+def empty_store(backend: str, tmp_path: Path):
+    """An empty job store (URL, not migrated): a SQLite file under `tmp_path`, or a throwaway
+    PostgreSQL database (the test is skipped when PostgreSQL does not answer)."""
+    import pytest
+
+    from specq.storage import db
+
+    if backend == "sqlite":
+        try:
+            yield f"sqlite:///{tmp_path / 'specq.sqlite'}"
+        finally:
+            db.dispose_engines()
+        return
+    reason = pg_reachable()
+    if reason:
+        pytest.skip(reason)
+    with pg_database() as url:
+        yield url
+
+
 def pg_reachable() -> str | None:
     try:
         import psycopg

@@ -253,7 +253,8 @@ def test_job_time_limit(time_limit_stack):
     with httpx.Client(base_url=time_limit_stack.url, timeout=30) as c:
         quick = c.post("/v1/jobs", json={"text": "x = 1\n", "params": {"max_tokens": 1}}).json()["id"]
         slow = c.post("/v1/jobs", json={"text": "x = 1\n", "params": {"max_tokens": 4000}}).json()["id"]
-        assert wait_job(c, quick)["status"] == "succeeded"
+        done = wait_job(c, quick)
+        assert done["status"] == "succeeded", done["error"]
         job = wait_job(c, slow, timeout=60)
     assert job["status"] == "failed" and job["attempts"] == 1, job
     assert job["error"] == "job exceeded the time limit of 1s (SPECQ_TIME_LIMIT)"

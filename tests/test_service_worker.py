@@ -56,11 +56,11 @@ class FlakyEngine:
         self.engine, self.fails, self.calls = engine, fails, 0
         self.info, self.n_ctx = engine.info, engine.n_ctx
 
-    def run(self, document, params, progress=None):
+    def run(self, document, params, progress=None, **kw):
         self.calls += 1
         if self.calls <= self.fails:
             raise ConnectionError("connection reset by peer")
-        return self.engine.run(document, params, progress=progress)
+        return self.engine.run(document, params, progress=progress, **kw)
 
 
 def test_redelivered_job_does_nothing(engine, store, tmp_path):

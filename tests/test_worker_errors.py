@@ -33,11 +33,11 @@ class FaultyEngine:
         self.engine, self.errors, self.calls = engine, list(errors), 0
         self.info, self.n_ctx = engine.info, engine.n_ctx
 
-    def run(self, document, params, progress=None):
+    def run(self, document, params, progress=None, **kw):
         self.calls += 1
         if self.calls <= len(self.errors):
             raise self.errors[self.calls - 1]
-        return self.engine.run(document, params, progress=progress)
+        return self.engine.run(document, params, progress=progress, **kw)
 
 
 def _runtime(tmp_path, engine):

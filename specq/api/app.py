@@ -1,7 +1,12 @@
 """The REST API (FastAPI): the app, assembled from its routers.
 
     /v1/jobs…           specq.api.jobs      submit, poll, list, cancel, delete a job's data
-    /v1/batches…        specq.api.batches   many documents as one unit; JSONL/CSV exports
+    /v1/jobs/{id}/events specq.api.events   a job's events (SSE): status, progress, answer text
+    /v1/batches…        specq.api.batches   many requests as one unit (OpenAI's Batch API + native
+                                            JSONL/multipart); JSONL/CSV exports
+    /v1/models          specq.api.openai_models  the workers' models (OpenAI format)
+    /v1/chat/completions, /v1/completions   specq.api.openai_chat  OpenAI's, streaming or not
+    /v1/files…          specq.api.files     OpenAI's Files API (batch input, batch output files)
     /healthz, /readyz   specq.api.health    liveness; can this API accept jobs
     /v1/workers         specq.api.health    the live workers (heartbeats)
     /metrics            specq.api.metrics   Prometheus text (admins only with keys on)
@@ -29,6 +34,7 @@ from starlette.routing import Match
 
 from .. import __version__ as _version
 from ..settings import ServiceSettings
+from . import openai_schemas as O
 from . import schemas as S
 from .auth import admin_only, authenticator
 from .errors import ApiError, describe, error_response, http_error_response
@@ -38,7 +44,8 @@ log = logging.getLogger("specq.api")
 
 #: request bodies that routes read themselves (JSON or multipart on one path): their models are added
 #: to the OpenAPI components so the request bodies can refer to them
-BODY_MODELS = [S.JobCreate, S.BatchLine]
+BODY_MODELS = [S.JobCreate, S.BatchLine, O.ChatCompletionRequest, O.CompletionRequest, O.BatchCreate,
+               *S.EVENT_MODELS.values()]
 
 
 def create_app(settings: ServiceSettings | None = None) -> FastAPI:
@@ -87,13 +94,22 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
     caller_of = authenticator(settings)
 
     from .batches import batches_router
+    from .events import events_router
+    from .files import files_router
     from .health import health_router
     from .jobs import jobs_router
     from .metrics import metrics_router
+    from .openai_chat import openai_router
+    from .openai_models import ModelCatalog, models_router
     from .ui import ui_router
 
+    catalog = ModelCatalog(settings)
     app.include_router(jobs_router(settings, caller_of))
-    app.include_router(batches_router(settings, caller_of))
+    app.include_router(events_router(settings, caller_of))
+    app.include_router(batches_router(settings, caller_of, catalog))
+    app.include_router(models_router(catalog, caller_of))
+    app.include_router(openai_router(settings, caller_of, catalog))
+    app.include_router(files_router(settings, caller_of))
     app.include_router(health_router(settings, caller_of))
     app.include_router(ui_router(settings))
     # /metrics counts every tenant's jobs: with keys on, only admin keys may read it

@@ -52,9 +52,9 @@ from ..settings import ServiceSettings
 from ..storage import batches, db, jobs, lifecycle, results, stats
 from ..storage.keys import Caller
 from ..storage.models import BATCH_STATUSES
-from ..storage.quotas import QuotaExceeded, reserve_queued
 from . import schemas as S
 from .errors import ApiError, describe, json_error, responses
+from .batch_store import parse_window, store_batch
 from .jobs import check_field, deleted, form_text, links, parse_params_field
 from .query import OFFSET, limit_query, parse_statuses, status_query
 from .views import batch_summary
@@ -78,6 +78,7 @@ BATCH_BODY_DOC = {
     "requestBody": {
         "required": True,
         "content": {
+            "application/json": {"schema": {"$ref": "#/components/schemas/BatchCreate"}},
             "multipart/form-data": {"schema": S.BATCH_FORM_SCHEMA},
             "application/jsonl": {"schema": {"type": "string", "description": "the JSONL itself: one "
                                              "BatchLine (#/components/schemas/BatchLine) per line"}},
@@ -100,7 +101,7 @@ class _Invalid(Exception):
         self.item = {"line": line, "code": code, "message": message, "param": param}
 
 
-def batches_router(settings: ServiceSettings, caller_of: Callable[..., Caller]) -> APIRouter:
+def batches_router(settings: ServiceSettings, caller_of: Callable[..., Caller], catalog=None) -> APIRouter:
     """The /v1/batches routes; `caller_of` is the API's auth dependency (its Caller's `scope` filters
     every read by tenant)."""
     router = APIRouter(tags=["batches"])
@@ -115,18 +116,24 @@ def batches_router(settings: ServiceSettings, caller_of: Callable[..., Caller]) 
 
     @router.post("/v1/batches", summary="Create a batch from a JSONL file or several documents",
                  openapi_extra=BATCH_BODY_DOC, response_model=S.BatchOut, operation_id="createBatch",
-                 responses={200: {"links": BATCH_LINKS}, **responses(400, 401, 413, 415, 422, 429, 503)})
+                 responses={200: {"links": BATCH_LINKS}, **responses(400, 401, 404, 413, 415, 422, 429, 503)})
     async def create_batch(request: Request, caller: Caller = Depends(caller_of)) -> JSONResponse:
         ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
         fields = S.BatchFormFields()
+        if ctype == "application/json":  # OpenAI's create: {input_file_id, endpoint, completion_window, metadata}
+            from .openai_batches import create_from_file
+
+            batch = await run_in_threadpool(create_from_file, settings, caller.tenant, await request.body(), catalog)
+            return JSONResponse(status_code=200, content=batch, headers={"Location": f"/v1/batches/{batch['id']}"})
         if ctype in JSONL_TYPES:
             body = await request.body()
             source = ("jsonl", body, None)
         elif ctype == "multipart/form-data":
             source, fields = await _read_batch_form(request, settings)
         else:
-            raise ApiError(415, "send multipart/form-data (an `input` JSONL file, or `file` parts + question + "
-                                "params) or a JSONL body (content-type application/jsonl)", "unsupported_media_type")
+            raise ApiError(415, "send application/json {input_file_id, endpoint, completion_window} (OpenAI's create), "
+                                "multipart/form-data (an `input` JSONL file, or `file` parts + question + params) or "
+                                "a JSONL body (content-type application/jsonl)", "unsupported_media_type")
         batch = await run_in_threadpool(_create, settings, caller.tenant, source, fields)
         return JSONResponse(status_code=200, content=batch, headers={"Location": f"/v1/batches/{batch['id']}"})
 
@@ -138,23 +145,29 @@ def batches_router(settings: ServiceSettings, caller_of: Callable[..., Caller]) 
         name: str | None = Query(None, max_length=S.MAX_METADATA_VALUE_CHARS,
                                  description="only batches whose metadata name is this"),
         limit: int = limit_query(20),
+        after: str | None = Query(None, max_length=S.MAX_ID_CHARS, description="the last id of the previous page "
+                                  "(OpenAI's cursor)"),
         offset: int = OFFSET,
         caller: Caller = Depends(caller_of),
     ) -> dict[str, Any]:
         statuses = parse_statuses(status, BATCH_STATUSES, ApiError)
         limit = min(limit, settings.max_list_limit)
         with db.session() as s:
+            batches.expire_due(s)
             if name:
-                rows = [b for b in batches.find_batches(s, name, tenant=caller.scope, limit=offset + limit)
+                rows = [b for b in batches.find_batches(s, name, tenant=caller.scope, limit=offset + limit + 1)
                         if statuses is None or b.status in statuses][offset:]
             else:
-                rows = batches.list_batches(s, tenant=caller.scope, status=statuses, limit=limit, offset=offset)
+                rows = batches.list_batches(s, tenant=caller.scope, status=statuses, limit=limit + 1, offset=offset,
+                                            after=after)
+            more, rows = len(rows) > limit, rows[:limit]
             data = []
             for b in rows:
                 if b.status in ("in_progress", "finalizing", "cancelling"):
                     b = batches.advance_batch(s, b.id) or b
                 data.append(batch_summary(b))
-            return {"object": "list", "data": data, "limit": limit, "offset": offset}
+            return {"object": "list", "data": data, "first_id": data[0]["id"] if data else None,
+                    "last_id": data[-1]["id"] if data else None, "has_more": more, "limit": limit, "offset": offset}
 
     @router.get("/v1/batches/{batch_id}", summary="A batch: status, request counts, timestamps",
                 operation_id="getBatch", response_model=S.BatchOut, responses=responses(401, 404, 422))
@@ -392,16 +405,9 @@ def _parse_files(docs: list[tuple[str, bytes]], defaults: dict[str, Any], limit:
     return requests, errors
 
 
-def _response(s, batch_id: str) -> dict[str, Any]:
-    """The batch as its response body, checked against BatchOut (so it serialises)."""
-    body = S.BatchOut.model_validate(batches.get_batch(s, batch_id).to_dict()).model_dump(mode="json")
-    json.dumps(body, allow_nan=False)
-    return body
-
-
 def _create(settings: ServiceSettings, tenant: str, source, fields: S.BatchFormFields) -> dict[str, Any]:
-    from ..broker import enqueue_job
-
+    """The native create: parse the JSONL or the documents, store the input as a file (so the batch has
+    an input_file_id), then the batch and its jobs."""
     kind, payload, input_name = source
     limit = jobs.max_input_bytes()
     defaults = dict(fields.params or {})
@@ -410,54 +416,18 @@ def _create(settings: ServiceSettings, tenant: str, source, fields: S.BatchFormF
     # parse before storing anything: an upload over a limit is refused with a 4xx and leaves no row
     if kind == "jsonl":
         requests, errors = _parse_jsonl(payload, defaults, limit, settings.max_batch_requests)
+        data = payload
     else:
         requests, errors = _parse_files(payload, defaults, limit)
-    over = [e for e in errors if e["code"] == "too_many_requests"]
-    if over:
-        raise ApiError(422, over[0]["message"], "invalid_params")
-    with db.session() as s:
-        if not errors:
-            try:  # refuse before creating the batch; checked again under the lock when the jobs go in
-                reserve_queued(s, tenant, len(requests), settings.max_queued_jobs)
-                s.rollback()
-            except QuotaExceeded as e:
-                raise ApiError(429, str(e), "too_many_requests") from None
-        batch = batches.create_batch(
-            s, tenant=tenant, endpoint=fields.endpoint or "/v1/jobs",
-            completion_window=fields.completion_window or None,
-            input_filename=input_name if kind == "jsonl" else f"{len(payload)} files",
-            params={k: v for k, v in defaults.items() if k != "question"}, metadata=fields.metadata)
-        try:
-            if errors:
-                batches.set_batch_status(s, batch.id, "failed", errors={"object": "list", "data": errors})
-                log.info("batch %s failed validation: %s", batch.id, errors[0]["message"])
-                return _response(s, batch.id)
-            try:
-                reserve_queued(s, tenant, len(requests), settings.max_queued_jobs)  # add_requests commits it
-                ids = batches.add_requests(s, batch.id, requests, tenant=tenant, max_attempts=settings.max_attempts,
-                                           limit_bytes=limit)
-            except QuotaExceeded as e:
-                raise ApiError(429, str(e), "too_many_requests") from None
-            batches.set_batch_status(s, batch.id, "in_progress")
-            body = _response(s, batch.id)  # serialisable before any job is queued
-        except BaseException:
-            # nothing may stay half-stored: the batch (and any of its jobs) goes, the caller gets the error
-            s.rollback()
-            lifecycle.discard_batch(s, batch.id)
-            raise
-        for i, job_id in enumerate(ids):
-            try:
-                enqueue_job(job_id, settings)
-            except Exception as e:
-                message = (f"could not queue the job: broker unreachable ({type(e).__name__}: "
-                           f"{str(e).splitlines()[0] if str(e) else ''})")
-                for rest in ids[i:]:
-                    jobs.mark_failed(s, rest, message)
-                batches.advance_batch(s, batch.id)
-                raise ApiError(503, f"batch {batch.id}: {len(ids) - i} of {len(ids)} requests could not be queued: "
-                                    f"{message}", "unavailable") from None
-        log.info("batch %s: %d requests queued", batch.id, len(ids))
-        return body
+        data = b"".join((json.dumps({"custom_id": r.custom_id, "text": r.text, "question": r.question,
+                                     "params": r.params, "filename": r.filename}, ensure_ascii=False) + "\n").encode()
+                        for r in requests)
+    window = parse_window(fields.completion_window) if fields.completion_window else None
+    return store_batch(settings, tenant, requests, errors, endpoint=fields.endpoint or "/v1/jobs",
+                       completion_window=fields.completion_window or None, window_s=window,
+                       input_filename=input_name if kind == "jsonl" else f"{len(payload)} files",
+                       params={k: v for k, v in defaults.items() if k != "question"}, metadata=fields.metadata,
+                       input_data=data)
 
 
 # --- exports -------------------------------------------------------------------------------------------------
@@ -533,4 +503,4 @@ def _csv_lines(batch_id: str) -> Iterator[bytes]:
         yield buf.getvalue().encode()
 
 
-__all__ = ["batches_router", "CSV_COLUMNS", "csv_row", "csv_cell"]
+__all__ = ["batches_router", "CSV_COLUMNS", "csv_row", "csv_cell", "MAX_ERRORS"]

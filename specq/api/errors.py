@@ -30,13 +30,16 @@ class ApiError(HTTPException):
     """An error a route answers with: status, one-line message, type."""
 
     def __init__(self, status_code: int, message: str, type_: str | None = None,
-                 headers: dict[str, str] | None = None) -> None:
+                 headers: dict[str, str] | None = None, *, param: str | None = None, code: str | None = None) -> None:
         super().__init__(status_code=status_code, detail=message, headers=headers)
         self.type = type_ or TYPES.get(status_code, "error")
+        #: OpenAI's error fields: the parameter at fault, a machine-readable code
+        self.param, self.code = param, code
 
 
 def error_response(status: int, message: str, type_: str | None = None,
-                   headers: dict[str, str] | None = None) -> JSONResponse:
+                   headers: dict[str, str] | None = None, *, param: str | None = None,
+                   code: str | None = None) -> JSONResponse:
     if len(message) > MAX_MESSAGE_CHARS:
         message = message[: MAX_MESSAGE_CHARS - 1] + "…"
     headers = dict(headers or {})
@@ -44,8 +47,10 @@ def error_response(status: int, message: str, type_: str | None = None,
         headers.setdefault("Retry-After", str(RETRY_AFTER_S[status]))
     if status == 401:
         headers.setdefault("WWW-Authenticate", "Bearer")
-    return JSONResponse(status_code=status, content={"error": {"message": message, "type": type_ or TYPES.get(status, "error")}},
-                        headers=headers)
+    error: dict[str, Any] = {"message": message, "type": type_ or TYPES.get(status, "error")}
+    if param is not None or code is not None:
+        error.update(param=param, code=code)
+    return JSONResponse(status_code=status, content={"error": error}, headers=headers)
 
 
 def _loc(loc: tuple[Any, ...]) -> str:
@@ -102,7 +107,8 @@ def json_error(msg: str, what: str, status: int = 400) -> ApiError:
 def http_error_response(exc: HTTPException) -> JSONResponse:
     type_ = getattr(exc, "type", None) or TYPES.get(exc.status_code, "error")
     message = exc.detail if isinstance(exc.detail, str) else json.dumps(exc.detail)
-    return error_response(exc.status_code, message, type_, headers=dict(exc.headers or {}))
+    return error_response(exc.status_code, message, type_, headers=dict(exc.headers or {}),
+                          param=getattr(exc, "param", None), code=getattr(exc, "code", None))
 
 
 def responses(*statuses: int) -> dict[int | str, dict[str, Any]]:

@@ -12,7 +12,7 @@
     With keys on, a key is needed anyway and browsers cannot attach one by themselves.
   - **NUL in the path or query string**: 400 (PostgreSQL cannot compare text with a NUL in it).
   - **HEAD** is answered wherever GET is: the GET route runs and its body is dropped.
-* `BodyLimit`: bodies over SPECQ_MAX_REQUEST_BYTES (batches: SPECQ_MAX_BATCH_BYTES) are refused with
+* `BodyLimit`: bodies over SPECQ_MAX_REQUEST_BYTES (batches, files: SPECQ_MAX_BATCH_BYTES) are refused with
   413 before they are read whole.
 * `StreamSlots`: at most SPECQ_MAX_STREAMS responses stream at once (exports, event streams); one
   more answers 503 with Retry-After, so long streams cannot take every connection
@@ -159,7 +159,7 @@ class BodyLimit:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        batch = scope.get("path", "").startswith("/v1/batches")
+        batch = scope.get("path", "").startswith(("/v1/batches", "/v1/files"))
         limit = self.batch_limit if batch else self.limit
         var = "SPECQ_MAX_BATCH_BYTES" if batch else "SPECQ_MAX_REQUEST_BYTES"
         for name, value in scope.get("headers", []):

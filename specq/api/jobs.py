@@ -280,16 +280,17 @@ async def _read_form(request: Request) -> tuple[str, str | None, dict, str | Non
         await form.close()
 
 
-def _store_and_enqueue(settings: ServiceSettings, text: str, params: RunParams, filename: str | None,
-                       tenant: str) -> dict[str, Any]:
-    """Store the job, then queue it; the response body, built before the job is queued."""
+def _store_and_enqueue(settings: ServiceSettings, text: str, params: RunParams | dict, filename: str | None,
+                       tenant: str, **fields: Any) -> dict[str, Any]:
+    """Store the job (`fields`: kind, model, messages of an OpenAI request), then queue it; the response
+    body, built before the job is queued."""
     from ..broker import enqueue_job
 
     with db.session() as s:
         try:
             reserve_queued(s, tenant, 1, settings.max_queued_jobs)  # the insert below is in its transaction
             job = jobs.create_job(s, text=text, params=params, filename=filename, tenant=tenant,
-                                  max_attempts=settings.max_attempts)
+                                  max_attempts=settings.max_attempts, queue=settings.queue, **fields)
         except QuotaExceeded as e:
             raise ApiError(429, str(e), "too_many_requests") from None
         except InputTooLarge as e:
@@ -305,4 +306,7 @@ def _store_and_enqueue(settings: ServiceSettings, text: str, params: RunParams, 
         return body
 
 
-__all__ = ["jobs_router", "links", "deleted", "run_params", "check_document", "parse_params_field", "form_text", "check_field", "JobId"]
+store_and_enqueue = _store_and_enqueue
+
+__all__ = ["jobs_router", "store_and_enqueue", "links", "deleted", "run_params", "check_document", "parse_params_field",
+           "form_text", "check_field", "JobId"]

@@ -30,7 +30,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, create_model
 
-from ..contracts import BATCH_STATUSES, JOB_STATUSES
+from ..contracts import BATCH_STATUSES, JOB_KINDS, JOB_STATUSES
 from ..engine.options import MAX_PROMPT_TEXT_BYTES, PARAM_BOUNDS, RunParams
 
 #: the longest file name or custom_id (job_inputs.filename, jobs.custom_id)
@@ -75,6 +75,7 @@ MetadataValue = Text(MAX_METADATA_VALUE_CHARS)
 #: user metadata of a batch: up to 16 string pairs (`name` names the batch)
 Metadata = Annotated[dict[MetadataKey, MetadataValue], Field(max_length=MAX_METADATA_PAIRS)]
 Timestamp = Annotated[str | None, Field(description="ISO 8601 UTC, e.g. 2026-01-01T12:00:00.123456Z")]
+UnixTime = Annotated[int | None, Field(description="Unix seconds (OpenAI's timestamps)")]
 Count = Annotated[int, Field(ge=0)]
 
 
@@ -100,6 +101,11 @@ def _param_field(name: str, type_: Any, default: Any) -> tuple[Any, Any]:
     if bound is not None:
         kw["gt" if bound.lo_open else "ge"] = bound.lo
         kw["lt" if bound.hi_open else "le"] = bound.hi
+    if type_ == list[str]:
+        from ..engine.options import MAX_STOP_BYTES, MAX_STOP_STRINGS
+
+        item = Annotated[str, Field(min_length=1, max_length=MAX_STOP_BYTES), AfterValidator(storable)]
+        return Annotated[list[item], Field(default_factory=list, max_length=MAX_STOP_STRINGS)], None
     if type_ is str:
         return Annotated[str, Field(default, max_length=MAX_PROMPT_TEXT_BYTES), AfterValidator(storable)], default
     if type_ is float:
@@ -109,7 +115,11 @@ def _param_field(name: str, type_: Any, default: Any) -> tuple[Any, Any]:
 
 def _run_params_model() -> type[Request]:
     hints = typing.get_type_hints(RunParams)
-    fields = {f.name: _param_field(f.name, hints[f.name], f.default) for f in dataclasses.fields(RunParams)}
+    fields = {}
+    for f in dataclasses.fields(RunParams):
+        type_, default = _param_field(f.name, hints[f.name], f.default)
+        # a list's default comes from its Field's default_factory
+        fields[f.name] = type_ if f.default is dataclasses.MISSING else (type_, default)
     model = create_model("RunParamsIn", __base__=Request, __doc__="Engine parameters of one job (RunParams; "
                          "every key optional, defaults shown). docs/engine.md says what each does.", **fields)
     return model
@@ -130,6 +140,9 @@ def params_dict(params: BaseModel | None) -> dict[str, Any]:
 class ErrorDetail(Response):
     message: str
     type: str
+    #: the OpenAI routes' errors also name the parameter at fault and a code (e.g. model_not_found)
+    param: str | None = None
+    code: str | None = None
 
 
 class ErrorBody(Response):
@@ -188,6 +201,10 @@ class JobSummary(Response):
     id: str
     object: Literal["job"] = "job"
     tenant: str
+    kind: Literal[JOB_KINDS] = Field("job", description="job (document + question), chat or completion (the OpenAI "  # type: ignore[valid-type]
+                                                        "routes)")
+    model: str | None = Field(None, description="the model an OpenAI request named")
+    priority: int = Field(0, description="claim order: 0 interactive, 1 batch requests")
     batch_id: str | None
     custom_id: str | None
     status: Literal[JOB_STATUSES]  # type: ignore[valid-type]
@@ -302,31 +319,43 @@ class RequestCounts(Response):
 
 
 class BatchOut(Response):
+    """A batch: OpenAI's Batch object (Unix-second timestamps) plus specq's fields (tenant,
+    input_filename, params)."""
+
     id: str
     object: Literal["batch"] = "batch"
     tenant: str
     status: Literal[BATCH_STATUSES]  # type: ignore[valid-type]
     endpoint: str | None
     completion_window: str | None
+    input_file_id: str | None
+    output_file_id: str | None = Field(description="OpenAI-format result lines of the succeeded requests, once the "
+                                                   "batch finished (GET /v1/files/{id}/content)")
+    error_file_id: str | None = Field(description="lines of the failed and cancelled requests")
     input_filename: str | None
     params: dict[str, Any] = Field(description="the batch's default RunParams")
     metadata: Metadata | None
     errors: BatchErrors | None
     request_counts: RequestCounts
-    created_at: Timestamp
-    in_progress_at: Timestamp
-    finalizing_at: Timestamp
-    completed_at: Timestamp
-    failed_at: Timestamp
-    expired_at: Timestamp
-    cancelling_at: Timestamp
-    cancelled_at: Timestamp
-    expires_at: Timestamp
+    created_at: UnixTime
+    in_progress_at: UnixTime
+    finalizing_at: UnixTime
+    completed_at: UnixTime
+    failed_at: UnixTime
+    expired_at: UnixTime
+    cancelling_at: UnixTime
+    cancelled_at: UnixTime
+    expires_at: UnixTime
 
 
 class BatchList(Response):
+    """OpenAI's list page (`after` = last_id for the next one) plus `limit` and `offset`."""
+
     object: Literal["list"] = "list"
     data: list[BatchOut]
+    first_id: str | None
+    last_id: str | None
+    has_more: bool
     limit: int
     offset: int
 
@@ -404,11 +433,69 @@ class WorkerList(Response):
     data: list[WorkerOut]
 
 
+
+# --- job events (GET /v1/jobs/{id}/events, text/event-stream; docs/service.md) ---------------------------
+
+
+class EventStatus(Response):
+    """`event: status`: first, then at every status change."""
+
+    id: str
+    status: Literal[JOB_STATUSES]  # type: ignore[valid-type]
+    attempts: int
+    error: str | None
+    queue_wait_ms: float | None
+
+
+class EventPhase(Response):
+    """`event: phase`: the running job entered a phase."""
+
+    phase: str
+
+
+class EventProgress(Response):
+    """`event: progress`: done/total within the phase (windows, tokens)."""
+
+    phase: str | None
+    done: int
+    total: int
+
+
+class EventDelta(Response):
+    """`event: delta`: answer text appended at character `offset` (whole characters; never a prefix of a
+    stop string that may still match)."""
+
+    text: str
+    offset: int
+    attempt: int
+
+
+class EventReset(Response):
+    """`event: reset`: a new attempt restarts the answer at offset 0."""
+
+    attempt: int
+
+
+class EventDone(Response):
+    """`event: done`: the job finished; the stream ends after it."""
+
+    status: Literal[JOB_STATUSES]  # type: ignore[valid-type]
+    error: str | None
+    finish_reason: str | None
+    usage: dict[str, int] | None
+    timings_ms: dict[str, float] | None
+
+
+#: event name -> its data model
+EVENT_MODELS = {"status": EventStatus, "phase": EventPhase, "progress": EventProgress, "delta": EventDelta,
+                "reset": EventReset, "done": EventDone}
+
 __all__ = [
     "storable", "Text", "Name", "Question", "Metadata", "Request", "Response", "RunParamsIn", "params_dict",
     "ErrorBody", "ErrorDetail", "JobCreate", "JobCreated", "JobSummary", "JobOut", "JobList", "JobInputOut", "JobDocument",
     "Progress", "Deleted", "BatchLine", "BatchFormFields", "BatchOut", "BatchList", "BatchStats", "BatchError",
     "BatchErrors", "RequestCounts", "Health", "Ready", "WorkerOut", "WorkerList", "JOB_FORM_SCHEMA",
     "BATCH_FORM_SCHEMA", "MAX_NAME_CHARS", "MAX_ID_CHARS", "MAX_OFFSET", "MAX_LIMIT", "MAX_METADATA_PAIRS",
-    "MAX_METADATA_KEY_CHARS", "MAX_METADATA_VALUE_CHARS",
+    "MAX_METADATA_KEY_CHARS", "MAX_METADATA_VALUE_CHARS", "EventStatus", "EventPhase", "EventProgress", "EventDelta",
+    "EventReset", "EventDone", "EVENT_MODELS",
 ]

@@ -1,6 +1,7 @@
 """The `specq` command line (typer), one module per command group (as simonw/llm lays it out):
 
     run       specq run                        one job in this process
+    run_batch specq run-batch -i in.jsonl -o out.jsonl   an OpenAI batch file in this process
     service   specq worker | reconcile | api | up | down
     submit    specq submit                     jobs and batches sent to the API
     jobs      specq status | result | jobs | cancel
@@ -15,7 +16,7 @@ import those, never each other."""
 from __future__ import annotations
 
 # the order of these imports is the order of `specq --help`
-from . import run, service, submit, jobs, batches, keys, db, models, bench  # noqa: F401, I001  (they register their commands)
+from . import run, run_batch, service, submit, jobs, batches, keys, db, models, bench  # noqa: F401, I001  (they register their commands)
 from .app import app
 
 

@@ -19,7 +19,13 @@ def _name(batch: dict) -> str:
 
 
 def _when(value) -> str:
-    return (value or "").replace("T", " ")[:19]
+    """A batch timestamp (Unix seconds, as OpenAI's Batch objects have them) as `YYYY-MM-DD HH:MM:SS` UTC;
+    an ISO string (older servers) is shown as it is."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        from datetime import datetime, timezone
+
+        return datetime.fromtimestamp(value, timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+    return str(value or "").replace("T", " ")[:19]
 
 
 @app.command("batches")
@@ -65,6 +71,9 @@ def batch_cmd(
             lines.append(f"  {key[:-3].replace('_', ' '):<11} {_when(b[key])} UTC")
     if b.get("input_filename"):
         lines.append(f"  input       {b['input_filename']}")
+    for key in ("input_file_id", "output_file_id", "error_file_id"):
+        if b.get(key):
+            lines.append(f"  {key[:-8].replace('_', ' ') + ' file':<11} {b[key]}   GET {url}/v1/files/{b[key]}/content")
     errors = (b.get("errors") or {}).get("data") if isinstance(b.get("errors"), dict) else None
     if errors:
         first = errors[0].get("message") if isinstance(errors[0], dict) else errors[0]
@@ -74,6 +83,7 @@ def batch_cmd(
         lines.append(f"  failures    specq results {b['id']} --errors   GET {url}/v1/batches/{b['id']}/errors")
     lines.append(f"  stats       specq stats {b['id']}   GET {url}/v1/batches/{b['id']}/stats")
     typer.echo("\n".join(safe(line) for line in lines))
+
 
 
 @app.command("results")

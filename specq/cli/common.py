@@ -144,15 +144,53 @@ def wait_with_progress(client, job_id: str) -> dict:
         return client.wait(job_id, on_update=update)
 
 
-def finish_job(job: dict, as_json: bool) -> None:
-    """Print a finished job's result (or fail with its error)."""
+def stream_answer(client, job_id: str) -> tuple[dict, bool]:
+    """Follow the job's events: a progress line on stderr until the answer starts, then the answer on
+    stdout as it is decoded. (The finished job, whether its whole text was printed.)"""
+    import sys
+
+    from rich.console import Console
+
+    err = Console(stderr=True)
+    printed = ""
+    status = err.status(f"{job_id} queued")
+    status.start()
+    try:
+        for event, data in client.events(job_id):
+            if event == "status":
+                status.update(f"{job_id} {data['status']}")
+            elif event in ("phase", "progress") and not printed:
+                p = data
+                unit = {"score": "window ", "decode": "token "}.get(p["phase"], "")
+                counts = f" {unit}{p.get('done', 0)}/{p.get('total', 0)}" if p.get("total", 0) > 1 else ""
+                status.update(f"{job_id} {p['phase']}{counts}")
+            elif event == "reset":
+                sys.stdout.write("\n[the job was retried: its answer restarts]\n")
+                printed = ""
+            elif event == "delta":
+                if not printed:
+                    status.stop()
+                sys.stdout.write(safe(data["text"], lines=True))  # model text: control characters shown inert
+                sys.stdout.flush()
+                printed += data["text"]
+    finally:
+        status.stop()
+    job = client.job(job_id)
+    whole = bool(printed) and job.get("status") == "succeeded" and (job.get("result") or {}).get("text") == printed
+    if printed:
+        sys.stdout.write("\n")
+    return job, whole
+
+
+def finish_job(job: dict, as_json: bool, printed: bool = False) -> None:
+    """Print a finished job's result (or fail with its error); `printed`: its text already was."""
     if job["status"] == "succeeded":
         if as_json:
             print_json(job["result"])
         else:
             from .render import print_result
 
-            print_result(job["result"])
+            print_result(job["result"], text=not printed)
         return
     if job["status"] == "failed":
         raise fail(f"job {job['id']} failed: {job.get('error') or 'no message'}")

@@ -87,10 +87,10 @@ def jobs_cmd(
         print_json(page)
         return
     cut = 120 if stdout_is_terminal() else None  # a pipe gets the whole message
-    rows = [(j["id"], j["status"], progress_text(j) if j["status"] == "running" else "",
+    rows = [(j["id"], j.get("kind") or "job", j["status"], progress_text(j) if j["status"] == "running" else "",
              (j.get("created_at") or "").replace("T", " ")[:19], _ms(j.get("queue_wait_ms")), (j.get("error") or "")[:cut])
             for j in page["data"]]
-    print_table(["id", "status", "progress", "created (UTC)", "queue wait", Column("error", fold=True)], rows)
+    print_table(["id", "kind", "status", "progress", "created (UTC)", "queue wait", Column("error", fold=True)], rows)
     typer.echo(f"{len(page['data'])} of {page['total']} jobs", err=True)
 
 

@@ -46,9 +46,11 @@ def summary_line(result: dict[str, Any]) -> str:
     return " · ".join(parts)
 
 
-def print_result(result: dict[str, Any], console: Console | None = None) -> None:
+def print_result(result: dict[str, Any], console: Console | None = None, *, text: bool = True) -> None:
+    """The answer (unless `text` is False: it was printed as it was decoded), a summary and the phases."""
     console = console or Console()
-    console.print(cell(result.get("text", ""), lines=True), soft_wrap=True)  # the terminal wraps it, not rich
+    if text:
+        console.print(cell(result.get("text", ""), lines=True), soft_wrap=True)  # the terminal wraps it, not rich
     console.print()
     console.print(cell(summary_line(result), style="dim"))
     for w in result.get("warnings", []) or []:

@@ -8,7 +8,7 @@ import typer
 
 from .app import app
 from .common import (STDIN_NAME, api_call, fail, finish_job, is_stdin, load_document, read_input, shown_name,
-                     wait_batch_with_progress, wait_with_progress)
+                     stream_answer, wait_batch_with_progress, wait_with_progress)
 from .output import print_json, safe
 
 
@@ -38,7 +38,8 @@ def submit_cmd(
     draft_min: int = typer.Option(None, help="Skip drafts shorter than this."),
     p_min: float = typer.Option(None, help="Model drafts stop below this top probability (0 = off)."),
     ngram: int = typer.Option(None, help="N-gram size for the ngram drafter."),
-    wait: bool = typer.Option(False, "--wait", "-w", help="Wait for the answer with a progress bar, then print it."),
+    wait: bool = typer.Option(False, "--wait", "-w", help="Wait for the answer: progress, then the answer as it is "
+                              "decoded, then the phase table."),
     as_json: bool = typer.Option(False, "--json", help="Print the new job (batch) object as JSON instead of its id; with --wait the run result object (the finished batch)."),
 ) -> None:
     """Submit FILE + QUESTION as a job to the specq API (SPECQ_API_URL); print its id, or with --wait its answer.
@@ -77,10 +78,13 @@ def submit_cmd(
             typer.echo(f"queued: `specq status {job['id']}` or `specq result {job['id']} --wait`", err=True)
             return
         try:
-            done = wait_with_progress(c, job["id"])
+            if as_json:
+                done, printed = wait_with_progress(c, job["id"]), False
+            else:  # the answer is printed as it is decoded (the job's event stream)
+                done, printed = stream_answer(c, job["id"])
         except KeyboardInterrupt:
             raise fail(f"stopped waiting; job {job['id']} keeps running (`specq status {job['id']}`)") from None
-        finish_job(done, as_json)
+        finish_job(done, as_json, printed)
 
     api_call(go)
 

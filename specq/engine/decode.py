@@ -38,8 +38,12 @@ def generate(
     n_draft: int = 4,
     draft_min: int = 1,
     progress: Callable[[int, int], None] | None = None,
+    accept: Callable[[int], bool] | None = None,
 ) -> Generation:
     """Decode after a prefill whose last logits are `first_logits`; new tokens go at `next_pos`, ...
+
+    `accept(token)` is called with each emitted token; True ends the generation there (a stop string
+    matched: finish_reason "stop").
 
     The target's output is the same with or without a drafter (greedy: identical tokens; sampled:
     the same distribution).
@@ -62,6 +66,9 @@ def generate(
         history.append(tok)
         if progress is not None:
             progress(len(out), max_tokens)
+        if accept is not None and accept(tok):
+            finish = "stop"
+            break
         if len(out) >= max_tokens:
             break
         # one verification emits up to k + 1 tokens: drafting more than room - 1 only wastes work
@@ -93,6 +100,9 @@ def generate(
                 history.append(t)
                 if progress is not None:
                     progress(len(out), max_tokens)
+                if accept is not None and accept(t):
+                    finish, stopped = "stop", True
+                    break
                 if len(out) >= max_tokens:
                     stopped = True
                     break

@@ -12,7 +12,7 @@ import math
 import os
 import typing
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from ..contracts import InputError
@@ -122,6 +122,13 @@ class RunParams:
     ngram: int = 2
     #: optional system message for the chat template
     system: str = ""
+    #: stop strings (at most 4): generation ends before the first one the answer would contain, and
+    #: the answer's text ends just before it (finish_reason "stop")
+    stop: list[str] = field(default_factory=list)
+    #: chat and completion jobs: tokens at the end of the last user message that scoring never drops
+    #: (they are its question); -1 = its last paragraph, at most 256 tokens. Native jobs protect their
+    #: whole question instead.
+    protect_tail: int = -1
 
     @classmethod
     def from_dict(cls, data: dict[str, Any] | None) -> "RunParams":
@@ -167,8 +174,15 @@ class RunParams:
         for ok, message in checks:
             if not ok:
                 raise InputError(message)
-        for name in ("question", "system"):
-            text = getattr(self, name)
+        if not isinstance(self.stop, list) or len(self.stop) > MAX_STOP_STRINGS:
+            raise InputError(f"stop must be a list of at most {MAX_STOP_STRINGS} strings")
+        for text in self.stop:
+            if not isinstance(text, str) or not text:
+                raise InputError("stop strings must be non-empty strings")
+            if len(text.encode("utf-8", "surrogatepass")) > MAX_STOP_BYTES or "\x00" in text:
+                raise InputError(f"a stop string must be at most {MAX_STOP_BYTES} bytes of UTF-8 without NUL")
+        for name in ("question", "system", *(f"stop[{i}]" for i in range(len(self.stop)))):
+            text = self.stop[int(name[5:-1])] if name.startswith("stop[") else getattr(self, name)
             if "\x00" in text:
                 raise InputError(f"{name} contains a NUL character")
             try:
@@ -207,6 +221,11 @@ def _or(choices: tuple[str, ...]) -> str:
 
 #: the largest question or system message, UTF-8 bytes (the document has SPECQ_MAX_INPUT_BYTES)
 MAX_PROMPT_TEXT_BYTES = 64 * 1024
+#: stop strings per job, and the longest one (UTF-8 bytes)
+MAX_STOP_STRINGS = 4
+MAX_STOP_BYTES = 256
+#: protect_tail's cap when it is -1 (the last paragraph of the last user message, at most this many tokens)
+DEFAULT_PROTECT_TAIL = 256
 #: the largest signed 32-bit integer: what llama.cpp and numpy take for counts of tokens
 INT32_MAX = 2**31 - 1
 
@@ -234,6 +253,7 @@ PARAM_BOUNDS: dict[str, Bound] = {
     "draft_min": Bound(1, 64),
     "p_min": Bound(0.0, 1.0, hi_open=True),
     "ngram": Bound(1, 16),
+    "protect_tail": Bound(-1, 1 << 20),
 }
 #: the choices of each text-valued option (the Literal types above)
 PARAM_CHOICES: dict[str, tuple[str, ...]] = {
@@ -247,6 +267,10 @@ PARAM_CHOICES: dict[str, tuple[str, ...]] = {
 def _coerce(name: str, type_name: Any, value: Any) -> Any:
     """Coerce a JSON/CLI value to the field's type, with a message naming the field."""
     type_name = str(type_name)
+    if type_name == "list[str]":
+        if not isinstance(value, list) or not all(isinstance(x, str) for x in value):
+            raise InputError(f"parameter {name} must be a list of strings")
+        return list(value)
     try:
         if type_name == "int":
             if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
@@ -272,4 +296,5 @@ ENGINE_OPTION_NAMES = tuple(f.name for f in dataclasses.fields(EngineOptions))
 RUN_PARAM_NAMES = tuple(f.name for f in dataclasses.fields(RunParams))
 
 __all__ = ["EngineOptions", "RunParams", "ENGINE_OPTION_NAMES", "RUN_PARAM_NAMES", "PARAM_BOUNDS", "PARAM_CHOICES",
-           "MAX_PROMPT_TEXT_BYTES", "Bound"]
+           "MAX_PROMPT_TEXT_BYTES", "Bound", "MAX_STOP_STRINGS",
+           "MAX_STOP_BYTES", "DEFAULT_PROTECT_TAIL"]

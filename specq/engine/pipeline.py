@@ -23,11 +23,15 @@ from ..contracts import InputError, ModelError
 from .kept_spans import selection_record
 from .options import EngineOptions, RunParams
 from .prefill import sparse_prefill
+from .chat_prompt import build_chat_prompt, build_raw_prompt
 from .prompt import Prompt, build_prompt
 from .result import CORE_PHASES, DraftInfo, EngineInfo, RunResult, SpecInfo, Usage
 from .sampling import Sampler
+from .textstream import TextStream
 
 Progress = Callable[[str, int, int], None]
+#: receives the answer's text as it becomes final (TextStream: whole characters, stop strings applied)
+OnText = Callable[[str], None]
 
 #: prompts shorter than this run baseline in specprefill mode (scoring costs more than it saves);
 #: measured break-even on a 2-core CPU with the real pair, see docs/benchmarks.md
@@ -115,8 +119,16 @@ class Engine:
         self.run("warm up", RunParams(question="ok", max_tokens=2))
 
     # -- running -----------------------------------------------------------------------------------
-    def tokenize_prompt(self, document: str, params: RunParams) -> Prompt:
-        prompt = build_prompt(self.target, document, params.question, params.system)
+    def tokenize_prompt(self, document: str, params: RunParams, *, messages: list[tuple[str, str]] | None = None,
+                        raw: bool = False) -> Prompt:
+        """The prompt: native (`document` + question + system), a chat (`messages`), or `document` as a
+        raw completion prompt (`raw`); engine/chat_prompt.py says what scoring may drop in the last two."""
+        if messages is not None:
+            prompt = build_chat_prompt(self.target, messages, params.protect_tail)
+        elif raw:
+            prompt = build_raw_prompt(self.target, document, params.protect_tail)
+        else:
+            prompt = build_prompt(self.target, document, params.question, params.system)
         if prompt.n + params.max_tokens > self.n_ctx:
             raise InputError(
                 f"prompt is {prompt.n} tokens; with max_tokens {params.max_tokens} it exceeds the target's "
@@ -124,7 +136,10 @@ class Engine:
             )
         return prompt
 
-    def run(self, document: str, params: RunParams | None = None, progress: Progress | None = None) -> RunResult:
+    def run(self, document: str, params: RunParams | None = None, progress: Progress | None = None, *,
+            messages: list[tuple[str, str]] | None = None, raw: bool = False, on_text: OnText | None = None) -> RunResult:
+        """One job. `messages` (a chat) or `raw` (a completion prompt) change how the prompt is built
+        (`tokenize_prompt`); `on_text` receives the answer as it is decoded."""
         params = params or RunParams()
         params.validate()
         report = progress or (lambda phase, done, total: None)
@@ -134,7 +149,7 @@ class Engine:
 
         report("tokenize", 0, 1)
         t0 = time.perf_counter()
-        prompt = self.tokenize_prompt(document, params)
+        prompt = self.tokenize_prompt(document, params, messages=messages, raw=raw)
         timings["tokenize"] = _ms(t0)
 
         positions = params.positions
@@ -174,10 +189,19 @@ class Engine:
         t_decode = time.perf_counter()
         first: list[float] = []
 
+        text = TextStream(params.stop)
+        emit = on_text or (lambda delta: None)
+
         def on_token(done: int, total: int) -> None:
             if not first:
                 first.append(time.perf_counter())
             report("decode", done, total)
+
+        def accept(token: int) -> bool:
+            delta = text.push(self.target.token_bytes(token))
+            if delta:
+                emit(delta)
+            return text.stopped
 
         gen = generate(
             self.ctx,
@@ -190,7 +214,11 @@ class Engine:
             n_draft=n_draft,
             draft_min=params.draft_min,
             progress=on_token,
+            accept=accept,
         )
+        rest = text.finish()
+        if rest:
+            emit(rest)
         t_end = time.perf_counter()
         timings["ttft"] = ((first[0] if first else t_end) - t_start) * 1000.0
         timings["decode"] = (t_end - t_decode) * 1000.0
@@ -202,8 +230,8 @@ class Engine:
             self.target.token_bytes, document, prompt.document, prompt.doc_start, kept,
             prompt.protected_indices(), doc_scores, params.chunk)
         return RunResult(
-            text=self.target.detokenize(gen.tokens),
-            finish_reason=gen.finish_reason,
+            text=text.text,
+            finish_reason="stop" if text.stopped else gen.finish_reason,
             usage=Usage(prompt_tokens=prompt.n, kept_tokens=len(kept), completion_tokens=len(gen.tokens)),
             timings_ms=timings,
             spec=spec,

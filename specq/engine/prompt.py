@@ -21,6 +21,8 @@ class Prompt:
     doc_start: int
     #: [doc_start, doc_end): the document; [doc_end, N): question + template tail
     doc_end: int
+    #: indices inside the document that are always kept too (a chat's template text between messages)
+    pinned: tuple[int, ...] = ()
 
     @property
     def n(self) -> int:
@@ -39,7 +41,7 @@ class Prompt:
         return self.tokens[self.doc_end :]
 
     def protected_indices(self) -> list[int]:
-        return list(range(self.doc_start)) + list(range(self.doc_end, self.n))
+        return list(range(self.doc_start)) + list(self.pinned) + list(range(self.doc_end, self.n))
 
 
 def build_prompt(model: Model, document: str, question: str = "", system: str = "") -> Prompt:

@@ -16,6 +16,11 @@ The life of a batch in the service:
   every job is finished `in_progress -> finalizing -> completed`, or `cancelling -> cancelled`;
 * `cancel_batch`: `cancelling`, queued jobs cancelled at once, running ones asked to stop; finished
   results stay;
+* expiry: once `expires_at` (created_at + completion_window) has passed, `advance_batch` cancels the
+  queued jobs and asks the running ones to stop, and the batch ends `expired` with the finished
+  results kept (`expire_due` sweeps for such batches);
+* when the last request ends, the output and error files are written in OpenAI's format
+  (`batch_files`) in the same transaction that completes the batch;
 * `iter_batch_jobs` pages through the batch's jobs in request (line) order for the result exports.
 """
 
@@ -30,6 +35,7 @@ from typing import Any
 from sqlalchemy import and_, case, func, or_, select, update
 from sqlalchemy.orm import Session
 
+from ..contracts import PRIORITY_BATCH
 from .db import write_transaction
 from .errors import InputTooLarge
 from .models import BATCH_STATUSES, BATCH_TERMINAL, JOB_TERMINAL, Batch, Job, JobInput, utcnow
@@ -62,6 +68,7 @@ def create_batch(
     params: Mapping[str, Any] | None = None,
     metadata: Mapping[str, Any] | None = None,
     expires_at: datetime | None = None,
+    input_file_id: str | None = None,
 ) -> Batch:
     """Insert a batch in status `validating`; return it."""
     batch = Batch(
@@ -78,6 +85,7 @@ def create_batch(
         request_failed=0,
         created_at=utcnow(),
         expires_at=expires_at,
+        input_file_id=input_file_id,
     )
     try:
         session.add(batch)
@@ -107,13 +115,18 @@ def list_batches(
     status: str | Iterable[str] | None = None,
     limit: int = 50,
     offset: int = 0,
+    after: str | None = None,
 ) -> list[Batch]:
-    """Batches, newest first."""
+    """Batches, newest first; with `after` (a batch id), only those listed after it (OpenAI's cursor)."""
     q = select(Batch)
     if tenant is not None:
         q = q.where(Batch.tenant == tenant)
     if status is not None:
         q = q.where(Batch.status.in_([status] if isinstance(status, str) else list(status)))
+    if after is not None:
+        mark = session.execute(select(Batch.created_at, Batch.id).where(Batch.id == after)).one_or_none()
+        if mark is not None:
+            q = q.where(or_(Batch.created_at < mark[0], and_(Batch.created_at == mark[0], Batch.id < mark[1])))
     q = q.order_by(Batch.created_at.desc(), Batch.id.desc()).limit(max(0, limit)).offset(max(0, offset))
     batches = list(session.scalars(q.execution_options(populate_existing=True)))
     session.commit()
@@ -185,6 +198,10 @@ class BatchRequest:
     #: RunParams as a dict (already merged with the batch's defaults and checked by the caller)
     params: dict[str, Any] = field(default_factory=dict)
     filename: str | None = None
+    #: job, chat (`messages`) or completion (`text` is the raw prompt): contracts.JOB_KINDS
+    kind: str = "job"
+    model: str | None = None
+    messages: list[dict[str, str]] | None = None
 
 
 def add_requests(
@@ -195,6 +212,7 @@ def add_requests(
     tenant: str = "default",
     max_attempts: int = 3,
     limit_bytes: int | None = None,
+    queue: str | None = None,
 ) -> list[str]:
     """Insert one queued job (and its input) per request, all in ONE transaction; return the job ids
     in request order. Jobs get created_at one microsecond apart, so ordering by created_at keeps the
@@ -214,12 +232,13 @@ def add_requests(
             job_id = new_job_id()
             ids.append(job_id)
             rows_jobs.append(Job(id=job_id, tenant=tenant, batch_id=batch_id, custom_id=r.custom_id, status="queued",
+                                 kind=r.kind, model=r.model, priority=PRIORITY_BATCH, queue=queue,
                                  progress_done=0, progress_total=0, attempts=0, max_attempts=max_attempts,
                                  created_at=base + timedelta(microseconds=i),
                                  params={k: v for k, v in r.params.items() if k != "question"},
                                  cancel_requested=False))
             rows_inputs.append(JobInput(job_id=job_id, filename=r.filename, text=r.text, question=r.question or "",
-                                        size_bytes=size))
+                                        size_bytes=size, messages=r.messages))
         session.add_all(rows_jobs)
         session.flush()  # the job rows first: job_inputs references them
         session.add_all(rows_inputs)
@@ -264,17 +283,26 @@ def advance_batch(session: Session, batch_id: str, tenant: str | None = None) ->
             session.rollback()
             return None
         if batch.status in ("in_progress", "finalizing", "cancelling"):
+            now = utcnow()
+            if (batch.status != "cancelling" and not batch.expire_requested and batch.expires_at is not None
+                    and now >= batch.expires_at):
+                _stop_jobs(session, batch_id, now, "the batch's completion window ended before this request ran")
+                batch.expire_requested = True
             counts, pending = _recount(session, batch_id)
             batch.request_total = counts["total"]
             batch.request_completed = counts["completed"]
             batch.request_failed = counts["failed"]
             if pending == 0:
-                now = utcnow()
-                if batch.status in ("in_progress", "finalizing"):
+                from .batch_files import write_batch_files
+
+                write_batch_files(session, batch)
+                if batch.status == "cancelling":
+                    batch.status, batch.cancelled_at = "cancelled", now
+                elif batch.expire_requested:
+                    batch.status, batch.expired_at = "expired", now
+                else:
                     batch.finalizing_at = batch.finalizing_at or now
                     batch.status, batch.completed_at = "completed", now
-                else:
-                    batch.status, batch.cancelled_at = "cancelled", now
         session.commit()
     except BaseException:
         session.rollback()
@@ -296,21 +324,41 @@ def cancel_batch(session: Session, batch_id: str, tenant: str | None = None) -> 
         if batch.status in ("validating", "in_progress", "finalizing"):
             now = utcnow()
             batch.status, batch.cancelling_at = "cancelling", now
-            session.execute(
-                update(Job).where(and_(Job.batch_id == batch_id, Job.status == "queued"))
-                .values(status="cancelled", cancel_requested=True, finished_at=now)
-                .execution_options(synchronize_session=False)
-            )
-            session.execute(
-                update(Job).where(and_(Job.batch_id == batch_id, Job.status == "running"))
-                .values(cancel_requested=True)
-                .execution_options(synchronize_session=False)
-            )
+            _stop_jobs(session, batch_id, now, None)
         session.commit()
     except BaseException:
         session.rollback()
         raise
     return advance_batch(session, batch_id, tenant)
+
+
+def _stop_jobs(session: Session, batch_id: str, now: datetime, message: str | None) -> None:
+    """The batch's queued jobs cancelled (with `message`), its running ones asked to stop."""
+    session.execute(
+        update(Job).where(and_(Job.batch_id == batch_id, Job.status == "queued"))
+        .values(status="cancelled", cancel_requested=True, finished_at=now, error=message)
+        .execution_options(synchronize_session=False)
+    )
+    session.execute(
+        update(Job).where(and_(Job.batch_id == batch_id, Job.status == "running"))
+        .values(cancel_requested=True)
+        .execution_options(synchronize_session=False)
+    )
+
+
+def expire_due(session: Session, limit: int = 100) -> list[str]:
+    """Move on every unfinished batch whose completion window has ended (advance_batch expires it); the
+    ids of those now `expired`. The reconciler's sweeps and the API's lists call it."""
+    ids = list(session.scalars(select(Batch.id).where(and_(
+        Batch.status.in_(("in_progress", "finalizing")), Batch.expires_at.is_not(None),
+        Batch.expires_at <= utcnow())).limit(limit)))
+    session.commit()
+    done = []
+    for batch_id in ids:
+        batch = advance_batch(session, batch_id)
+        if batch is not None and batch.status == "expired":
+            done.append(batch_id)
+    return done
 
 
 def find_batches(session: Session, name: str, *, tenant: str | None = None, limit: int = 50) -> list[Batch]:
@@ -373,6 +421,7 @@ __all__ = [
     "add_requests",
     "advance_batch",
     "cancel_batch",
+    "expire_due",
     "find_batches",
     "iter_batch_jobs",
     "is_finished",

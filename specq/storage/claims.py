@@ -1,12 +1,100 @@
-"""Claims a worker may make beyond `jobs.mark_running` (the service's worker uses these)."""
+"""Which job a worker runs when a message reaches it, and claims beyond `jobs.mark_running`.
+
+**A message is a ticket, its job id a hint** (`claim_next`). Every stored job gets one message, so a
+queue's messages are never fewer than its queued jobs; but a worker that receives a message claims
+the job that should run next in its queue, not necessarily the one the message names:
+
+1. the named job itself when it is a redelivery (running, its worker's heartbeat stale) or this
+   worker's own interrupted job (`reclaim_own`) — the reliability rules of docs/reliability.md;
+2. otherwise, among the queue's queued jobs (a retried job only once its backoff `not_before` passed,
+   unless the message names it): the lowest `priority` first (interactive requests before batch
+   requests), then the tenant with the fewest running jobs in the queue, then the tenant served
+   longest ago (`claim_turns`), then that tenant's oldest job.
+
+So a chat request behind a 50,000-request batch runs at the next free slot, and a second tenant's
+batch interleaves with the first's instead of waiting for it — on Redis and on the embedded broker
+alike, since the choice is made in SQL at claim time. A message whose job ran under another message
+claims another job or, when none is queued, nothing (it is acknowledged and dropped).
+"""
 
 from __future__ import annotations
 
-from sqlalchemy import and_, false, select, update
+from collections.abc import Sequence
+
+from sqlalchemy import and_, false, func, or_, select, update
 from sqlalchemy.orm import Session
 
+from . import jobs as _jobs
 from .db import write_transaction
-from .models import Job, utcnow
+from .models import ClaimTurn, Job, utcnow
+
+#: times claim_next retries when another worker claimed its pick first
+CLAIM_RETRIES = 8
+
+
+def _in_queue(queue: str | None):
+    return or_(Job.queue == queue, Job.queue.is_(None)) if queue is not None else Job.id.is_not(None)
+
+
+def pick_next(session: Session, queue: str | None, hint: str | None = None,
+              exclude: Sequence[str] = ()) -> str | None:
+    """The id of the job the next claim in `queue` should take (module doc, rule 2), or None."""
+    now = utcnow()
+    ready = or_(Job.not_before.is_(None), Job.not_before <= now)
+    if hint is not None:
+        ready = or_(ready, Job.id == hint)
+    cand = and_(Job.status == "queued", _in_queue(queue), ready)
+    if exclude:
+        cand = and_(cand, Job.id.not_in(list(exclude)))
+    best = {t: p for t, p in session.execute(select(Job.tenant, func.min(Job.priority)).where(cand).group_by(Job.tenant))}
+    if not best:
+        session.commit()
+        return None
+    running = dict(session.execute(select(Job.tenant, func.count()).where(and_(Job.status == "running", _in_queue(queue)))
+                                   .group_by(Job.tenant)).all())
+    turns = dict(session.execute(select(ClaimTurn.tenant, ClaimTurn.last_claim_at)
+                                 .where(ClaimTurn.queue == (queue or ""))).all())
+    epoch = now.replace(year=1970, month=1, day=1)
+    tenant = min(best, key=lambda t: (best[t], running.get(t, 0), turns.get(t) or epoch, t))
+    job_id = session.scalar(select(Job.id).where(and_(cand, Job.tenant == tenant, Job.priority == best[tenant]))
+                            .order_by(Job.created_at, Job.id).limit(1))
+    session.commit()
+    return job_id
+
+
+def claim_next(session: Session, hint: str, worker: str, *, queue: str | None,
+               stale_after_s: float | None = _jobs.DEFAULT_STALE_AFTER_S) -> str | None:
+    """Claim the job to run for a message naming `hint` (module doc); its id, or None if there is none."""
+    if _jobs.mark_running(session, hint, worker, stale_after_s=stale_after_s, only_stale=True) \
+            or reclaim_own(session, hint, worker):
+        return hint
+    lost: list[str] = []
+    for _ in range(CLAIM_RETRIES):
+        job_id = pick_next(session, queue, hint, exclude=lost)
+        if job_id is None:
+            return None
+        if _jobs.mark_running(session, job_id, worker, stale_after_s=None):
+            _take_turn(session, queue or "", job_id)
+            return job_id
+        lost.append(job_id)  # another worker claimed it between our pick and our claim
+    return None
+
+
+def _take_turn(session: Session, queue: str, job_id: str) -> None:
+    """Record that the job's tenant was served from `queue` now (best effort: fairness, not correctness)."""
+    try:
+        tenant = session.scalar(select(Job.tenant).where(Job.id == job_id))
+        dialect = session.get_bind().dialect.name
+        if dialect == "postgresql":
+            from sqlalchemy.dialects.postgresql import insert
+        else:
+            from sqlalchemy.dialects.sqlite import insert
+        stmt = insert(ClaimTurn).values(queue=queue, tenant=tenant, last_claim_at=utcnow())
+        session.execute(stmt.on_conflict_do_update(index_elements=["queue", "tenant"],
+                                                   set_={"last_claim_at": stmt.excluded.last_claim_at}))
+        session.commit()
+    except Exception:
+        session.rollback()
 
 
 def reclaim_own(session: Session, job_id: str, worker: str) -> bool:
@@ -51,4 +139,4 @@ def job_status(session: Session, job_id: str) -> str | None:
     return status
 
 
-__all__ = ["reclaim_own", "job_status"]
+__all__ = ["claim_next", "pick_next", "reclaim_own", "job_status", "CLAIM_RETRIES"]

@@ -22,6 +22,7 @@ from typing import Any
 from sqlalchemy import and_, false, func, or_, select, update
 from sqlalchemy.orm import Session
 
+from ..contracts import PRIORITY_INTERACTIVE
 from . import stale
 from .db import write_transaction
 from .errors import InputTooLarge
@@ -83,8 +84,17 @@ def create_job(
     custom_id: str | None = None,
     max_attempts: int = 3,
     limit_bytes: int | None = None,
+    kind: str = "job",
+    model: str | None = None,
+    messages: list[dict[str, str]] | None = None,
+    priority: int | None = None,
+    queue: str | None = None,
 ) -> Job:
     """Insert a queued job and its input; return the Job.
+
+    `kind` "chat" stores `messages` (the text is then ""), "completion" a raw prompt as `text`.
+    `priority` defaults to interactive (batch requests: contracts.PRIORITY_BATCH); `queue` is the
+    broker queue it is sent to.
 
     `params` is a RunParams or its dict (stored as given, less its `question`, which job_inputs holds).
     `question` defaults to params' `question`.
@@ -95,6 +105,10 @@ def create_job(
     size = len(text.encode("utf-8"))
     if size > limit:
         raise InputTooLarge(size, limit)
+    if messages is not None:
+        chat_size = sum(len(m.get("content", "").encode("utf-8")) for m in messages)
+        if chat_size > limit:
+            raise InputTooLarge(chat_size, limit)
     if max_attempts < 1:
         raise ValueError("max_attempts must be >= 1")
     p = _params_dict(params)
@@ -106,6 +120,10 @@ def create_job(
         tenant=tenant,
         batch_id=batch_id,
         custom_id=custom_id,
+        kind=kind,
+        model=model,
+        priority=PRIORITY_INTERACTIVE if priority is None else priority,
+        queue=queue,
         status="queued",
         progress_done=0,
         progress_total=0,
@@ -118,7 +136,8 @@ def create_job(
     try:
         session.add(job)
         session.flush()  # the job row first: job_inputs references it
-        session.add(JobInput(job_id=job.id, filename=filename, text=text, question=question, size_bytes=size))
+        session.add(JobInput(job_id=job.id, filename=filename, text=text, question=question, size_bytes=size,
+                             messages=messages))
         session.commit()
     except BaseException:
         session.rollback()
@@ -197,7 +216,8 @@ def _set(session: Session, where: Any, **values: Any) -> int:
 
 
 def mark_running(
-    session: Session, job_id: str, worker: str, *, stale_after_s: float | None = DEFAULT_STALE_AFTER_S
+    session: Session, job_id: str, worker: str, *, stale_after_s: float | None = DEFAULT_STALE_AFTER_S,
+    only_stale: bool = False,
 ) -> bool:
     """Claim the job for `worker`; False if it is not runnable (so the caller must do nothing).
 
@@ -209,6 +229,8 @@ def mark_running(
     """
     now = utcnow()
     runnable = Job.status == "queued"
+    if only_stale:
+        runnable = false()
     if stale_after_s is not None:
         runnable = or_(
             runnable,
@@ -231,6 +253,7 @@ def mark_running(
             progress_phase=None,
             progress_done=0,
             progress_total=0,
+            not_before=None,
         )
         if claimed != 1:
             session.rollback()
@@ -338,8 +361,9 @@ def mark_failed(session: Session, job_id: str, message: str) -> bool:
     return n == 1
 
 
-def requeue(session: Session, job_id: str, message: str | None = None) -> bool:
-    """A running job -> queued for another attempt, keeping `message` as its last error.
+def requeue(session: Session, job_id: str, message: str | None = None, *, delay_s: float = 0.0) -> bool:
+    """A running job -> queued for another attempt, keeping `message` as its last error; other
+    deliveries do not claim it for `delay_s` seconds (its backoff; its own retry message may).
 
     False (nothing changed) when the job is not running, has used all its attempts, or has a
     cancel request; the caller then marks it failed or cancelled.
@@ -360,6 +384,7 @@ def requeue(session: Session, job_id: str, message: str | None = None) -> bool:
             progress_done=0,
             progress_total=0,
             error=_clip(message),
+            not_before=utcnow() + timedelta(seconds=delay_s) if delay_s > 0 else None,
         )
         session.commit()
     except BaseException:

@@ -12,6 +12,7 @@ from typing import Any
 
 from sqlalchemy import (
     JSON,
+    BigInteger,
     Boolean,
     CheckConstraint,
     DateTime,
@@ -19,7 +20,9 @@ from sqlalchemy import (
     ForeignKey,
     Index,
     Integer,
+    LargeBinary,
     MetaData,
+    SmallInteger,
     String,
     Text,
     UniqueConstraint,
@@ -31,7 +34,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.types import TypeDecorator
 
 from .sanitize import clean_errors, clean_metadata, safe_dict
-from ..contracts import BATCH_STATUSES, BATCH_TERMINAL, JOB_STATUSES, JOB_TERMINAL  # noqa: F401  (re-exported)
+from ..contracts import BATCH_STATUSES, BATCH_TERMINAL, JOB_KINDS, JOB_STATUSES, JOB_TERMINAL  # noqa: F401  (re-exported)
 
 #: constraint names are fixed by convention, so migrations (and SQLite batch migrations) can name them
 NAMING_CONVENTION = {
@@ -72,6 +75,11 @@ class UTCDateTime(TypeDecorator):
 
 def _iso(value: datetime | None) -> str | None:
     return value.isoformat().replace("+00:00", "Z") if value is not None else None
+
+
+def unix(value: datetime | None) -> int | None:
+    """Unix seconds (OpenAI's timestamps), or None."""
+    return int(value.timestamp()) if value is not None else None
 
 
 def _in(values: tuple[str, ...]) -> str:
@@ -116,8 +124,18 @@ class Batch(Base):
     cancelling_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     cancelled_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    #: the file its requests came from (OpenAI create: the caller's; native create: stored by specq)
+    input_file_id: Mapped[str | None] = mapped_column(String(40))
+    #: OpenAI-format result lines of the succeeded / the failed and cancelled requests, written when
+    #: the batch finishes (storage.batch_files)
+    output_file_id: Mapped[str | None] = mapped_column(String(40))
+    error_file_id: Mapped[str | None] = mapped_column(String(40))
+    #: its completion window passed while requests were still running: it ends `expired`, not `completed`
+    expire_requested: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
 
     def to_dict(self) -> dict[str, Any]:
+        """The OpenAI Batch object (Unix-second timestamps) plus specq's fields (tenant, input_filename,
+        params)."""
         return {
             "id": self.id,
             "object": "batch",
@@ -125,6 +143,9 @@ class Batch(Base):
             "status": self.status,
             "endpoint": self.endpoint,
             "completion_window": self.completion_window,
+            "input_file_id": self.input_file_id,
+            "output_file_id": self.output_file_id,
+            "error_file_id": self.error_file_id,
             "input_filename": self.input_filename,
             # stored JSON read defensively: rows older code accepted must not break reads (sanitize.py)
             "params": safe_dict(self.params),
@@ -136,7 +157,7 @@ class Batch(Base):
                 "failed": self.request_failed,
             },
             **{
-                name: _iso(getattr(self, name))
+                name: unix(getattr(self, name))
                 for name in (
                     "created_at",
                     "in_progress_at",
@@ -162,10 +183,24 @@ class Job(Base):
         Index(None, "tenant", "created_at"),
         Index(None, "status", "created_at"),
         Index(None, "batch_id", "status"),
+        Index(None, "status", "queue", "priority", "tenant", "created_at"),
+        CheckConstraint(f"kind IN ({_in(JOB_KINDS)})", name="kind"),
     )
 
     id: Mapped[str] = mapped_column(String(40), primary_key=True)
     tenant: Mapped[str] = mapped_column(String(64), default="default", server_default="default")
+    #: job (a document and a question), chat (messages, rendered by the worker's chat template) or
+    #: completion (a raw prompt) — the last two come from the OpenAI routes
+    kind: Mapped[str] = mapped_column(String(16), default="job", server_default="job")
+    #: the model the request named (OpenAI routes), for the response's `model`
+    model: Mapped[str | None] = mapped_column(String(255))
+    #: claim order: 0 interactive (single jobs, chat and completion requests), 1 batch requests
+    priority: Mapped[int] = mapped_column(SmallInteger, default=0, server_default=text("0"))
+    #: the broker queue it was sent to (claims pick among their queue's jobs); NULL: rows from before
+    #: queues were recorded, claimable from any queue
+    queue: Mapped[str | None] = mapped_column(String(64))
+    #: a retried job is not claimed before this (its backoff)
+    not_before: Mapped[datetime | None] = mapped_column(UTCDateTime)
     batch_id: Mapped[str | None] = mapped_column(String(40), ForeignKey("batches.id", ondelete="CASCADE"))
     #: the caller's id for a job inside a batch (unique within the batch)
     custom_id: Mapped[str | None] = mapped_column(String(255))
@@ -192,6 +227,9 @@ class Job(Base):
             "id": self.id,
             "object": "job",
             "tenant": self.tenant,
+            "kind": self.kind,
+            "model": self.model,
+            "priority": self.priority,
             "batch_id": self.batch_id,
             "custom_id": self.custom_id,
             "status": self.status,
@@ -221,6 +259,69 @@ class JobInput(Base):
     question: Mapped[str] = mapped_column(Text, default="", server_default="")
     #: UTF-8 size of `text`
     size_bytes: Mapped[int] = mapped_column(Integer)
+    #: a chat job's messages, [{"role", "content"}, ...] (`text` is then empty)
+    messages: Mapped[list[dict[str, str]] | None] = mapped_column(JSONType)
+
+
+class JobDelta(Base):
+    """Answer text of a running job, published by the worker for event streams on the embedded default
+    (with Redis it goes through pub/sub instead; specq.worker.stream). Deleted when the job ends."""
+
+    __tablename__ = "job_deltas"
+
+    job_id: Mapped[str] = mapped_column(String(40), ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True)
+    attempt: Mapped[int] = mapped_column(Integer, primary_key=True)
+    #: 0, 1, … within the attempt
+    seq: Mapped[int] = mapped_column(Integer, primary_key=True)
+    #: characters of this attempt's answer before `text`
+    offset: Mapped[int] = mapped_column(Integer)
+    text: Mapped[str] = mapped_column(Text)
+    #: the attempt's generation ended (its text is all published)
+    final: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class ClaimTurn(Base):
+    """When a tenant's job was last claimed from a queue: claims go to the tenant served longest ago
+    among those with the fewest running jobs (storage.claims.claim_next)."""
+
+    __tablename__ = "claim_turns"
+
+    queue: Mapped[str] = mapped_column(String(64), primary_key=True)
+    tenant: Mapped[str] = mapped_column(String(64), primary_key=True)
+    last_claim_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+
+class File(Base):
+    """An uploaded file (OpenAI Files API, purpose `batch`) or a batch's output/error file; its bytes are
+    `file_chunks` rows of at most 1 MiB, so neither upload nor download holds one huge value."""
+
+    __tablename__ = "files"
+    __table_args__ = (Index(None, "tenant", "created_at"),)
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    tenant: Mapped[str] = mapped_column(String(64))
+    #: batch (uploads) or batch_output (written by specq)
+    purpose: Mapped[str] = mapped_column(String(32))
+    filename: Mapped[str] = mapped_column(String(255))
+    bytes: Mapped[int] = mapped_column(BigInteger)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    #: the batch an output/error file belongs to (deleted with it)
+    batch_id: Mapped[str | None] = mapped_column(String(40), ForeignKey("batches.id", ondelete="CASCADE"))
+
+    def to_dict(self) -> dict[str, Any]:
+        """The OpenAI File object."""
+        return {"id": self.id, "object": "file", "bytes": int(self.bytes), "created_at": unix(self.created_at),
+                "filename": self.filename, "purpose": self.purpose, "status": "processed", "expires_at": None,
+                "status_details": None}
+
+
+class FileChunk(Base):
+    __tablename__ = "file_chunks"
+
+    file_id: Mapped[str] = mapped_column(String(40), ForeignKey("files.id", ondelete="CASCADE"), primary_key=True)
+    seq: Mapped[int] = mapped_column(Integer, primary_key=True)
+    data: Mapped[bytes] = mapped_column(LargeBinary)
 
 
 class Result(Base):
@@ -285,6 +386,12 @@ __all__ = [
     "JobInput",
     "Result",
     "PhaseTiming",
+    "JobDelta",
+    "ClaimTurn",
+    "File",
+    "FileChunk",
+    "unix",
+    "JOB_KINDS",
     "JOB_STATUSES",
     "JOB_TERMINAL",
     "BATCH_STATUSES",

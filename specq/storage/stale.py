@@ -34,6 +34,8 @@ class StaleJob:
     phase: str | None
     heartbeat_at: datetime | None
     error: str | None
+    #: the broker queue it was sent to (None: rows from before queues were recorded)
+    queue: str | None = None
 
 
 def cutoff(stale_after_s: float) -> datetime:
@@ -59,14 +61,14 @@ def find_stale(session: Session, before: datetime, limit: int = 200) -> list[Sta
     """Running jobs whose last heartbeat is older than `before`, oldest first."""
     rows = session.execute(
         select(Job.id, Job.batch_id, Job.worker, Job.attempts, Job.max_attempts, Job.cancel_requested,
-               Job.progress_phase, Job.heartbeat_at, Job.error)
+               Job.progress_phase, Job.heartbeat_at, Job.error, Job.queue)
         .where(stale_running(before))
         .order_by(_last_sign_of_life())
         .limit(limit)
     ).all()
     session.commit()
     return [StaleJob(r.id, r.batch_id, r.worker, r.attempts, r.max_attempts, bool(r.cancel_requested),
-                     r.progress_phase, r.heartbeat_at, r.error) for r in rows]
+                     r.progress_phase, r.heartbeat_at, r.error, r.queue) for r in rows]
 
 
 def count_stale(session: Session, before: datetime) -> int:

@@ -59,10 +59,11 @@ def create_worker_app(settings: ServiceSettings | None = None, *, queue: str | N
             # the store failed (database down, connection lost): the job's state could not be
             # written, so send the job again later; on redelivery this worker may reclaim it
             delay = settings.backoff(self.request.retries + 1)
-            log.warning("job %s: store error (%s: %s); re-sent in %.1fs", job_id, type(e).__name__, e, delay)
-            raise self.retry(countdown=delay, max_retries=STORE_RETRIES, exc=e)
+            ran = getattr(e, "specq_job_id", job_id)  # claims may have run another job than the message named
+            log.warning("job %s: store error (%s: %s); re-sent in %.1fs", ran, type(e).__name__, e, delay)
+            raise self.retry(args=[ran], countdown=delay, max_retries=STORE_RETRIES, exc=e)
         if outcome.status == "retry":
-            raise self.retry(countdown=outcome.retry_in, max_retries=None)
+            raise self.retry(args=[outcome.job_id or job_id], countdown=outcome.retry_in, max_retries=None)
         return outcome.status
 
     return app

@@ -2,9 +2,12 @@
 
 A job's life in the worker (`WorkerRuntime.execute`):
 
-1. Claim it (`jobs.mark_running`): a job that is not runnable — already succeeded, failed, cancelled,
-   or running elsewhere with a fresh heartbeat — is skipped, so a redelivered message does nothing.
-2. Run the engine. A watcher thread writes progress and a heartbeat every `progress_interval`
+1. Claim a job (`claims.claim_next`): the message's job when it is a redelivery of a job whose worker
+   died or this worker's own interrupted job; otherwise the queue's next job in claim order
+   (interactive before batch, fair between tenants), which may be another one than the message names.
+   When no job is runnable the message does nothing, so a redelivered message is harmless.
+2. Run the engine; the answer's text is published as it is decoded (`stream.DeltaPublisher`) for
+   event streams and the OpenAI routes' `stream=true`. A watcher thread writes progress and a heartbeat every `progress_interval`
    seconds (and at each phase change) and polls the store for a cancel request; the engine's progress
    callback raises `RunCancelled` once one is seen, or `JobTimeLimit` past `time_limit`.
 3. Finish: the result and its phase timings in one transaction (`results.save_result`, idempotent);
@@ -36,6 +39,7 @@ from ..engine.options import RunParams
 from ..settings import ServiceSettings
 from ..storage import claims, db, jobs, results
 from ..storage.retry import retry_transient
+from .stream import DeltaPublisher
 
 log = logging.getLogger("specq.worker")
 
@@ -51,6 +55,8 @@ class Outcome:
     status: str  # succeeded | failed | cancelled | retry | skipped
     message: str = ""
     retry_in: float = 0.0
+    #: the job this delivery ran (claims may pick another than the message names)
+    job_id: str = ""
 
 
 def worker_name() -> str:
@@ -132,6 +138,16 @@ class WorkerRuntime:
         self.current_job: str | None = None
         self.heartbeat = None
         self.reconciler = None
+        self._channel = None
+
+    @property
+    def channel(self):
+        """Where running jobs' text is published (Redis pub/sub or the store: worker.stream)."""
+        if self._channel is None:
+            from .stream import make_channel
+
+            self._channel = make_channel(self.settings)
+        return self._channel
 
     def load(self) -> None:
         """Load the models (and warm them up); call after CUDA_VISIBLE_DEVICES is set and after any fork."""
@@ -162,7 +178,9 @@ class WorkerRuntime:
 
         started = time.time()
         meta = {"host": socket.gethostname(), "pid": os.getpid(), "gpu": self.settings.gpu,
-                "target": str(info.target), "backend": str(info.backend), "started_at": started}
+                "target": str(info.target), "backend": str(info.backend), "started_at": started,
+                "speculator": str(info.speculator or self.settings.speculator or ""),
+                "n_ctx": int(getattr(self.engine, "n_ctx", 0) or 0)}
 
         def state() -> dict[str, Any]:
             return {"name": self.name, "queue": self.queue, "jobs_done": self.jobs_done,
@@ -190,8 +208,8 @@ class WorkerRuntime:
             outcome = self._execute(job_id)
         finally:
             self.current_job = None
-        if outcome.status != "retry":
-            self._advance_batch(job_id)
+        if outcome.status != "retry" and outcome.job_id:
+            self._advance_batch(outcome.job_id)
         return outcome
 
     def _advance_batch(self, job_id: str) -> None:
@@ -213,80 +231,108 @@ class WorkerRuntime:
             self.load()
         s_ = self.settings
         with db.session() as s:
-            if not (jobs.mark_running(s, job_id, worker=self.name, stale_after_s=s_.stale_after)
-                    or claims.reclaim_own(s, job_id, self.name)):
+            claimed = claims.claim_next(s, job_id, self.name, queue=self.queue, stale_after_s=s_.stale_after)
+            if claimed is None:
                 job = jobs.get_job(s, job_id)
                 state = job.status if job is not None else "missing"
-                log.info("job %s: not runnable (%s), skipped", job_id, state)
+                log.info("job %s: not runnable (%s) and no other job queued, skipped", job_id, state)
                 return Outcome("skipped", state)
-            job = jobs.get_job(s, job_id)
-            inp = jobs.get_input(s, job_id)
+            if claimed != job_id:
+                log.info("message of job %s: ran job %s (claim order)", job_id, claimed)
             try:
-                if job is None or inp is None:
-                    raise InputError("job input is missing")
-                params = RunParams.from_dict({**(job.params or {}), "question": inp.question})
-            except InputError as e:
-                jobs.mark_failed(s, job_id, str(e))
-                return Outcome("failed", str(e))
+                outcome = self._run_claimed(s, claimed)
+            except Exception as e:  # a store error: the task re-sends the job that ran, not the message's
+                e.specq_job_id = claimed  # type: ignore[attr-defined]
+                raise
+            outcome.job_id = claimed
+            return outcome
 
-            t0 = time.monotonic()
-            watcher = _Watcher(job_id, s_.progress_interval, t0 + s_.time_limit, s_.time_limit)
-            watcher.start()
+    def _run_claimed(self, s, job_id: str) -> Outcome:
+        s_ = self.settings
+        job = jobs.get_job(s, job_id)
+        inp = jobs.get_input(s, job_id)
+        try:
+            if job is None or inp is None:
+                raise InputError("job input is missing")
+            params = RunParams.from_dict({**(job.params or {}), "question": inp.question})
+            source = engine_input(job.kind, inp)
+        except InputError as e:
+            jobs.mark_failed(s, job_id, str(e))
+            return Outcome("failed", str(e))
+
+        t0 = time.monotonic()
+        watcher = _Watcher(job_id, s_.progress_interval, t0 + s_.time_limit, s_.time_limit)
+        watcher.start()
+        publisher = DeltaPublisher(self.channel, job_id, job.attempts)
+        try:
             try:
-                result = self.engine.run(inp.text, params, progress=watcher.progress)
-            except JobTimeLimit as e:
-                watcher.stop()
-                return self._fail(s, job_id, str(e))
-            except RunCancelled:
-                watcher.stop()
-                self._store(s, f"job {job_id}: marking it cancelled", lambda: jobs.mark_cancelled(s, job_id, "cancelled while running"))
-                log.info("job %s: cancelled", job_id)
-                return Outcome("cancelled")
-            except (InputError, ModelError) as e:
-                watcher.stop()
-                return self._fail(s, job_id, str(e))
-            except Exception as e:  # DecodeError, a lost connection: worth another try; see failure_kind
-                watcher.stop()
-                kind = failure_kind(e)
-                if kind == "deterministic":  # the same input fails the same way: retrying only wastes time
-                    return self._fail(s, job_id, f"internal error: {_describe(e)}")
-                if kind == "oom":
-                    message = f"{OOM_PREFIX}: {_describe(e)}"
-                    if (job.error or "").startswith(OOM_PREFIX):  # the previous attempt ran out of memory too
-                        return self._fail(s, job_id, f"{message} (twice): the job needs more memory than this "
-                                                     "worker has; lower max_tokens, window or the document size, or "
-                                                     "run it on a bigger worker")
-                    return self._retry_or_fail(s, job, message)
-                return self._retry_or_fail(s, job, f"{_describe(e)}")
+                result = self.engine.run(inp.text, params, progress=watcher.progress, on_text=publisher.feed,
+                                         **source)
+            finally:
+                publisher.finish()
+        except JobTimeLimit as e:
             watcher.stop()
-            ms = (time.monotonic() - t0) * 1000.0
-            try:
-                saved = self._store(s, f"job {job_id}: saving the result", lambda: results.save_result(s, job_id, result))
-            except Exception as e:  # not a lost connection, or still lost after store_retry_for: nothing was kept
-                return self._retry_or_fail(s, job, f"saving the result failed: {_describe(e)}")
-            self.jobs_done += 1
-            if not saved:
-                log.info("job %s: finished but not saved (cancelled meanwhile, or saved before)", job_id)
-                return Outcome("skipped", "not saved")
-            log.info("job %s: succeeded in %.0f ms (queue wait %.0f ms)", job_id, ms, job.queue_wait_ms or 0.0)
-            self._housekeeping()
-            return Outcome("succeeded")
+            return self._fail(s, job_id, str(e))
+        except RunCancelled:
+            watcher.stop()
+            self._store(s, f"job {job_id}: marking it cancelled", lambda: jobs.mark_cancelled(s, job_id, "cancelled while running"))
+            log.info("job %s: cancelled", job_id)
+            self._clear_stream(job_id)
+            return Outcome("cancelled")
+        except (InputError, ModelError) as e:
+            watcher.stop()
+            return self._fail(s, job_id, str(e))
+        except Exception as e:  # DecodeError, a lost connection: worth another try; see failure_kind
+            watcher.stop()
+            kind = failure_kind(e)
+            if kind == "deterministic":  # the same input fails the same way: retrying only wastes time
+                return self._fail(s, job_id, f"internal error: {_describe(e)}")
+            if kind == "oom":
+                message = f"{OOM_PREFIX}: {_describe(e)}"
+                if (job.error or "").startswith(OOM_PREFIX):  # the previous attempt ran out of memory too
+                    return self._fail(s, job_id, f"{message} (twice): the job needs more memory than this "
+                                                 "worker has; lower max_tokens, window or the document size, or "
+                                                 "run it on a bigger worker")
+                return self._retry_or_fail(s, job, message)
+            return self._retry_or_fail(s, job, f"{_describe(e)}")
+        watcher.stop()
+        ms = (time.monotonic() - t0) * 1000.0
+        try:
+            saved = self._store(s, f"job {job_id}: saving the result", lambda: results.save_result(s, job_id, result))
+        except Exception as e:  # not a lost connection, or still lost after store_retry_for: nothing was kept
+            return self._retry_or_fail(s, job, f"saving the result failed: {_describe(e)}")
+        self.jobs_done += 1
+        self._clear_stream(job_id)
+        if not saved:
+            log.info("job %s: finished but not saved (cancelled meanwhile, or saved before)", job_id)
+            return Outcome("skipped", "not saved")
+        log.info("job %s: succeeded in %.0f ms (queue wait %.0f ms)", job_id, ms, job.queue_wait_ms or 0.0)
+        self._housekeeping()
+        return Outcome("succeeded")
 
     def _store(self, s, what: str, write: Callable[[], Any]) -> Any:
         """A store write after the job ran, repeated through a database restart (storage.retry)."""
         return retry_transient(s, write, what=what, give_up_after=self.settings.store_retry_for)
 
+    def _clear_stream(self, job_id: str) -> None:
+        """The job ended: its published text is no longer needed (the store holds the result)."""
+        try:
+            self.channel.clear(job_id)
+        except Exception as e:  # best effort: rows of ended jobs are only clutter
+            log.warning("job %s: could not clear its stream: %s", job_id, e)
+
     def _fail(self, s, job_id: str, message: str) -> Outcome:
         self._store(s, f"job {job_id}: marking it failed", lambda: jobs.mark_failed(s, job_id, message))
         log.info("job %s: failed: %s", job_id, message)
+        self._clear_stream(job_id)
         self._housekeeping()
         return Outcome("failed", message)
 
     def _retry_or_fail(self, s, job, message: str) -> Outcome:
         job_id = job.id
         attempt = job.attempts  # this attempt's number (mark_running counted it)
-        if self._store(s, f"job {job_id}: requeueing it", lambda: jobs.requeue(s, job_id, message)):
-            delay = self.settings.backoff(attempt, jitter=random.uniform(-1, 1))
+        delay = self.settings.backoff(attempt, jitter=random.uniform(-1, 1))
+        if self._store(s, f"job {job_id}: requeueing it", lambda: jobs.requeue(s, job_id, message, delay_s=delay)):
             log.warning("job %s: attempt %d failed (%s); retrying in %.1fs", job_id, attempt, message, delay)
             return Outcome("retry", message, retry_in=delay)
         if jobs.is_cancel_requested(s, job_id):
@@ -330,6 +376,19 @@ def _describe(e: BaseException) -> str:
     if isinstance(e, EngineError):
         return text or type(e).__name__
     return f"{type(e).__name__}: {text}" if text else type(e).__name__
+
+
+def engine_input(kind: str, inp) -> dict[str, Any]:
+    """Engine.run's keyword arguments for a job of `kind`: a chat's messages, a raw prompt, or none (a
+    native job, or a chat request that gave specq.document)."""
+    if kind == "chat" and inp.messages is not None:  # without messages: an explicit document + question
+        messages = inp.messages
+        if not isinstance(messages, list) or not messages:
+            raise InputError("the chat job has no messages")
+        return {"messages": [(str(m.get("role", "user")), str(m.get("content", ""))) for m in messages]}
+    if kind == "completion":
+        return {"raw": True}
+    return {}
 
 
 ProgressFn = Callable[[str, int, int], None]

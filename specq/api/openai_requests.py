@@ -1,0 +1,242 @@
+"""OpenAI requests as specq jobs: validation errors as OpenAI words them, unsupported fields refused,
+the rest mapped to a job (`JobSpec`).
+
+Mapped: `temperature`, `top_p` (0 = greedy), `max_tokens` / `max_completion_tokens`, `seed`, `stop`;
+`developer` messages are system messages; text content parts are joined. Accepted and ignored:
+neutral values (`n: 1`, zero penalties, `logprobs: false`, `top_logprobs: 0`, empty `logit_bias`,
+`tools: []`, `tool_choice: "none"`/`"auto"` without tools, `response_format: {"type": "text"}`,
+`modalities: ["text"]`) and informational fields (`user`, `store`, `metadata`, `service_tier`,
+`stream_options`, `parallel_tool_calls`, `reasoning_effort`, `verbosity`, `safety_identifier`,
+`prompt_cache_*`, `moderation`). Anything else that would change the output is a 400 naming the field.
+Requests run in mode `specprefill` unless `specq.mode` says otherwise (prompts shorter than
+`min_tokens`, 1,024 tokens by default, run baseline anyway).
+`specq` (the SDK's `extra_body={"specq": {...}}`) holds RunParams fields and an explicit split:
+`document` (+ `question`, default the last user message); with it the messages may be system
+messages and one user message.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from ..contracts import InputError
+from ..engine.options import RunParams
+from .errors import ApiError
+from . import openai_schemas as O
+
+#: the OpenAI error type of a bad request
+INVALID = "invalid_request_error"
+#: RunParams an OpenAI request gets unless its `specq` options say otherwise
+OPENAI_DEFAULTS = {"mode": "specprefill"}
+
+
+def bad(message: str, param: str | None, code: str | None = None) -> ApiError:
+    return ApiError(400, message, INVALID, param=param, code=code)
+
+
+@dataclass
+class JobSpec:
+    """A job to store for an OpenAI request."""
+
+    kind: str  # chat | completion
+    model: str
+    #: the raw prompt (completion), the document (chat with specq.document), else ""
+    text: str = ""
+    messages: list[dict[str, str]] | None = None
+    #: RunParams keys (the question included)
+    params: dict[str, Any] = field(default_factory=dict)
+    stream: bool = False
+    include_usage: bool = False
+
+
+def parse(model: type[BaseModel], raw: bytes, what: str = "request body") -> Any:
+    """The request validated by `model`; a 400 naming the field otherwise (as OpenAI answers)."""
+    try:
+        return model.model_validate_json(raw)
+    except ValidationError as e:
+        errors = e.errors(include_url=False, include_input=False)
+        first = errors[0] if errors else {}
+        loc = ".".join(str(x) for x in first.get("loc", ()))
+        kind = first.get("type", "")
+        if kind == "json_invalid":
+            raise bad(f"{what} is not valid JSON: {first.get('msg', '')}", None) from None
+        if kind == "model_type" and not loc:
+            raise bad(f"{what} must be a JSON object", None) from None
+        if kind == "extra_forbidden":
+            raise bad(f"Unrecognized request argument supplied: {loc}", loc) from None
+        if kind == "missing":
+            raise bad(f"Missing required parameter: '{loc}'.", loc) from None
+        raise bad(f"Invalid value for '{loc}': {str(first.get('msg', 'invalid')).removeprefix('Value error, ')}",
+                  loc or None) from None
+
+
+def _unsupported(param: str, what: str) -> ApiError:
+    return bad(f"{param} is not supported by specq ({what})", param, "unsupported_parameter")
+
+
+def _check_common(req: O.ChatCompletionRequest | O.CompletionRequest) -> None:
+    if req.n not in (None, 1):
+        raise _unsupported("n", "one choice per request; send n requests")
+    for name in ("presence_penalty", "frequency_penalty"):
+        if getattr(req, name) not in (None, 0, 0.0):
+            raise _unsupported(name, "no repetition penalties")
+    if req.logit_bias:
+        raise _unsupported("logit_bias", "no logit biases")
+
+
+def _check_chat(req: O.ChatCompletionRequest) -> None:
+    _check_common(req)
+    if req.logprobs:
+        raise _unsupported("logprobs", "no log probabilities")
+    if req.top_logprobs:
+        raise _unsupported("top_logprobs", "no log probabilities")
+    if req.tools:
+        raise _unsupported("tools", "no tool calls")
+    if req.functions:
+        raise _unsupported("functions", "no function calls")
+    if req.tool_choice not in (None, "none", "auto"):
+        raise _unsupported("tool_choice", "no tool calls")
+    if req.function_call not in (None, "none", "auto"):
+        raise _unsupported("function_call", "no function calls")
+    fmt = req.response_format
+    if fmt is not None and not (isinstance(fmt, dict) and fmt.get("type") == "text" and len(fmt) == 1):
+        raise _unsupported("response_format", "text only")
+    if req.modalities not in (None, ["text"]):
+        raise _unsupported("modalities", "text only")
+    for name in ("audio", "prediction", "web_search_options"):
+        if getattr(req, name) is not None:
+            raise _unsupported(name, "not available")
+
+
+def _text(msg: O.ChatMessage, i: int) -> str:
+    content = msg.content
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    parts = []
+    for j, part in enumerate(content):
+        if part.type != "text" or part.text is None:
+            raise _unsupported(f"messages[{i}].content[{j}].type", f"text content only, not {part.type!r}")
+        parts.append(part.text)
+    return "".join(parts)
+
+
+def _messages(req: O.ChatCompletionRequest) -> list[dict[str, str]]:
+    out = []
+    for i, msg in enumerate(req.messages):
+        if msg.role in ("tool", "function"):
+            raise _unsupported(f"messages[{i}].role", f"no tool calls, so no {msg.role} messages")
+        if msg.tool_calls or msg.function_call is not None:
+            raise _unsupported(f"messages[{i}].tool_calls", "no tool calls")
+        if msg.audio is not None:
+            raise _unsupported(f"messages[{i}].audio", "text only")
+        out.append({"role": "system" if msg.role == "developer" else msg.role, "content": _text(msg, i)})
+    return out
+
+
+def _params(req, max_tokens: int | None) -> dict[str, Any]:
+    """RunParams keys: specq's defaults for OpenAI requests (mode specprefill: a long prompt is scored;
+    prompts under min_tokens run baseline anyway), then specq's options, then the OpenAI fields set."""
+    params: dict[str, Any] = dict(OPENAI_DEFAULTS)
+    if req.specq is not None:
+        params.update({k: v for k, v in req.specq.model_dump(exclude_unset=True).items()
+                       if k not in ("document", "question")})
+    if req.temperature is not None:
+        params["temperature"] = float(req.temperature)
+    if req.top_p is not None:
+        if req.top_p == 0:
+            params["temperature"] = 0.0  # only the most likely token: greedy
+        else:
+            params["top_p"] = float(req.top_p)
+    if max_tokens is not None:
+        params["max_tokens"] = max_tokens
+    if req.seed is not None:
+        params["seed"] = req.seed
+    if req.stop is not None:
+        params["stop"] = [req.stop] if isinstance(req.stop, str) else list(req.stop)
+    return params
+
+
+def check_params(params: dict[str, Any]) -> RunParams:
+    """The job's RunParams; a 400 naming the field the engine refuses."""
+    try:
+        return RunParams.from_dict(params)
+    except InputError as e:
+        message = str(e)
+        name = next((n for n in sorted(params, key=len, reverse=True) if message.startswith(n)
+                     or f"parameter {n} " in message), None)
+        raise bad(message, {"max_tokens": "max_tokens"}.get(name or "", name)) from None
+
+
+def _storable(spec: JobSpec) -> JobSpec:
+    """400 for text the job store cannot hold (a NUL; a lone surrogate escape)."""
+    from .schemas import storable
+
+    texts = [("prompt" if spec.kind == "completion" else "specq.document", spec.text)]
+    texts += [(f"messages[{i}].content", m["content"]) for i, m in enumerate(spec.messages or [])]
+    texts += [(k, v) for k, v in spec.params.items() if isinstance(v, str)]
+    texts += [("stop", v) for v in spec.params.get("stop") or []]
+    for name, value in texts:
+        try:
+            storable(value)
+        except ValueError as e:
+            raise bad(f"{name} {e}", name) from None
+    return spec
+
+
+def chat_spec(req: O.ChatCompletionRequest) -> JobSpec:
+    _check_chat(req)
+    messages = _messages(req)
+    params = _params(req, req.max_completion_tokens or req.max_tokens)
+    spec = JobSpec(kind="chat", model=req.model, stream=bool(req.stream),
+                   include_usage=bool(req.stream_options and req.stream_options.include_usage))
+    document = req.specq.document if req.specq is not None else None
+    if document is not None:
+        others = [m for m in messages if m["role"] != "system"]
+        if len(others) > 1 or any(m["role"] != "user" for m in others):
+            raise bad("with specq.document, messages may hold only system messages and one user message",
+                      "messages")
+        question = req.specq.question if req.specq.question is not None else (others[0]["content"] if others else "")
+        system = "\n\n".join(m["content"] for m in messages if m["role"] == "system")
+        params.update(question=question, system=system)
+        spec.text = document
+    else:
+        if not any(m["role"] == "user" for m in messages):
+            raise bad("messages must hold at least one user message", "messages")
+        spec.messages = messages
+    check_params(params)
+    spec.params = params
+    return _storable(spec)
+
+
+def completion_spec(req: O.CompletionRequest) -> JobSpec:
+    _check_common(req)
+    if req.echo:
+        raise _unsupported("echo", "the answer only")
+    if req.suffix:
+        raise _unsupported("suffix", "no insertion")
+    if req.best_of not in (None, 1):
+        raise _unsupported("best_of", "one choice per request")
+    if req.logprobs:
+        raise _unsupported("logprobs", "no log probabilities")
+    prompt = req.prompt
+    if isinstance(prompt, list):
+        if len(prompt) != 1 or not isinstance(prompt[0], str):
+            raise _unsupported("prompt", "one prompt as a string per request (no token ids, no lists of prompts)")
+        prompt = prompt[0]
+    if not prompt.strip():
+        raise bad("prompt must not be empty", "prompt")
+    params = _params(req, req.max_tokens)
+    if req.specq is not None and (req.specq.document is not None or req.specq.question is not None):
+        raise bad("specq.document and specq.question are for chat requests; a completion's prompt is the prompt",
+                  "specq")
+    check_params(params)
+    return _storable(JobSpec(kind="completion", model=req.model, text=prompt, params=params, stream=bool(req.stream),
+                             include_usage=bool(req.stream_options and req.stream_options.include_usage)))
+
+
+__all__ = ["JobSpec", "parse", "chat_spec", "completion_spec", "check_params", "bad", "INVALID"]

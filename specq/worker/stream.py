@@ -1,0 +1,155 @@
+"""The worker's side of event streams: a running job's answer text, published as it is decoded.
+
+`DeltaPublisher` is fed the text that became final (the engine's `on_text`, already in whole UTF-8
+characters with stop strings held back: specq.engine.textstream) and publishes it at most once every
+`interval` (~50 ms) per job, from a thread of its own, so the engine never waits on Redis or the
+store. `finish()` publishes what is left with `final` set. Where it goes (`make_channel`):
+
+* Redis broker — `RedisChannel`: the attempt's text so far under `specq:job:<id>:text` (and its
+  attempt number under `…:attempt`), APPENDed in the same MULTI as the PUBLISH of the delta on
+  `specq:job:<id>:events`, so a subscriber that subscribes first and then reads the text misses
+  nothing and can drop what it has twice (specq.streams.follow);
+* embedded default — `StoreChannel`: rows of `job_deltas` (specq.storage.deltas), polled by the API.
+
+The serving loop calls the same publisher per job: `DeltaPublisher(channel, job_id, attempt)`,
+`feed(text)` per decoded text, `finish()` when the generation ends (or `close()` on failure).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from typing import Protocol
+
+from ..settings import ServiceSettings
+
+log = logging.getLogger("specq.worker")
+
+#: seconds between two publishes of one job (the coalescing interval)
+PUBLISH_INTERVAL = 0.05
+#: Redis keys of a job's stream live this long after its last publish
+REDIS_TTL_S = 3600
+
+
+def redis_keys(job_id: str) -> tuple[str, str, str]:
+    """(channel, text key, attempt key) of a job's stream on Redis."""
+    base = f"specq:job:{job_id}"
+    return f"{base}:events", f"{base}:text", f"{base}:attempt"
+
+
+class Channel(Protocol):
+    def publish(self, job_id: str, attempt: int, seq: int, offset: int, text: str, final: bool) -> None: ...
+
+    def clear(self, job_id: str) -> None: ...
+
+
+class RedisChannel:
+    def __init__(self, url: str) -> None:
+        import redis
+
+        self.redis = redis.Redis.from_url(url, socket_connect_timeout=3, socket_timeout=5)
+
+    def publish(self, job_id: str, attempt: int, seq: int, offset: int, text: str, final: bool) -> None:
+        channel, text_key, attempt_key = redis_keys(job_id)
+        message = json.dumps({"attempt": attempt, "seq": seq, "offset": offset, "text": text, "final": final},
+                             ensure_ascii=False)
+        pipe = self.redis.pipeline(transaction=True)
+        if seq == 0:
+            pipe.set(text_key, "")
+            pipe.set(attempt_key, attempt)
+        pipe.append(text_key, text.encode("utf-8"))
+        pipe.publish(channel, message)
+        pipe.expire(text_key, REDIS_TTL_S)
+        pipe.expire(attempt_key, REDIS_TTL_S)
+        pipe.execute()
+
+    def clear(self, job_id: str) -> None:
+        pass  # the keys expire; a late subscriber still finds the text
+
+
+class StoreChannel:
+    def publish(self, job_id: str, attempt: int, seq: int, offset: int, text: str, final: bool) -> None:
+        from ..storage import db, deltas
+
+        with db.session() as s:
+            deltas.append(s, job_id, attempt, seq, offset, text, final)
+
+    def clear(self, job_id: str) -> None:
+        from ..storage import db, deltas
+
+        with db.session() as s:
+            deltas.clear(s, job_id)
+
+
+def make_channel(settings: ServiceSettings) -> Channel:
+    """Redis pub/sub when the broker is Redis, the job store otherwise."""
+    url = settings.resolved_broker_url
+    if not settings.embedded_broker and url.startswith(("redis://", "rediss://", "unix://")):
+        return RedisChannel(url)
+    return StoreChannel()
+
+
+class DeltaPublisher:
+    """One attempt of one job: `feed` text, `finish` at the end (module doc)."""
+
+    def __init__(self, channel: Channel, job_id: str, attempt: int, interval: float = PUBLISH_INTERVAL) -> None:
+        self.channel, self.job_id, self.attempt, self.interval = channel, job_id, attempt, interval
+        self._pending = ""
+        self._offset = 0  # characters published so far
+        self._seq = 0
+        self._last = 0.0
+        self._final = False
+        self._failed = False
+        self._cond = threading.Condition()
+        self._thread = threading.Thread(target=self._run, name=f"specq-stream-{job_id}", daemon=True)
+        self._thread.start()
+
+    def feed(self, text: str) -> None:
+        if not text:
+            return
+        with self._cond:
+            self._pending += text
+            self._cond.notify()
+
+    def finish(self, timeout: float = 10.0) -> None:
+        """Publish what is pending with `final` set, and stop the thread."""
+        with self._cond:
+            self._final = True
+            self._cond.notify()
+        self._thread.join(timeout)
+
+    close = finish
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._pending and not self._final:
+                    self._cond.wait()
+                due = self._last + self.interval
+                while not self._final and time.monotonic() < due:  # coalesce: more text may come meanwhile
+                    self._cond.wait(due - time.monotonic())
+                text, final = self._pending, self._final
+                self._pending = ""
+            if text or final:
+                self._publish(text, final)
+            if final:
+                return
+
+    def _publish(self, text: str, final: bool) -> None:
+        if self._failed:
+            return
+        try:
+            self.channel.publish(self.job_id, self.attempt, self._seq, self._offset, text, final)
+        except Exception as e:  # streams are best effort: the stored result is the record
+            self._failed = True
+            log.warning("job %s: publishing its text failed (%s: %s); streams get the text at the end",
+                        self.job_id, type(e).__name__, e)
+            return
+        self._seq += 1
+        self._offset += len(text)
+        self._last = time.monotonic()
+
+
+__all__ = ["DeltaPublisher", "RedisChannel", "StoreChannel", "make_channel", "redis_keys", "PUBLISH_INTERVAL"]

@@ -1,0 +1,342 @@
+"""The OpenAI surface driven by the real `openai` SDK against a live API + worker (tiny random-weight
+models on the CPU, keys on): on the embedded default (SQLite + the SQLAlchemy broker: text streams
+through `job_deltas`) and on Redis + PostgreSQL (text streams through Redis pub/sub).
+
+The tiny models' answers are byte soup (a random-weight model over a byte vocabulary): they hold
+multi-byte characters, U+FFFD for bytes that form none, and tokens of several bytes — what the
+stream's whole-character and stop-string logic must get right. Greedy decoding (temperature 0) makes
+each answer repeatable, so a stop string can be cut from one answer and asked for in the next.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from datetime import datetime
+
+import httpx
+import pytest
+
+from service_helpers import Stack, base_env, free_port, pg_database, redis_pg_env, require_servers, running
+
+openai = pytest.importorskip("openai")
+
+#: a document of several thousand tokens (the tiny vocabulary is about one token per byte) with
+#: multi-byte characters, and its question as the last paragraph
+DOC = "".join(f"Zeile {i}: Grüße aus Köln — 東京 {i * 7} ✓.\n" for i in range(60))
+QUESTION = "Welche Stadt kommt vor?"
+
+
+@pytest.fixture(scope="module", params=["embedded", pytest.param("redis_pg", marks=pytest.mark.services)])
+def stack(request, tiny_models, tmp_path_factory):
+    home = tmp_path_factory.mktemp(f"openai_{request.param}")
+    port = free_port()
+    extra = dict(SPECQ_API_PORT=str(port), SPECQ_AUTH="keys")
+
+    def serve(env):
+        st = Stack(env=env, port=port, logdir=home)
+        st.cli("db", "upgrade", check=True)
+        from specq.storage import db, keys
+
+        with db.session(st.database_url) as s:
+            st.keys = {t: keys.create_key(s, t)[1] for t in ("team-a", "team-b", "pager")}
+        db.dispose_engines()
+        services = [("up", "up")] if request.param == "embedded" else [("api", "api"), ("worker", "worker")]
+        return st, running(st, *services)
+
+    def ready(st):  # the worker's heartbeat is there (GET /v1/models lists what it serves)
+        deadline = time.monotonic() + 120
+        while httpx.get(f"{st.url}/readyz", timeout=5).json().get("workers_ready", 0) < 1:
+            assert time.monotonic() < deadline, st.log("up") + st.log("worker")
+            time.sleep(0.2)
+        return st
+
+    if request.param == "embedded":
+        st, ctx = serve(base_env(home, tiny_models, **extra))
+        with ctx:
+            yield ready(st)
+        return
+    require_servers()
+    with pg_database() as pg_url:
+        st, ctx = serve(base_env(home, tiny_models, **extra, **redis_pg_env(pg_url, "specq-openai")))
+        with ctx:
+            yield ready(st)
+
+
+def sdk(stack, tenant: str = "team-a"):
+    return openai.OpenAI(base_url=f"{stack.url}/v1", api_key=stack.keys[tenant], max_retries=0, timeout=300)
+
+
+def rest(stack, tenant: str = "team-a") -> httpx.Client:
+    return httpx.Client(base_url=stack.url, headers={"Authorization": f"Bearer {stack.keys[tenant]}"}, timeout=60)
+
+
+def job(stack, job_id: str, tenant: str = "team-a") -> dict:
+    with rest(stack, tenant) as c:
+        return c.get(f"/v1/jobs/{job_id}").json()
+
+
+def ts(iso: str) -> float:
+    return datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp()
+
+
+def wait_batch(client, batch_id: str, timeout: float = 240):
+    deadline = time.monotonic() + timeout
+    while True:
+        b = client.batches.retrieve(batch_id)
+        if b.status in ("completed", "failed", "expired", "cancelled"):
+            return b
+        assert time.monotonic() < deadline, f"batch {batch_id} still {b.status}"
+        time.sleep(0.3)
+
+
+def batch_file(client, n: int, prefix: str = "r", max_tokens: int = 4, bad: bool = False) -> str:
+    lines = [{"custom_id": f"{prefix}{i}", "method": "POST", "url": "/v1/chat/completions",
+              "body": {"model": "target", "max_tokens": max_tokens,
+                       "messages": [{"role": "user", "content": f"Frage {i}: was ist π?"}]}} for i in range(n)]
+    if bad:
+        lines.append({"custom_id": "bad", "method": "POST", "url": "/v1/chat/completions", "body": {"model": "nope", "messages": [{"role": "user", "content": "x"}]}})
+    data = "\n".join(json.dumps(x, ensure_ascii=False) for x in lines).encode()
+    return client.files.create(file=("requests.jsonl", data), purpose="batch").id
+
+
+def test_models_list(stack):
+    models = sdk(stack).models.list().data
+    assert [m.id for m in models] == ["target"]
+    m = models[0].model_dump()
+    assert m["object"] == "model" and m["speculator"] == "speculator" and m["context"] == 4096
+    assert m["backend"] == "cpu" and m["workers"] == 1
+
+
+def test_chat_streams_before_the_job_ends_and_deltas_join_to_the_answer(stack):
+    client = sdk(stack)
+    messages = [{"role": "system", "content": "Antworte kurz."}, {"role": "user", "content": DOC + "\n\n" + QUESTION}]
+    whole = client.chat.completions.create(model="target", messages=messages, max_tokens=48, temperature=0)
+    answer = whole.choices[0].message.content
+    assert whole.object == "chat.completion" and whole.usage.completion_tokens == 48
+    assert any(ord(ch) > 127 for ch in answer), answer  # multi-byte characters (and U+FFFD) in the answer
+    # a stop string straddling tokens: two characters from the middle of the answer
+    cut = next(i for i in range(8, len(answer) - 2) if len(answer[i:i + 2].encode()) >= 2 and answer[i:i + 2].strip())
+    stop = answer[cut:cut + 2]
+    expected = answer[: answer.index(stop)]
+
+    arrivals, parts = [], []
+    stream = client.chat.completions.create(model="target", messages=messages, max_tokens=48, temperature=0,
+                                            stop=[stop], stream=True, stream_options={"include_usage": True})
+    chunks = []
+    for chunk in stream:
+        chunks.append(chunk)
+        if chunk.choices and chunk.choices[0].delta.content:
+            arrivals.append(time.time())
+            parts.append(chunk.choices[0].delta.content)
+    job_id = chunks[0].model_extra["specq"]["job_id"]
+    finished = ts(job(stack, job_id)["finished_at"])
+    assert "".join(parts) == expected, (parts, expected)
+    final = [c for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert len(final) == 1 and final[0].choices[0].finish_reason == "stop"
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens >= 2  # the usage chunk, last
+    assert all(c.usage is None for c in chunks[:-1])
+    stored = job(stack, job_id)
+    assert stored["kind"] == "chat" and stored["result"]["text"] == expected
+    assert stored["result"]["finish_reason"] == "stop"
+    # streamed, not buffered: text arrived while the job was still decoding
+    if len(expected) > 4:
+        assert arrivals[0] < finished, (arrivals[0], finished)
+
+
+def test_a_single_user_message_with_a_long_document_is_scored(stack):
+    r = sdk(stack).chat.completions.create(model="target", max_tokens=4,
+                                           messages=[{"role": "user", "content": DOC + "\n\n" + QUESTION}])
+    extra = r.model_extra["specq"]
+    assert extra["mode"] == "specprefill" and 0 < extra["kept_tokens"] < r.usage.prompt_tokens
+    assert {"score", "select", "sparse_prefill", "decode"} <= set(extra["timings_ms"])
+
+
+def test_extra_body_options_reach_the_engine(stack):
+    r = sdk(stack).chat.completions.create(
+        model="target", max_tokens=6, messages=[{"role": "user", "content": QUESTION}],
+        extra_body={"specq": {"document": DOC, "keep": 0.5, "draft": "ngram", "min_tokens": 0, "chunk": 16}})
+    stored = job(stack, r.model_extra["specq"]["job_id"])
+    assert stored["params"]["keep"] == 0.5 and stored["params"]["chunk"] == 16
+    assert stored["input"]["question"] == QUESTION  # the explicit split: the user message is the question
+    result = stored["result"]
+    assert result["spec"]["mode"] == "specprefill" and result["spec"]["keep"] == 0.5
+    assert result["draft"]["method"] == "ngram"
+    assert result["usage"]["kept_tokens"] < result["usage"]["prompt_tokens"]
+
+
+def test_completions_of_a_raw_prompt(stack):
+    client = sdk(stack)
+    r = client.completions.create(model="target", prompt="<|im_start|>user\nHallo<|im_end|>\n", max_tokens=5)
+    assert r.object == "text_completion" and r.usage.completion_tokens == 5
+    parts = [c.choices[0].text for c in client.completions.create(model="target", prompt="<|im_start|>user\nHallo",
+                                                                  max_tokens=5, stream=True) if c.choices]
+    assert len("".join(parts)) > 0
+
+
+def test_errors_are_the_sdks_typed_exceptions(stack):
+    client = sdk(stack)
+    msg = [{"role": "user", "content": "x"}]
+    with pytest.raises(openai.NotFoundError) as e:
+        client.chat.completions.create(model="gpt-4o", messages=msg)
+    assert e.value.code == "model_not_found"
+    for kwargs, param in [({"n": 2}, "n"), ({"logprobs": True}, "logprobs"), ({"logit_bias": {"1": 5}}, "logit_bias"),
+                          ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+                          ({"response_format": {"type": "json_object"}}, "response_format"),
+                          ({"presence_penalty": 1.0}, "presence_penalty"), ({"max_tokens": 10**6}, "max_tokens")]:
+        with pytest.raises(openai.BadRequestError) as e:
+            client.chat.completions.create(model="target", messages=msg, **kwargs)
+        assert e.value.param == param, (kwargs, e.value.body)
+    # neutral values and informational fields are accepted
+    r = client.chat.completions.create(model="target", messages=msg, max_tokens=2, n=1, logprobs=False,
+                                       presence_penalty=0, frequency_penalty=0, user="u1", store=False,
+                                       metadata={"a": "b"}, response_format={"type": "text"})
+    assert r.choices[0].finish_reason in ("stop", "length")
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model="target", messages=msg, extra_body={"temprature": 1})
+    assert "temprature" in str(e.value)
+    with pytest.raises(openai.NotFoundError):
+        client.batches.retrieve("batch_0123456789abcdef01234567")
+    with pytest.raises(openai.NotFoundError):
+        client.files.retrieve("file-0123456789abcdef01234567")
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=f"{stack.url}/v1", api_key="sk-specq-wrong", max_retries=0).models.list()
+
+
+def test_files_then_batch_then_output_file(stack):
+    client = sdk(stack)
+    fid = batch_file(client, 3)
+    f = client.files.retrieve(fid)
+    assert f.purpose == "batch" and f.filename == "requests.jsonl" and f.bytes > 0
+    assert fid in [x.id for x in client.files.list()]
+    with pytest.raises(openai.NotFoundError):  # another tenant's file is as good as missing
+        sdk(stack, "team-b").files.retrieve(fid)
+    b = client.batches.create(input_file_id=fid, endpoint="/v1/chat/completions", completion_window="24h",
+                              metadata={"run": "one"})
+    assert b.status == "in_progress" and b.expires_at - b.created_at == 86400 and b.input_file_id == fid
+    done = wait_batch(client, b.id)
+    assert done.status == "completed" and done.request_counts.completed == 3 and done.error_file_id is None
+    assert done.created_at <= done.in_progress_at <= done.finalizing_at <= done.completed_at
+    lines = [json.loads(x) for x in client.files.content(done.output_file_id).text.splitlines()]
+    assert [x["custom_id"] for x in lines] == ["r0", "r1", "r2"]
+    for x in lines:
+        body = x["response"]["body"]
+        assert x["response"]["status_code"] == 200 and x["error"] is None
+        assert body["object"] == "chat.completion" and body["usage"]["completion_tokens"] <= 4
+        assert body["specq"]["job_id"] == x["response"]["request_id"]
+    client.files.delete(fid)
+    with pytest.raises(openai.NotFoundError):
+        client.files.retrieve(fid)
+
+
+def test_a_bad_line_fails_the_batch_naming_it(stack):
+    client = sdk(stack)
+    b = client.batches.create(input_file_id=batch_file(client, 2, bad=True), endpoint="/v1/chat/completions",
+                              completion_window="24h")
+    assert b.status == "failed" and b.errors.data[0].line == 3 and b.errors.data[0].code == "model_not_found"
+
+
+def test_chat_behind_a_big_batch_starts_at_the_next_free_slot_and_cancel(stack):
+    client = sdk(stack)
+    b = client.batches.create(input_file_id=batch_file(client, 50, "big", max_tokens=6),
+                              endpoint="/v1/chat/completions", completion_window="24h")
+    with rest(stack) as c:
+        deadline = time.monotonic() + 120
+        while not c.get("/v1/jobs", params={"status": "running"}).json()["data"]:
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+    r = client.chat.completions.create(model="target", messages=[{"role": "user", "content": "schnell"}], max_tokens=2)
+    chat = job(stack, r.model_extra["specq"]["job_id"])
+    with rest(stack) as c:
+        batch_jobs = c.get("/v1/jobs", params={"limit": 500}).json()["data"]
+    started = [ts(j["started_at"]) for j in batch_jobs if j["batch_id"] == b.id and j["started_at"]]
+    # no batch request was claimed between the chat's arrival and its start: it took the next free slot
+    between = [t for t in started if ts(chat["created_at"]) < t < ts(chat["started_at"])]
+    assert between == [], (chat, between)
+    assert chat["priority"] == 0 and all(j["priority"] == 1 for j in batch_jobs if j["batch_id"] == b.id)
+
+    cancelled = client.batches.cancel(b.id)
+    assert cancelled.status in ("cancelling", "cancelled")
+    done = wait_batch(client, b.id)
+    assert done.status == "cancelled" and done.cancelled_at >= done.cancelling_at
+    counts = done.request_counts
+    assert counts.total == 50 and counts.completed + counts.failed == 50 and counts.failed > 0
+    errors = [json.loads(x) for x in client.files.content(done.error_file_id).text.splitlines()]
+    assert len(errors) == counts.failed and all(e["error"]["code"] in ("cancelled", "job_failed") for e in errors)
+    if counts.completed:
+        out = client.files.content(done.output_file_id).text.splitlines()
+        assert len(out) == counts.completed
+
+
+def test_a_batch_expires_after_its_completion_window(stack):
+    client = sdk(stack)
+    b = client.batches.create(input_file_id=batch_file(client, 12, "late", max_tokens=32),
+                              endpoint="/v1/chat/completions", completion_window="2s")
+    assert b.expires_at - b.created_at == 2
+    done = wait_batch(client, b.id)
+    assert done.status == "expired" and done.expired_at >= b.expires_at and done.completed_at is None
+    counts = done.request_counts
+    assert counts.completed + counts.failed == 12 and counts.failed >= 1
+    errors = [json.loads(x) for x in client.files.content(done.error_file_id).text.splitlines()]
+    assert len(errors) == counts.failed
+    assert any("completion window" in e["error"]["message"] for e in errors)
+
+
+def test_auto_pagination_over_25_batches_yields_each_once(stack):
+    client = sdk(stack, "pager")
+    fid = batch_file(client, 1, bad=True)  # each batch fails validation at once: no job runs
+    made = {client.batches.create(input_file_id=fid, endpoint="/v1/chat/completions", completion_window="24h").id
+            for _ in range(25)}
+    seen = [b.id for b in client.batches.list(limit=4)]
+    assert len(seen) == 25 and set(seen) == made
+    page = client.batches.list(limit=10)
+    assert page.has_more and len(page.data) == 10
+
+
+def test_tenants_take_turns(stack):
+    """Tenant A's batch is queued first; tenant B's smaller batch, queued after it, is not starved: the
+    worker alternates between them (fewest running, then served longest ago)."""
+    a, b = sdk(stack, "team-a"), sdk(stack, "team-b")
+    ba = a.batches.create(input_file_id=batch_file(a, 12, "a", max_tokens=2), endpoint="/v1/chat/completions",
+                          completion_window="24h")
+    bb = b.batches.create(input_file_id=batch_file(b, 4, "b", max_tokens=2), endpoint="/v1/chat/completions",
+                          completion_window="24h")
+    wait_batch(a, ba.id), wait_batch(b, bb.id)
+    starts = []
+    for tenant, batch_id in (("team-a", ba.id), ("team-b", bb.id)):
+        with rest(stack, tenant) as c:
+            starts += [(ts(j["started_at"]), tenant) for j in c.get("/v1/jobs", params={"limit": 500}).json()["data"]
+                       if j["batch_id"] == batch_id]
+    order = [t for _, t in sorted(starts)]
+    assert order.count("team-b") == 4
+    last_b = max(i for i, t in enumerate(order) if t == "team-b")
+    assert last_b < len(order) - 4, order  # B's last request started well before A's batch ended
+
+
+def test_native_job_events_and_submit_wait_print_the_answer(stack, tmp_path):
+    with rest(stack) as c:
+        job_id = c.post("/v1/jobs", json={"text": DOC, "question": QUESTION, "params": {"max_tokens": 24}}).json()["id"]
+        events = []
+        with c.stream("GET", f"/v1/jobs/{job_id}/events") as r:
+            assert r.headers["content-type"].startswith("text/event-stream")
+            name = None
+            for line in r.iter_lines():
+                if line.startswith("event:"):
+                    name = line[6:].strip()
+                elif line.startswith("data:"):
+                    events.append((name, json.loads(line[5:])))
+        names = [n for n, _ in events]
+        assert names[0] == "status" and names[-1] == "done" and "delta" in names and "phase" in names
+        text = "".join(d["text"] for n, d in events if n == "delta")
+        stored = c.get(f"/v1/jobs/{job_id}").json()
+        assert text == stored["result"]["text"] and events[-1][1]["status"] == "succeeded"
+        assert c.get("/v1/jobs/job_0123456789abcdef01234567/events").status_code == 404
+    doc = tmp_path / "doc.txt"
+    doc.write_text(DOC)
+    env_key = dict(stack.env, SPECQ_API_KEY=stack.keys["team-a"])
+    old, stack.env = stack.env, env_key
+    try:
+        r = stack.cli("submit", str(doc), "-q", QUESTION, "--max-tokens", "12", "--wait", check=True)
+    finally:
+        stack.env = old
+    assert "phases" in r.stdout and "decode" in r.stdout
