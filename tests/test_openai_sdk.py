@@ -269,14 +269,18 @@ def test_chat_behind_a_big_batch_starts_at_the_next_free_slot_and_cancel(stack):
 
 
 def test_a_batch_expires_after_its_completion_window(stack):
+    """120 requests of 32 tokens each take one worker far longer than the 2 s window (about 0.15 s a job
+    with the tiny models on an idle machine, so ~18 s), so the window ends with most of them unfinished
+    whatever the machine's speed; 12 once finished inside 2 s on an idle CI machine."""
+    n = 120
     client = sdk(stack)
-    b = client.batches.create(input_file_id=batch_file(client, 12, "late", max_tokens=32),
+    b = client.batches.create(input_file_id=batch_file(client, n, "late", max_tokens=32),
                               endpoint="/v1/chat/completions", completion_window="2s")
     assert b.expires_at - b.created_at == 2
     done = wait_batch(client, b.id)
     assert done.status == "expired" and done.expired_at >= b.expires_at and done.completed_at is None
     counts = done.request_counts
-    assert counts.completed + counts.failed == 12 and counts.failed >= 1
+    assert counts.completed + counts.failed == n and counts.failed >= n // 2
     errors = [json.loads(x) for x in client.files.content(done.error_file_id).text.splitlines()]
     assert len(errors) == counts.failed
     assert any("completion window" in e["error"]["message"] for e in errors)
