@@ -118,11 +118,11 @@ def run_bench(
     """Run every job with every method (greedy), `repeat` times each; the median decode time counts.
     `provenance`, when given, is filled with the run's provenance (positions, warnings, numerics)."""
     from ..engine.pipeline import Engine
-    from .provenance import load_now
+    from .provenance import Start
     from .provenance import provenance as collect
 
     jobs = list(jobs or default_jobs())
-    load_before = load_now()
+    start = Start()
     engine = Engine(opts)
     rows: list[Row] = []
     positions: list[str] = []
@@ -166,7 +166,7 @@ def run_bench(
                 if on_row:
                     on_row(row)
         if provenance is not None:
-            provenance.update(collect(engine, positions=positions, warnings=warnings, load_before=load_before,
+            provenance.update(collect(engine, positions=positions, warnings=warnings, start=start,
                                       settings={"methods": list(methods), "max_tokens": max_tokens, "n_draft": n_draft,
                                                 "draft_min": draft_min, "p_min": p_min, "ngram": ngram,
                                                 "repeat": repeat, "mode": mode}))

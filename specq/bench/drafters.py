@@ -163,9 +163,9 @@ def run_drafters_bench(
         raise ValueError(f"unknown method(s) {', '.join(unknown)} (known: {', '.join(METHODS)})")
     if clock not in CLOCKS:
         raise ValueError(f"clock must be one of {', '.join(CLOCKS)}")
-    from .provenance import load_now, provenance
+    from .provenance import Start, provenance
 
-    load_before = load_now()
+    start = Start()
     engine = Engine(opts)
     if clock == "thread" and (engine.info.backend != "cpu" or opts.resolved_threads() != 1):
         engine.close()
@@ -227,7 +227,7 @@ def run_drafters_bench(
                 say(f"{method:7} rate {rate:4.2f}: {row['tok_s']:8.2f} tok/s  {row['ratio']:5.2f}x  "
                     f"(predicted {row['predicted_ratio']:5.2f}x, accepted {row['accept_rate']:.3f}, "
                     f"same {'yes' if row['same_as_none'] else 'NO'})")
-        prov = provenance(engine, positions=["original"], load_before=load_before,
+        prov = provenance(engine, positions=["original"], start=start,
                           warnings=[f"acceptance forced at rates {list(rates)}: drafts replaced by the target's greedy "
                                     "continuation (bench/forced.py); the costs are real"])
         return {

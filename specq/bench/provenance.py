@@ -194,17 +194,28 @@ def load_now() -> tuple[float, float, float] | None:
         return None
 
 
+class Start:
+    """What a benchmark notes when it starts: the load average and the code (the tree may change while
+    a long run goes on; the report must name the code that was loaded)."""
+
+    def __init__(self) -> None:
+        self.load = load_now()
+        self.code = code_state()
+
+
 def _unique(items: Iterable[str]) -> list[str]:
     return list(dict.fromkeys(str(x) for x in items))
 
 
 def provenance(engine: Any = None, *, positions: Iterable[str] = (), warnings: Iterable[str] = (),
-               load_before: tuple[float, float, float] | None = None, numerics_by_mode: dict[str, Any] | None = None,
+               start: Start | None = None, numerics_by_mode: dict[str, Any] | None = None,
                **extra: Any) -> dict[str, Any]:
-    """The `provenance` object of a benchmark report (module doc). `numerics_by_mode`: for a report
-    that ran several engines (batch-invariant on and off), each one's `numerics(engine)`."""
+    """The `provenance` object of a benchmark report (module doc). `start`: noted when the benchmark
+    started (its code state and load average; without it, both are taken now). `numerics_by_mode`: for
+    a report that ran several engines (batch-invariant on and off), each one's `numerics(engine)`."""
+    load_before = start.load if start is not None else None
     out: dict[str, Any] = {
-        "code": code_state(),
+        "code": start.code if start is not None else code_state(),
         "library": library_state(engine),
         "numerics": numerics_by_mode if numerics_by_mode is not None else numerics(engine),
         "positions": _unique(positions),
@@ -217,4 +228,4 @@ def provenance(engine: Any = None, *, positions: Iterable[str] = (), warnings: I
     return out
 
 
-__all__ = ["provenance", "code_state", "library_state", "numerics", "numerics_of", "host", "load_now"]
+__all__ = ["Start", "provenance", "code_state", "library_state", "numerics", "numerics_of", "host", "load_now"]

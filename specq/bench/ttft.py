@@ -106,7 +106,7 @@ def run_ttft_bench(
 ) -> dict[str, Any]:
     """Run the side-by-side benchmark on one engine (one numerics mode); returns the JSON-able report
     (`on_report` gets it after every length, so a long run that dies still leaves what it measured)."""
-    load_before = _load()
+    start = _start()
     results: list[LengthResult] = []
     runs: list[dict[str, Any]] = []
     for n in lengths:
@@ -145,14 +145,14 @@ def run_ttft_bench(
                 f"{lr.spec_ttft_ms[-1]:.0f} ms (" + ", ".join(f"{k} {v:.0f}" for k, v in ph.items()) + ")")
         results.append(lr)
         if on_report:
-            on_report(_report(engine, results, runs, keep, scorer, lookahead, window, reps, load_before))
-    return _report(engine, results, runs, keep, scorer, lookahead, window, reps, load_before)
+            on_report(_report(engine, results, runs, keep, scorer, lookahead, window, reps, start))
+    return _report(engine, results, runs, keep, scorer, lookahead, window, reps, start)
 
 
-def _load():
-    from .provenance import load_now
+def _start():
+    from .provenance import Start
 
-    return load_now()
+    return Start()
 
 
 def same_numerics(runs: list[dict[str, Any]]) -> bool:
@@ -161,11 +161,11 @@ def same_numerics(runs: list[dict[str, Any]]) -> bool:
 
 
 def _report(engine, results: list[LengthResult], runs: list[dict[str, Any]], keep: float, scorer: str, lookahead: int,
-            window: int, reps: int, load_before=None) -> dict[str, Any]:
+            window: int, reps: int, start=None) -> dict[str, Any]:
     from .provenance import provenance
 
     prov = provenance(engine, positions=[r["positions"] for r in runs if r["mode"] == "specprefill"],
-                      warnings=[w for r in runs for w in r["warnings"]], load_before=load_before)
+                      warnings=[w for r in runs for w in r["warnings"]], start=start)
     return {
         "benchmark": "ttft",
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
@@ -204,7 +204,7 @@ def run_ttft_modes(
 
     from .provenance import numerics
 
-    load_before = _load()
+    start = _start()
     per_mode: dict[str, dict[str, Any]] = {}
     numerics_by_mode: dict[str, Any] = {}
     for mode in modes:
@@ -217,12 +217,12 @@ def run_ttft_modes(
             engine.close()
         per_mode[mode] = rep
         if on_report:
-            on_report(_combine(per_mode, numerics_by_mode, default_mode or modes[0], load_before))
-    return _combine(per_mode, numerics_by_mode, default_mode or modes[0], load_before)
+            on_report(_combine(per_mode, numerics_by_mode, default_mode or modes[0], start))
+    return _combine(per_mode, numerics_by_mode, default_mode or modes[0], start)
 
 
 def _combine(per_mode: dict[str, dict[str, Any]], numerics_by_mode: dict[str, Any], default_mode: str,
-             load_before) -> dict[str, Any]:
+             start) -> dict[str, Any]:
     first = next(iter(per_mode.values()))
     rows = []
     for i, row in enumerate(first["rows"]):
@@ -252,7 +252,7 @@ def _combine(per_mode: dict[str, dict[str, Any]], numerics_by_mode: dict[str, An
         })
     from .provenance import provenance
 
-    prov = provenance(None, numerics_by_mode=numerics_by_mode, load_before=load_before,
+    prov = provenance(None, numerics_by_mode=numerics_by_mode, start=start,
                       positions=[p for rep in per_mode.values() for p in rep["provenance"]["positions"]],
                       warnings=[w for rep in per_mode.values() for w in rep["provenance"]["warnings"]])
     prov["library"] = first["provenance"]["library"]  # probed with an engine loaded
