@@ -313,3 +313,26 @@ def test_a_run_that_ends_after_a_takeover_saves_nothing(engine, store, tmp_path)
     with db.session() as s:  # the job's stream is B's now: A, fenced, did not clear it
         deltas.append(s, job_id, 2, 0, 0, "B", token=eng.token_b)
         assert [d.text for d in deltas.read_after(s, job_id, attempt=1, seq=10**9)] == ["B"]
+
+
+def test_redis_stream_refuses_an_older_attempt_once_a_newer_one_publishes():
+    from service_helpers import REDIS_URL, redis_reachable
+
+    from specq.worker.stream import RedisChannel, redis_keys
+
+    why = redis_reachable()
+    if why:
+        pytest.skip(why)
+    ch = RedisChannel(REDIS_URL)
+    job_id = "job_fence_" + __import__("secrets").token_hex(6)
+    _, text_key, attempt_key = redis_keys(job_id)
+    try:
+        ch.publish(job_id, 1, 0, 0, "A1 ", False, token="a")
+        ch.publish(job_id, 1, 1, 3, "A2 ", False, token="a")  # before any newer attempt: still written
+        ch.publish(job_id, 2, 0, 0, "B1 ", False, token="b")  # the new attempt resets the text
+        with pytest.raises(Fenced):
+            ch.publish(job_id, 1, 2, 6, "A3 ", False, token="a")
+        ch.publish(job_id, 2, 1, 3, "B2", True, token="b")
+        assert ch.redis.get(text_key) == b"B1 B2" and ch.redis.get(attempt_key) == b"2"
+    finally:
+        ch.redis.delete(text_key, attempt_key)
