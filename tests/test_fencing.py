@@ -295,8 +295,8 @@ def test_a_worker_whose_claim_was_taken_over_stops_and_writes_nothing(engine, st
     out = rt.execute(job_id)
     assert out.status == "fenced" and out.job_id == job_id and "no longer current" in out.message
     assert isinstance(eng.raised, Fenced)  # the engine's own run ended by the progress callback
-    # it stopped within a few heartbeat intervals, not after 200 decode steps of 20 ms
-    assert eng.ended_at - eng.taken_at < 1.5 and eng.calls_after < 60, (eng.ended_at - eng.taken_at, eng.calls_after)
+    # it stopped within a few heartbeat intervals (50 ms), not after up to 200 decode steps of 20 ms
+    assert eng.ended_at - eng.taken_at < 3.0 and eng.calls_after < 100, (eng.ended_at - eng.taken_at, eng.calls_after)
     _b_owns_it(job_id, eng.token_b)
     assert rt.jobs_done == 0
 
