@@ -126,15 +126,6 @@ class Client:
         files = {"file": (filename, data, "application/octet-stream")}
         return self.request("POST", "/v1/jobs", data=form, files=files, expect=_JOB)
 
-    def submit_text(self, text: str, question: str | None = None, params: dict[str, Any] | None = None,
-                    filename: str | None = None) -> dict:
-        body: dict[str, Any] = {"text": text, "params": params or {}}
-        if question is not None:
-            body["question"] = question
-        if filename is not None:
-            body["filename"] = filename
-        return self.request("POST", "/v1/jobs", json=body, expect=_JOB)
-
     def job(self, job_id: str) -> dict:
         return self.request("GET", f"/v1/jobs/{path_id(job_id)}", expect=_JOB)
 

@@ -54,7 +54,17 @@ class RunCancelled(EngineError):
     """Raised by a progress callback to stop a run at the next phase or window boundary."""
 
 
+class Fenced(RunCancelled):
+    """A job write matched no row: the job is no longer (job id, this attempt's token, running).
+
+    The reconciler requeued or failed the job, or another worker claimed it since this worker's claim
+    (each claim and each reconciler transition changes `jobs.attempt_token`). The storage functions a
+    worker writes with raise it; the worker then stops its run at once and writes nothing more about
+    the job (docs/reliability.md, "A job runs on one worker at a time"). A RunCancelled, so a progress
+    callback that raises it ends the engine's run like a cancel."""
+
+
 __all__ = [
     "CORE_PHASES", "SCORE_PHASES", "JOB_KINDS", "PRIORITY_INTERACTIVE", "PRIORITY_BATCH", "JOB_STATUSES", "JOB_TERMINAL", "BATCH_STATUSES", "BATCH_TERMINAL",
-    "EngineError", "InputError", "ModelError", "DecodeError", "RunCancelled",
+    "EngineError", "InputError", "ModelError", "DecodeError", "RunCancelled", "Fenced",
 ]

@@ -311,9 +311,9 @@ def test_warnings_round_trip_through_the_store_on_postgresql():
         db.upgrade(url)
         with db.session(url) as s:
             job = jobs.create_job(s, text="x", params={})
-            assert jobs.mark_running(s, job.id, "w:1")
+            tok = jobs.mark_running(s, job.id, "w:1")
             r = RunResult(text="hi", warnings=["specprefill fell back to baseline: prompt too short"])
-            assert results.save_result(s, job.id, r)
+            assert results.save_result(s, job.id, r, token=tok)
             got = results.get_result(s, job.id)
             assert got == r.to_dict() and got["warnings"] == r.warnings
             assert results.get_results(s, [job.id]) == {job.id: got}

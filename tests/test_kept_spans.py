@@ -116,8 +116,8 @@ def test_selection_is_stored_with_the_result_and_left_out_of_batch_exports(store
     sel = selection_record(pieces.__getitem__, text, list(range(5)), 1, [1, 2, 5], [], np.arange(5.0), 2)
     with db.session() as s:
         job = jobs.create_job(s, text=text, params={})
-        assert jobs.mark_running(s, job.id, "w:1")
-        assert results.save_result(s, job.id, RunResult(text="hi", selection=sel))
+        tok = jobs.mark_running(s, job.id, "w:1")
+        assert results.save_result(s, job.id, RunResult(text="hi", selection=sel), token=tok)
         assert results.get_result(s, job.id)["selection"] == sel
         assert "selection" not in results.get_results(s, [job.id])[job.id]
         assert results.get_results(s, [job.id], detail=True)[job.id]["selection"] == sel

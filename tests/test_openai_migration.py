@@ -52,8 +52,8 @@ def test_0004_upgrades_a_store_with_data(url):
         assert isinstance(d["created_at"], int) and d["output_file_id"] is None
         assert jobs.get_input(s, "job_alone").messages is None
         # rows from before queues were recorded are claimed from any queue, interactive first
-        assert claims.claim_next(s, "job_inbatch", "w:1", queue="specq") == "job_alone"
-        assert claims.claim_next(s, "job_inbatch", "w:1", queue="other") == "job_inbatch"
+        assert claims.claim_next(s, "job_inbatch", "w:1", queue="specq").job_id == "job_alone"
+        assert claims.claim_next(s, "job_inbatch", "w:1", queue="other").job_id == "job_inbatch"
 
     cfg = db.alembic_config(url)
     with db.get_engine(url).begin() as conn:

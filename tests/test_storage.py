@@ -13,6 +13,7 @@ import pytest
 from sqlalchemy import event, inspect, select, text, update
 from sqlalchemy.exc import IntegrityError
 
+from specq.contracts import Fenced
 from specq.engine.result import RunResult
 from specq.storage import batches, db, jobs, results, stats
 from specq.storage.errors import InputTooLarge
@@ -154,19 +155,20 @@ def test_lifecycle_create_claim_progress_save(s):
     inp = jobs.get_input(s, job.id)
     assert inp.question == "q?" and inp.size_bytes == 400 and inp.filename == "a.txt"
 
-    assert jobs.mark_running(s, job.id, "host:1") is True
+    tok = jobs.mark_running(s, job.id, "host:1")
+    assert isinstance(tok, str) and len(tok) == 16
     j = jobs.get_job(s, job.id)
-    assert j.status == "running" and j.attempts == 1 and j.worker == "host:1"
+    assert j.status == "running" and j.attempts == 1 and j.worker == "host:1" and j.attempt_token == tok
     assert j.started_at.tzinfo == timezone.utc and j.queue_wait_ms is not None and j.queue_wait_ms >= 0
-    assert jobs.mark_running(s, job.id, "host:2") is False  # already claimed (fresh heartbeat)
+    assert jobs.mark_running(s, job.id, "host:2") is None  # already claimed (fresh heartbeat)
 
-    assert jobs.update_progress(s, job.id, "score", 3, 10) is True
+    assert jobs.update_progress(s, job.id, "score", 3, 10, token=tok) is True
     j = jobs.get_job(s, job.id)
     assert (j.progress_phase, j.progress_done, j.progress_total) == ("score", 3, 10)
     assert j.heartbeat_at >= j.started_at
 
     d = _result(tokenize=1.5, score=20.0, decode=100.25, custom_phase=7.0)
-    assert results.save_result(s, job.id, d) is True
+    assert results.save_result(s, job.id, d, token=tok) is True
     j = jobs.get_job(s, job.id)
     assert j.status == "succeeded" and j.finished_at is not None and j.error is None
     timings = dict(s.execute(select(PhaseTiming.phase, PhaseTiming.ms).where(PhaseTiming.job_id == job.id)).all())
@@ -176,21 +178,27 @@ def test_lifecycle_create_claim_progress_save(s):
     assert got == d  # round trip in RunResult.to_dict() shape
     assert list(got["timings_ms"])[:7] == ["tokenize", "score", "select", "sparse_prefill", "ttft", "decode", "total"]
 
-    # idempotent: a second save (redelivered task) does nothing
-    assert results.save_result(s, job.id, _result(decode=1.0)) is False
+    # idempotent: this attempt's second save (a write repeated after a lost acknowledgement) does
+    # nothing; any other attempt's is refused
+    assert results.save_result(s, job.id, _result(decode=1.0), token=tok) is False
+    with pytest.raises(Fenced):
+        results.save_result(s, job.id, _result(decode=1.0), token="0" * 16)
     assert s.scalar(select(Result.job_id).where(Result.job_id == job.id)) == job.id
     n = s.execute(select(Result).where(Result.job_id == job.id)).all()
     assert len(n) == 1 and results.get_result(s, job.id)["timings_ms"]["decode"] == 100.25
     # a succeeded job is never claimed again, failed or requeued
-    assert jobs.mark_running(s, job.id, "host:3", stale_after_s=0) is False
+    assert jobs.mark_running(s, job.id, "host:3", stale_after_s=0) is None
     assert jobs.mark_failed(s, job.id, "late") is False
-    assert jobs.requeue(s, job.id) is False
+    with pytest.raises(Fenced):
+        jobs.mark_failed(s, job.id, "late", token=tok)
+    with pytest.raises(Fenced):
+        jobs.requeue(s, job.id, token=tok)
     assert jobs.get_job(s, job.id).status == "succeeded"
 
 
 def test_save_result_is_one_transaction(s, url):
     job = jobs.create_job(s, text="doc")
-    assert jobs.mark_running(s, job.id, "w")
+    tok = jobs.mark_running(s, job.id, "w")
     engine = db.get_engine(url)
 
     def boom(conn, cursor, statement, params, context, executemany):
@@ -200,59 +208,66 @@ def test_save_result_is_one_transaction(s, url):
     event.listen(engine, "before_cursor_execute", boom)
     try:
         with pytest.raises(RuntimeError):
-            results.save_result(s, job.id, _result())
+            results.save_result(s, job.id, _result(), token=tok)
     finally:
         event.remove(engine, "before_cursor_execute", boom)
     # nothing of it stayed: no result row, job still running, no timings
     assert results.get_result(s, job.id) is None
     assert results.get_timings(s, job.id) == {}
     assert jobs.get_job(s, job.id).status == "running"
-    assert results.save_result(s, job.id, _result()) is True
+    assert results.save_result(s, job.id, _result(), token=tok) is True
 
 
 def test_save_result_race_loses_cleanly(url, s):
     """Two sessions save the same job: exactly one wins, one result row."""
     job = jobs.create_job(s, text="doc")
-    jobs.mark_running(s, job.id, "w")
+    tok = jobs.mark_running(s, job.id, "w")
     with db.session(url) as other:
-        assert results.save_result(other, job.id, _result(decode=1.0)) is True
-    assert results.save_result(s, job.id, _result(decode=2.0)) is False
+        assert results.save_result(other, job.id, _result(decode=1.0), token=tok) is True
+    assert results.save_result(s, job.id, _result(decode=2.0), token=tok) is False
     assert s.execute(select(text("count(*)")).select_from(Result)).scalar() == 1
     s.commit()
 
 
 def test_claim_only_runnable_and_redelivery(s):
     job = jobs.create_job(s, text="doc", max_attempts=2)
-    assert jobs.mark_running(s, "job_missing", "w") is False
-    assert jobs.mark_running(s, job.id, "w1")
+    assert jobs.mark_running(s, "job_missing", "w") is None
+    t1 = jobs.mark_running(s, job.id, "w1")
+    assert t1
     first_wait = jobs.get_job(s, job.id).queue_wait_ms
     # the worker died: an old heartbeat lets a redelivered task claim it again
     s.execute(update(Job).where(Job.id == job.id).values(heartbeat_at=utcnow() - timedelta(hours=1)))
     s.commit()
-    assert jobs.mark_running(s, job.id, "w2", stale_after_s=None) is False
-    assert jobs.mark_running(s, job.id, "w2") is True
+    assert jobs.mark_running(s, job.id, "w2", stale_after_s=None) is None
+    t2 = jobs.mark_running(s, job.id, "w2")
+    assert t2 and t2 != t1
     j = jobs.get_job(s, job.id)
     assert j.attempts == 2 and j.worker == "w2" and j.queue_wait_ms == first_wait
+    with pytest.raises(Fenced):  # the first claim's holder is fenced from now on
+        jobs.heartbeat(s, job.id, token=t1)
     # attempts used up: neither a stale re-claim nor a requeue
     s.execute(update(Job).where(Job.id == job.id).values(heartbeat_at=utcnow() - timedelta(hours=1)))
     s.commit()
-    assert jobs.mark_running(s, job.id, "w3") is False
-    assert jobs.requeue(s, job.id, "boom") is False
-    assert jobs.mark_failed(s, job.id, "boom " * 2000) is True
+    assert jobs.mark_running(s, job.id, "w3") is None
+    assert jobs.requeue(s, job.id, "boom", token=t2) is False
+    assert jobs.mark_failed(s, job.id, "boom " * 2000, token=t2) is True
     j = jobs.get_job(s, job.id)
     assert j.status == "failed" and len(j.error) <= jobs.MAX_ERROR_CHARS and j.finished_at is not None
-    assert jobs.mark_running(s, job.id, "w4") is False
+    assert jobs.mark_failed(s, job.id, "again", token=t2) is False  # repeated: already done
+    assert jobs.mark_running(s, job.id, "w4") is None
 
 
 def test_requeue_for_retry(s):
     job = jobs.create_job(s, text="doc", max_attempts=3)
-    assert jobs.mark_running(s, job.id, "w")
-    jobs.update_progress(s, job.id, "decode", 5, 9)
-    assert jobs.requeue(s, job.id, "DecodeError: -3") is True
+    tok = jobs.mark_running(s, job.id, "w")
+    jobs.update_progress(s, job.id, "decode", 5, 9, token=tok)
+    assert jobs.requeue(s, job.id, "DecodeError: -3", token=tok) is True
     j = jobs.get_job(s, job.id)
     assert j.status == "queued" and j.attempts == 1 and j.progress_phase is None and j.worker is None
     assert j.error == "DecodeError: -3"
-    assert jobs.update_progress(s, job.id, "decode", 1, 1) is False  # not running
+    assert jobs.requeue(s, job.id, "DecodeError: -3", token=tok) is True  # repeated: already done
+    with pytest.raises(Fenced):  # not running
+        jobs.update_progress(s, job.id, "decode", 1, 1, token=tok)
     assert jobs.mark_running(s, job.id, "w") and jobs.get_job(s, job.id).attempts == 2
 
 
@@ -261,17 +276,18 @@ def test_cancel_queued_and_running(s):
     j = jobs.request_cancel(s, queued.id)
     assert j.status == "cancelled" and j.finished_at is not None
     assert jobs.is_cancel_requested(s, queued.id) is True
-    assert jobs.mark_running(s, queued.id, "w") is False
-    assert results.save_result(s, queued.id, _result()) is False
+    assert jobs.mark_running(s, queued.id, "w") is None
+    with pytest.raises(Fenced):
+        results.save_result(s, queued.id, _result(), token="0" * 16)
 
     running = jobs.create_job(s, text="doc")
-    assert jobs.mark_running(s, running.id, "w")
+    tok = jobs.mark_running(s, running.id, "w")
     assert jobs.is_cancel_requested(s, running.id) is False
     j = jobs.request_cancel(s, running.id)
     assert j.status == "running" and j.cancel_requested is True
     assert jobs.is_cancel_requested(s, running.id) is True
-    assert jobs.requeue(s, running.id) is False  # a cancelled job is not retried
-    assert jobs.mark_cancelled(s, running.id) is True
+    assert jobs.requeue(s, running.id, token=tok) is False  # a cancelled job is not retried
+    assert jobs.mark_cancelled(s, running.id, token=tok) is True
     assert jobs.get_job(s, running.id).status == "cancelled"
 
     assert jobs.request_cancel(s, "job_nope") is None
@@ -315,15 +331,15 @@ def test_batches_and_phase_stats(s):
     for i, v in enumerate(values):
         job = jobs.create_job(s, text=f"doc {i}", tenant="acme", batch_id=b.id, custom_id=f"req-{i}")
         ids.append(job.id)
-        assert jobs.mark_running(s, job.id, "w")
-        assert results.save_result(s, job.id, _result(decode=v, score=1.0))
+        tok = jobs.mark_running(s, job.id, "w")
+        assert results.save_result(s, job.id, _result(decode=v, score=1.0), token=tok)
     with pytest.raises(IntegrityError):
         jobs.create_job(s, text="dup", tenant="acme", batch_id=b.id, custom_id="req-0")
     with pytest.raises(IntegrityError):
         jobs.create_job(s, text="orphan", batch_id="batch_missing")
     other = jobs.create_job(s, text="other", tenant="acme")
-    jobs.mark_running(s, other.id, "w")
-    results.save_result(s, other.id, _result(decode=1_000_000.0))
+    tok = jobs.mark_running(s, other.id, "w")
+    results.save_result(s, other.id, _result(decode=1_000_000.0), token=tok)
 
     st = stats.phase_stats(s, batch_id=b.id)
     assert st["decode"]["count"] == 10
@@ -367,9 +383,10 @@ def test_concurrent_claims_each_job_once(url, s):
         try:
             with db.session(url) as ws:
                 for job_id in ids:
-                    if jobs.mark_running(ws, job_id, name):
-                        jobs.update_progress(ws, job_id, "decode", 1, 1)
-                        assert results.save_result(ws, job_id, _result(decode=1.0))
+                    tok = jobs.mark_running(ws, job_id, name)
+                    if tok:
+                        jobs.update_progress(ws, job_id, "decode", 1, 1, token=tok)
+                        assert results.save_result(ws, job_id, _result(decode=1.0), token=tok)
                         wins.append((job_id, name))
         except BaseException as e:  # noqa: BLE001 - reported below
             errors.append(e)

@@ -106,8 +106,9 @@ def test_delta_publisher_coalesces_into_the_store(store_url):
 
     with db.session() as s:
         job_id = jobs.create_job(s, text="x", params={}).id
+        token = jobs.mark_running(s, job_id, "w:1")
     interval = 0.2
-    pub = DeltaPublisher(StoreChannel(), job_id, attempt=1, interval=interval)
+    pub = DeltaPublisher(StoreChannel(), job_id, attempt=1, interval=interval, token=token)
     t0 = time.monotonic()
     for ch in "abcdefghij":  # ten pieces, 5 ms apart (longer on a loaded machine)
         pub.feed(ch)
@@ -133,9 +134,10 @@ def test_claims_interactive_first_then_tenants_take_turns(store_url):
     with db.session() as s:
         made = [jobs.create_job(s, text="x", params={}, tenant=t, priority=p, queue="q").id
                 for t, p in [("a", 1)] * 4 + [("b", 1)] * 2 + [("c", 0)]]
-        order = [claims.claim_next(s, made[0], f"w:{i}", queue="q") for i in range(len(made))]
-        for job_id in order:  # each finishes before the next claim, as with one worker
-            jobs.mark_failed(s, job_id, "done")
+        claimed = [claims.claim_next(s, made[0], f"w:{i}", queue="q") for i in range(len(made))]
+        for claim in claimed:  # each finishes before the next claim, as with one worker
+            jobs.mark_failed(s, claim.job_id, "done", token=claim.token)
+        order = [c.job_id for c in claimed]
         assert claims.claim_next(s, made[0], "w:9", queue="q") is None  # nothing queued: the message is dropped
         other = jobs.create_job(s, text="x", params={}, queue="elsewhere").id
         assert claims.claim_next(s, made[0], "w:9", queue="q") is None and other  # another queue's job stays

@@ -375,8 +375,8 @@ def _render_bound_job(st: Stack, key: str) -> tuple[str, int]:
     timings = {"tokenize": 40.0, "score": 2100.0, "speculator_prefill": 1500.0, "lookahead": 400.0, "score_math": 150.0,
                "select": 2.0, "sparse_prefill": 3300.0, "ttft": 5450.0, "decode": 2600.0, "total": 8060.0}
     with db.session(st.database_url) as s:
-        assert jobs.mark_running(s, job_id, "render-bench")
-        assert results.save_result(s, job_id, {
+        tok = jobs.mark_running(s, job_id, "render-bench")
+        assert results.save_result(s, job_id, token=tok, result={
             "text": "The render bound's answer.", "finish_reason": "stop",
             "usage": {"prompt_tokens": len(pieces) + 30, "kept_tokens": len(kept), "completion_tokens": 64},
             "timings_ms": timings, "spec": {"mode": "specprefill", "positions": "original", "keep": 0.3, "lookahead": 8,

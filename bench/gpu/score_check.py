@@ -5,7 +5,7 @@ windows, side by side. Prints the phase times and how close the scores are. Usag
 
 from __future__ import annotations
 
-import llama_cpp  # noqa: F401  (before numpy: see ../shared/gpu/README.md)
+import llama_cpp  # noqa: F401  (before numpy: see bench/gpu/README.md, "Pitfalls")
 
 import json
 import statistics

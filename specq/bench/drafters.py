@@ -163,6 +163,9 @@ def run_drafters_bench(
         raise ValueError(f"unknown method(s) {', '.join(unknown)} (known: {', '.join(METHODS)})")
     if clock not in CLOCKS:
         raise ValueError(f"clock must be one of {', '.join(CLOCKS)}")
+    from .provenance import Start, provenance
+
+    start = Start()
     engine = Engine(opts)
     if clock == "thread" and (engine.info.backend != "cpu" or opts.resolved_threads() != 1):
         engine.close()
@@ -224,7 +227,11 @@ def run_drafters_bench(
                 say(f"{method:7} rate {rate:4.2f}: {row['tok_s']:8.2f} tok/s  {row['ratio']:5.2f}x  "
                     f"(predicted {row['predicted_ratio']:5.2f}x, accepted {row['accept_rate']:.3f}, "
                     f"same {'yes' if row['same_as_none'] else 'NO'})")
+        prov = provenance(engine, positions=["original"], start=start,
+                          warnings=[f"acceptance forced at rates {list(rates)}: drafts replaced by the target's greedy "
+                                    "continuation (bench/forced.py); the costs are real"])
         return {
+            "benchmark": "drafters", "commit": prov["code"]["describe"], "provenance": prov,
             "target": engine.target_path.name, "speculator": engine.info.speculator, "drafter": engine.info.drafter,
             "backend": engine.info.backend, "batch_invariant": engine.info.batch_invariant,
             "prompt_tokens": n, "n_draft": n_draft, "max_tokens": max_tokens, "reps": reps, "repeat": repeat,

@@ -22,8 +22,10 @@ from ..engine.prefill import sparse_prefill
 
 def run_prefill_bench(model_path: str, *, n_tokens: int, keep: float, decode_tokens: int, reps: int, n_gpu_layers: int,
                       n_threads: int, n_batch: int, n_ubatch: int, say: Callable[[str], None] = print) -> dict[str, Any]:
+    from .provenance import Start, numerics_of, provenance
     from .ttft import make_document
 
+    start = Start()
     model = Model(model_path, n_gpu_layers=n_gpu_layers)
     ctx = Context(model, n_ctx=n_tokens + decode_tokens + 64, n_batch=n_batch, n_ubatch=n_ubatch, n_threads=n_threads)
     tokens = model.tokenize(make_document(model, n_tokens))
@@ -68,6 +70,11 @@ def run_prefill_bench(model_path: str, *, n_tokens: int, keep: float, decode_tok
         "reps": reps,
         "threads": n_threads,
     }
+    report = {"benchmark": "prefill", **report}
+    report["provenance"] = provenance(
+        None, positions=["original", "compressed"], start=start,
+        numerics_by_mode={"model": numerics_of(model, ctx)})
+    report["commit"] = report["provenance"]["code"]["describe"]
     ctx.close()
     model.close()
     return report

@@ -1,23 +1,28 @@
 """`specq bench ttft`: time-to-first-token of baseline vs specprefill, side by side in one run.
 
-For each prompt length the same document is run in both modes with the same engine (same context
-parameters, recorded in the output): one warm-up of each mode is dropped, then `reps` rounds in
-alternating order. Reported: median TTFT per mode, their ratio, the median phase split of the
+For each prompt length the same document is run as baseline and as specprefill with the same engine,
+so in the same numerics (the target's settings of every run are recorded in `runs`, and
+`same_numerics` says whether they all agree): one warm-up of each is dropped, then `reps` rounds in
+alternating order. Reported: median TTFT of each, their ratio, the median phase split of the
 specprefill runs and the kept ratio. The scoring overhead is measured too: the same speculator
 forward passes (window prefills + lookahead decodes) without capture or score math, so that
 overhead = (score − forward passes) / forward passes.
+
+`run_ttft_modes` (what `specq bench ttft` runs by default) repeats all of it with batch-invariant mode
+on and then off (one engine each: numerics are fixed when the model loads) and quotes each mode's
+specprefill against the fastest baseline of both (`ratio_vs_fastest_baseline`; the headline `ratio` is
+the service's default mode's), so specprefill is never credited with a handicapped baseline. Every
+report carries `provenance` (specq/bench/provenance.py).
 """
 
 from __future__ import annotations
 
 import json
-import platform
 import statistics
-import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from ..engine.options import RunParams
 
@@ -73,26 +78,18 @@ class LengthResult:
         }
 
 
-def hardware() -> dict[str, str]:
-    info = {"machine": platform.machine(), "cpu": platform.processor() or "", "python": platform.python_version()}
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    info["cpu"] = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    try:
-        gpu = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader"], capture_output=True, text=True, timeout=10)
-        if gpu.returncode == 0 and gpu.stdout.strip():
-            info["gpu"] = gpu.stdout.strip().splitlines()[0]
-    except (OSError, subprocess.SubprocessError):
-        pass
-    import os
+def hardware() -> dict[str, Any]:
+    """The machine (kept for older readers of the report; `provenance.host` has more)."""
+    from .provenance import host
 
-    info["cores"] = str(os.cpu_count())
-    return info
+    return host()
+
+
+def _engine_numerics(res) -> dict[str, Any]:
+    """The target numerics one run reports (RunResult.engine): what 'same numerics' compares."""
+    e = res.engine
+    return {k: getattr(e, k) for k in ("batch_invariant", "repack", "type_k", "flash_attn", "n_batch", "n_ubatch",
+                                        "backend", "n_gpu_layers")}
 
 
 def run_ttft_bench(
@@ -107,9 +104,11 @@ def run_ttft_bench(
     say: Callable[[str], None] = print,
     on_report: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
-    """Run the side-by-side benchmark; returns the JSON-able report (`on_report` gets it after
-    every length, so a long run that dies still leaves what it measured)."""
+    """Run the side-by-side benchmark on one engine (one numerics mode); returns the JSON-able report
+    (`on_report` gets it after every length, so a long run that dies still leaves what it measured)."""
+    start = _start()
     results: list[LengthResult] = []
+    runs: list[dict[str, Any]] = []
     for n in lengths:
         doc = make_document(engine.target, n)
         base = RunParams(question=QUESTION, mode="baseline", max_tokens=1)
@@ -125,6 +124,8 @@ def run_ttft_bench(
                 order.reverse()
             for mode, params in order:
                 res = engine.run(doc, params)
+                runs.append({"length": n, "mode": mode, "positions": res.spec.positions, "warnings": list(res.warnings),
+                             "numerics": _engine_numerics(res)})
                 lr.prompt_tokens = res.usage.prompt_tokens
                 if mode == "baseline":
                     lr.baseline_ttft_ms.append(res.timings_ms["ttft"])
@@ -144,39 +145,153 @@ def run_ttft_bench(
                 f"{lr.spec_ttft_ms[-1]:.0f} ms (" + ", ".join(f"{k} {v:.0f}" for k, v in ph.items()) + ")")
         results.append(lr)
         if on_report:
-            on_report(_report(engine, results, keep, scorer, lookahead, window, reps))
-    return _report(engine, results, keep, scorer, lookahead, window, reps)
+            on_report(_report(engine, results, runs, keep, scorer, lookahead, window, reps, start))
+    return _report(engine, results, runs, keep, scorer, lookahead, window, reps, start)
 
 
-def _report(engine, results: list[LengthResult], keep: float, scorer: str, lookahead: int, window: int, reps: int) -> dict[str, Any]:
-    import llama_cpp
+def _start():
+    from .provenance import Start
 
+    return Start()
+
+
+def same_numerics(runs: list[dict[str, Any]]) -> bool:
+    """Whether every baseline and specprefill run of one mode ran the target with the same numerics."""
+    return len({tuple(sorted(r["numerics"].items())) for r in runs}) <= 1
+
+
+def _report(engine, results: list[LengthResult], runs: list[dict[str, Any]], keep: float, scorer: str, lookahead: int,
+            window: int, reps: int, start=None) -> dict[str, Any]:
+    from .provenance import provenance
+
+    prov = provenance(engine, positions=[r["positions"] for r in runs if r["mode"] == "specprefill"],
+                      warnings=[w for r in runs for w in r["warnings"]], start=start)
     return {
         "benchmark": "ttft",
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
-        "commit": _git_commit(),
-        "hardware": hardware(),
-        "llama_cpp_python": getattr(llama_cpp, "__version__", "?"),
+        "commit": prov["code"]["describe"],
+        "provenance": prov,
+        "hardware": prov["host"],
+        "llama_cpp_python": prov["library"]["llama_cpp_python"],
         "engine": vars(engine.info),
         "n_ctx": engine.n_ctx,
+        "batch_invariant": engine.numerics.batch_invariant,
+        "same_numerics": same_numerics(runs),
         "settings": {"keep": keep, "scorer": scorer, "lookahead": lookahead, "window": window, "reps": reps},
         "rows": [r.summary() for r in results],
+        "runs": runs,
     }
 
 
-def _git_commit() -> str:
-    try:
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=5, cwd=EXAMPLES.parent)
-        return out.stdout.strip() or "unknown"
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
+def run_ttft_modes(
+    options,
+    lengths: list[int],
+    *,
+    modes: Sequence[str] = ("on", "off"),
+    default_mode: str = "",
+    say: Callable[[str], None] = print,
+    on_report: Callable[[dict[str, Any]], None] | None = None,
+    **kw: Any,
+) -> dict[str, Any]:
+    """`run_ttft_bench` once per batch-invariant mode (`options.batch_invariant` set to each of
+    `modes`), one engine at a time; in each, baseline and specprefill share the engine and so its
+    numerics. The combined report quotes, per length, every mode's specprefill against the FASTEST
+    baseline of all modes (`ratio_vs_fastest_baseline`), and headlines `default_mode` (the mode the
+    service runs; default: the first)."""
+    from dataclasses import replace
+
+    from ..engine.pipeline import Engine
+
+    from .provenance import numerics
+
+    start = _start()
+    per_mode: dict[str, dict[str, Any]] = {}
+    numerics_by_mode: dict[str, Any] = {}
+    for mode in modes:
+        say(f"batch-invariant {mode}: loading")
+        engine = Engine(replace(options, batch_invariant=mode))
+        try:
+            rep = run_ttft_bench(engine, lengths, say=lambda m, mode=mode: say(f"[batch-invariant {mode}] {m}"), **kw)
+            numerics_by_mode[mode] = numerics(engine)
+        finally:
+            engine.close()
+        per_mode[mode] = rep
+        if on_report:
+            on_report(_combine(per_mode, numerics_by_mode, default_mode or modes[0], start))
+    return _combine(per_mode, numerics_by_mode, default_mode or modes[0], start)
+
+
+def _combine(per_mode: dict[str, dict[str, Any]], numerics_by_mode: dict[str, Any], default_mode: str,
+             start) -> dict[str, Any]:
+    first = next(iter(per_mode.values()))
+    rows = []
+    for i, row in enumerate(first["rows"]):
+        by_mode = {m: rep["rows"][i] for m, rep in per_mode.items() if i < len(rep["rows"])}
+        fastest_mode = min(by_mode, key=lambda m: by_mode[m]["baseline_ttft_ms"])
+        fastest = by_mode[fastest_mode]["baseline_ttft_ms"]
+        modes = {}
+        for m, r in by_mode.items():
+            modes[m] = {**r, "ratio_vs_fastest_baseline": round(fastest / r["specprefill_ttft_ms"], 3)
+                        if r["specprefill_ttft_ms"] else 0.0}
+        head = modes.get(default_mode) or modes[fastest_mode]
+        rows.append({
+            "length": row["length"],
+            "prompt_tokens": row["prompt_tokens"],
+            "fastest_baseline_ms": fastest,
+            "fastest_baseline_mode": fastest_mode,
+            "headline_mode": default_mode if default_mode in modes else fastest_mode,
+            # the headline: the service's mode's specprefill against the fastest baseline measured
+            "baseline_ttft_ms": fastest,
+            "specprefill_ttft_ms": head["specprefill_ttft_ms"],
+            "ratio": head["ratio_vs_fastest_baseline"],
+            "kept_ratio": head["kept_ratio"],
+            "windows": head["windows"],
+            "specprefill_phases_ms": head["specprefill_phases_ms"],
+            "scoring_overhead": head.get("scoring_overhead"),
+            "modes": modes,
+        })
+    from .provenance import provenance
+
+    prov = provenance(None, numerics_by_mode=numerics_by_mode, start=start,
+                      positions=[p for rep in per_mode.values() for p in rep["provenance"]["positions"]],
+                      warnings=[w for rep in per_mode.values() for w in rep["provenance"]["warnings"]])
+    prov["library"] = first["provenance"]["library"]  # probed with an engine loaded
+    return {
+        "benchmark": "ttft",
+        "date": first["date"],
+        "commit": prov["code"]["describe"],
+        "provenance": prov,
+        "hardware": prov["host"],
+        "llama_cpp_python": prov["library"]["llama_cpp_python"],
+        "engine": first["engine"],
+        "n_ctx": first["n_ctx"],
+        "batch_invariant_modes": list(per_mode),
+        "same_numerics": {m: rep["same_numerics"] for m, rep in per_mode.items()},
+        "settings": first["settings"],
+        "rows": rows,
+        "per_mode": per_mode,
+    }
 
 
 def print_report(report: dict[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    t = Table(title=f"TTFT, baseline vs specprefill ({report['engine'].get('backend')}, keep {report['settings']['keep']})")
+    for mode, rep in (report.get("per_mode") or {}).items():
+        print_report({**rep, "title": f"batch-invariant {mode}: baseline and specprefill in the same numerics"})
+    if "per_mode" in report:
+        t = Table(title="specprefill against the fastest baseline of all modes")
+        for col in ("prompt tokens", "fastest baseline ms", "(mode)", *[f"specprefill ms ({m})" for m in report["per_mode"]],
+                    *[f"ratio ({m})" for m in report["per_mode"]]):
+            t.add_column(col, justify="right")
+        for r in report["rows"]:
+            ms = r["modes"]
+            t.add_row(f"{r['prompt_tokens']:,}", f"{r['fastest_baseline_ms']:,.0f}", r["fastest_baseline_mode"],
+                      *[f"{ms[m]['specprefill_ttft_ms']:,.0f}" for m in report["per_mode"]],
+                      *[f"{ms[m]['ratio_vs_fastest_baseline']:.2f}×" for m in report["per_mode"]])
+        Console(width=200).print(t)
+        return
+    t = Table(title=report.get("title") or f"TTFT, baseline vs specprefill ({report['engine'].get('backend')}, keep {report['settings']['keep']})")
     for col in ("prompt tokens", "baseline ms", "specprefill ms", "ratio", "kept", "windows", "spec prefill", "lookahead", "score math", "select", "sparse prefill", "overhead"):
         t.add_column(col, justify="right")
     for r in report["rows"]:

@@ -31,9 +31,11 @@ def bench_decode(
     threads: int = typer.Option(0, help="CPU threads (0 = all cores)."),
     batch_invariant: str = typer.Option("auto", help="Batch-invariant target numerics: auto (on for a CPU target), on, off."),
     repack: bool = typer.Option(True, "--repack/--no-repack", help="CPU weight repacking for the target (with --batch-invariant off)."),
-    as_json: bool = typer.Option(False, "--json", help="Print the rows as JSON."),
+    as_json: bool = typer.Option(False, "--json", help="Print the report (rows and provenance) as JSON."),
+    out: Path = typer.Option(None, help="Write the report (rows and provenance) as JSON here."),
 ) -> None:
-    """Decode tokens/s for none / ngram / model drafting, side by side, on copy-heavy and free-form jobs."""
+    """Decode tokens/s for none / ngram / model drafting, side by side, on copy-heavy and free-form jobs
+    (a model drafter's own prompt prefill is booked as draft prefill ms, not decode time)."""
     import json
 
     from ..bench.decode import default_jobs, run_bench
@@ -49,28 +51,37 @@ def bench_decode(
     unknown = [j for j in wanted if j not in by_name]
     if unknown:
         raise fail(f"unknown job(s): {', '.join(unknown)} (known: {', '.join(by_name)})")
-    header = f"{'job':8} {'kind':10} {'method':11} {'tokens':>6} {'decode ms':>10} {'tok/s':>7} {'ratio':>6} {'accept':>7} {'mean acc':>8} {'batches':>7}  same"
+    header = (f"{'job':8} {'kind':10} {'method':11} {'tokens':>6} {'decode ms':>10} {'d.prefill':>9} {'tok/s':>7} {'ratio':>6} "
+              f"{'accept':>7} {'mean acc':>8} {'batches':>7}  same")
 
     def show(row) -> None:
         if not as_json:
             same = "-" if row.same_as_none is None else ("yes" if row.same_as_none else "NO")
-            typer.echo(f"{row.job:8} {row.kind:10} {row.method:11} {row.tokens:6d} {row.decode_ms:10.1f} {row.tokens_per_s:7.2f} "
+            typer.echo(f"{row.job:8} {row.kind:10} {row.method:11} {row.tokens:6d} {row.decode_ms:10.1f} "
+                       f"{row.draft_prefill_ms:9.1f} {row.tokens_per_s:7.2f} "
                        f"{row.ratio:5.2f}x {row.accept_rate:7.3f} {row.mean_accepted_len:8.2f} {row.verify_batches:7d}  {same}")
 
     if not as_json:
         typer.echo(header)
+    prov: dict = {}
     try:
         rows = run_bench(
             opts, methods=[m.strip() for m in methods.split(",") if m.strip()], jobs=[by_name[j] for j in wanted],
             max_tokens=max_tokens, n_draft=n_draft, draft_min=draft_min, p_min=p_min, ngram=ngram, repeat=repeat,
-            mode=mode, on_row=show,
+            mode=mode, on_row=show, provenance=prov,
         )
     except EngineError as e:
         raise fail(str(e)) from None
     except KeyboardInterrupt:
         raise fail("interrupted") from None
+    report = {"benchmark": "decode", "commit": prov.get("code", {}).get("describe"), "provenance": prov,
+              "rows": [r.as_dict() for r in rows]}
     if as_json:
-        typer.echo(json.dumps([r.as_dict() for r in rows], indent=2))
+        typer.echo(json.dumps(report, indent=2))
+    if out:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(report, indent=2), encoding="utf-8")
+        typer.echo(f"wrote {out}", err=as_json)
 
 
 @bench_app.command("drafters")
@@ -144,11 +155,13 @@ def bench_ttft(
     threads: int = typer.Option(0, help="CPU threads (0 = all cores)."),
     n_parallel: int = typer.Option(0, help="Scoring windows run together (0 = 8 on GPU, 1 on CPU)."),
     score_math: str = typer.Option("auto", help="Where score math runs: auto, numpy (host) or torch (on the speculator's device)."),
-    batch_invariant: str = typer.Option("auto", help="Batch-invariant target numerics: auto (on for a CPU target), on, off."),
+    batch_invariant: str = typer.Option("both", help="Batch-invariant target numerics: both (on, then off: the headline "
+                                        "compares with the fastest baseline), auto, on, off."),
     out: Path = typer.Option(None, help="Write the report as JSON here."),
     plot: Path = typer.Option(None, help="Write a PNG plot here (needs matplotlib: pip install 'specq[bench]')."),
 ) -> None:
-    """TTFT of baseline vs specprefill, alternating in one run, with the phase split and ratio."""
+    """TTFT of baseline vs specprefill, alternating in one run, in the same numerics, with the phase split
+    and ratio; by default in both batch-invariant modes, quoting the fastest baseline."""
     from ..contracts import EngineError
     from ..engine.options import EngineOptions
 
@@ -160,8 +173,8 @@ def bench_ttft(
         raise fail("--lengths must be token counts >= 64 and --reps >= 1")
     if score_math not in ("auto", "numpy", "torch"):
         raise fail(f"--score-math must be auto, numpy or torch (got {score_math!r})")
-    if batch_invariant not in ("auto", "on", "off"):
-        raise fail(f"--batch-invariant must be auto, on or off, not {batch_invariant!r}")
+    if batch_invariant not in ("both", "auto", "on", "off"):
+        raise fail(f"--batch-invariant must be both, auto, on or off, not {batch_invariant!r}")
     opts = EngineOptions(n_gpu_layers=n_gpu_layers, n_ctx=n_ctx or max(sizes) + 1024, n_batch=n_batch, n_ubatch=n_ubatch,
                          n_threads=threads, n_parallel=n_parallel, score_math=score_math, batch_invariant=batch_invariant)
     if target:
@@ -169,12 +182,23 @@ def bench_ttft(
     if speculator:
         opts.speculator = speculator
     try:
-        from ..bench.ttft import print_report, run_ttft_bench, write_outputs
+        from ..bench.ttft import print_report, run_ttft_bench, run_ttft_modes, write_outputs
         from ..engine.pipeline import Engine
 
-        engine = Engine(opts)
-        report = run_ttft_bench(engine, sizes, keep=keep, scorer=scorer, lookahead=lookahead, window=window, reps=reps,
-                                say=lambda m: typer.echo(m, err=True), on_report=lambda r: write_outputs(r, out, None))
+        kw = dict(keep=keep, scorer=scorer, lookahead=lookahead, window=window, reps=reps,
+                  say=lambda m: typer.echo(m, err=True), on_report=lambda r: write_outputs(r, out, None))
+        if batch_invariant == "both":
+            from dataclasses import replace
+
+            from ..engine import invariance
+            from ..engine.llama import backend_name
+
+            service = "on" if invariance.resolve(replace(opts, batch_invariant="auto"), backend_name()).batch_invariant \
+                else "off"
+            report = run_ttft_modes(opts, sizes, modes=("on", "off"), default_mode=service, **kw)
+        else:
+            engine = Engine(opts)
+            report = run_ttft_bench(engine, sizes, **kw)
     except EngineError as e:
         raise fail(str(e)) from None
     except KeyboardInterrupt:

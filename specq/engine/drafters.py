@@ -205,9 +205,9 @@ class ModelDrafter:
         self.sampler = sampler if sampler is not None and not sampler.greedy else None
         self.p_min = float(p_min)
         self._synced = 0  # leading tokens of the view known to match the cache
-        #: wall-clock spent decoding the prompt view (baseline runs) and drafting, for benchmarks
+        #: wall-clock spent decoding the prompt view (baseline runs: the drafter's own prompt prefill,
+        #: inside the run's `decode` phase); the run result reports it as timings_ms["draft_prefill"]
         self.prefill_ms = 0.0
-        self.draft_ms = 0.0
         self.prefilled_tokens = 0
 
     def _view(self, history: Sequence[int]) -> list[int]:
@@ -245,13 +245,6 @@ class ModelDrafter:
         return ctx.logits_row(-1)
 
     def propose(self, history: Sequence[int], n: int) -> Draft:
-        t0 = time.perf_counter()
-        try:
-            return self._propose(history, n)
-        finally:
-            self.draft_ms += (time.perf_counter() - t0) * 1000.0
-
-    def _propose(self, history: Sequence[int], n: int) -> Draft:
         if n <= 0:
             return Draft([])
         view = self._view(history)

@@ -97,6 +97,7 @@ class Model:
         params = llama_cpp.llama_model_default_params()
         params.n_gpu_layers = n_gpu_layers if n_gpu_layers >= 0 else 999
         params.use_extra_bufts = bool(repack)
+        self.repack = bool(repack)
         params.load_mtp = bool(load_mtp)
         self.load_mtp = bool(load_mtp)
         self.n_gpu_layers = n_gpu_layers if llama_cpp.llama_supports_gpu_offload() else 0
@@ -222,8 +223,6 @@ class Context:
         EAGLE3 head borrows the target's token embedding / output projection from."""
         self.model = model
         self.n_ctx = int(n_ctx)
-        #: cells one sequence can hold
-        self.n_ctx_seq = self.n_ctx if kv_unified else self.n_ctx // max(1, n_seq_max)
         self.n_batch = max(1, min(int(n_batch), self.n_ctx))
         self.n_ubatch = max(1, min(int(n_ubatch), self.n_batch))
         self.n_seq_max = n_seq_max
@@ -238,6 +237,9 @@ class Context:
         if type_k not in KV_TYPES:
             raise ValueError(f"unsupported K cache type {type_k!r} (known: {', '.join(KV_TYPES)})")
         params.type_k = KV_TYPES[type_k]
+        #: the numerics this context was built with (recorded by benchmarks: specq/bench/provenance.py)
+        self.type_k, self.n_threads = type_k, threads
+        self.type_v = next((name for name, v in KV_TYPES.items() if v == params.type_v), str(params.type_v))
         params.n_threads = threads
         params.n_threads_batch = threads
         params.flash_attn_type = (

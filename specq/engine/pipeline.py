@@ -33,8 +33,9 @@ Progress = Callable[[str, int, int], None]
 #: receives the answer's text as it becomes final (TextStream: whole characters, stop strings applied)
 OnText = Callable[[str], None]
 
-#: prompts shorter than this run baseline in specprefill mode (scoring costs more than it saves);
-#: measured break-even on a 2-core CPU with the real pair, see docs/benchmarks.md
+#: prompts shorter than this run baseline in specprefill mode, on the assumption that scoring costs
+#: more than it saves below it. NOT measured: no benchmark has located the break-even yet (the
+#: document-reuse issue measures it); a chosen value, overridable per job (`min_tokens`)
 DEFAULT_MIN_TOKENS = 1024
 #: the target's context when the model's training context is larger
 MAX_DEFAULT_CTX = 32768
@@ -223,6 +224,9 @@ class Engine:
         timings["ttft"] = ((first[0] if first else t_end) - t_start) * 1000.0
         timings["decode"] = (t_end - t_decode) * 1000.0
         timings["total"] = (t_end - t_start) * 1000.0
+        draft_prefill = getattr(drafter, "prefill_ms", 0.0)
+        if draft_prefill:  # the model drafter's own prompt prefill (baseline runs): part of `decode` above
+            timings["draft_prefill"] = round(draft_prefill, 3)
 
         d = gen.draft.as_dict()
         # after the timed phases: what the target saw, in character offsets (kept_spans.py)

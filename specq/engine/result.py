@@ -94,9 +94,3 @@ class RunResult:
     @property
     def kept_ratio(self) -> float:
         return self.usage.kept_tokens / self.usage.prompt_tokens if self.usage.prompt_tokens else 0.0
-
-    @property
-    def decode_tokens_per_s(self) -> float:
-        """Emitted tokens / decode wall-clock (llama.cpp's counter misses batch-verified tokens)."""
-        ms = self.timings_ms.get("decode", 0.0)
-        return self.usage.completion_tokens / (ms / 1000.0) if ms > 0 else 0.0

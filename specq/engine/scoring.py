@@ -42,7 +42,9 @@ from ..contracts import EngineError
 from .llama import Context, Model, set_eval_callback
 from .prompt import Prompt
 
-#: document tokens per window when the caller leaves it to us (see docs/benchmarks.md)
+#: document tokens per window when the caller leaves it to us. A chosen value, NOT a measured
+#: optimum: no benchmark compares window sizes for speed or answer quality yet (the quality issue
+#: measures it); overridable per job (`window`)
 DEFAULT_WINDOW = 4096
 #: window length of the `sliding` scorer (the seed's ~2,000 tokens)
 SLIDING_WINDOW = 2048
@@ -53,7 +55,6 @@ class ScoreResult:
     scores: np.ndarray  # one score per document token
     windows: int
     timings_ms: dict[str, float] = field(default_factory=dict)
-    capture_calls: int = 0
 
 
 def avg_pool(x: np.ndarray, kernel: int) -> np.ndarray:
@@ -219,7 +220,6 @@ class SpecPrefillScorer:
         without capture or score math (scores are then meaningless): the benchmark's overhead baseline."""
         self._capture_on = capture
         timings = {"speculator_prefill": 0.0, "lookahead": 0.0, "score_math": 0.0}
-        calls0 = self.capture.calls
         doc = prompt.document
         n_doc = len(doc)
         if scorer in ("windowed", "full"):
@@ -252,7 +252,7 @@ class SpecPrefillScorer:
                     scores[a:b] = s[h : h + (b - a)]
             if progress:
                 progress(n_windows, n_windows)
-            return ScoreResult(scores, n_windows, timings, self.capture.calls - calls0)
+            return ScoreResult(scores, n_windows, timings)
         if scorer == "sliding":
             tokens = prompt.tokens
             n = len(tokens)
@@ -267,7 +267,7 @@ class SpecPrefillScorer:
             full = merge_central(n, per_window)
             if progress:
                 progress(len(starts), len(starts))
-            return ScoreResult(full[prompt.doc_start : prompt.doc_end].copy(), len(starts), timings, self.capture.calls - calls0)
+            return ScoreResult(full[prompt.doc_start : prompt.doc_end].copy(), len(starts), timings)
         raise EngineError(f"unknown scorer {scorer!r}")
 
     def _score_window(self, tokens: Sequence[int], lookahead: int, pool: int, timings: dict[str, float]) -> np.ndarray:

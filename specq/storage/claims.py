@@ -15,11 +15,16 @@ So a chat request behind a 50,000-request batch runs at the next free slot, and 
 batch interleaves with the first's instead of waiting for it — on Redis and on the embedded broker
 alike, since the choice is made in SQL at claim time. A message whose job ran under another message
 claims another job or, when none is queued, nothing (it is acknowledged and dropped).
+
+Every claim returns the attempt's token with the job id (`Claim`); the worker passes it to every
+write it makes about the job, which is refused (`contracts.Fenced`) once another claim or the
+reconciler has taken the job over (storage.jobs, "Fencing").
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import NamedTuple
 
 from sqlalchemy import and_, false, func, or_, select, update
 from sqlalchemy.orm import Session
@@ -30,6 +35,13 @@ from .models import ClaimTurn, Job, utcnow
 
 #: times claim_next retries when another worker claimed its pick first
 CLAIM_RETRIES = 8
+
+
+class Claim(NamedTuple):
+    """A claimed job: its id and this attempt's token (pass it to every write about the job)."""
+
+    job_id: str
+    token: str
 
 
 def _in_queue(queue: str | None):
@@ -63,19 +75,22 @@ def pick_next(session: Session, queue: str | None, hint: str | None = None,
 
 
 def claim_next(session: Session, hint: str, worker: str, *, queue: str | None,
-               stale_after_s: float | None = _jobs.DEFAULT_STALE_AFTER_S) -> str | None:
-    """Claim the job to run for a message naming `hint` (module doc); its id, or None if there is none."""
-    if _jobs.mark_running(session, hint, worker, stale_after_s=stale_after_s, only_stale=True) \
-            or reclaim_own(session, hint, worker):
-        return hint
+               stale_after_s: float | None = _jobs.DEFAULT_STALE_AFTER_S) -> Claim | None:
+    """Claim the job to run for a message naming `hint` (module doc): the Claim (job id and attempt
+    token), or None if there is none."""
+    token = _jobs.mark_running(session, hint, worker, stale_after_s=stale_after_s, only_stale=True) \
+        or reclaim_own(session, hint, worker)
+    if token:
+        return Claim(hint, token)
     lost: list[str] = []
     for _ in range(CLAIM_RETRIES):
         job_id = pick_next(session, queue, hint, exclude=lost)
         if job_id is None:
             return None
-        if _jobs.mark_running(session, job_id, worker, stale_after_s=None):
+        token = _jobs.mark_running(session, job_id, worker, stale_after_s=None)
+        if token:
             _take_turn(session, queue or "", job_id)
-            return job_id
+            return Claim(job_id, token)
         lost.append(job_id)  # another worker claimed it between our pick and our claim
     return None
 
@@ -97,15 +112,17 @@ def _take_turn(session: Session, queue: str, job_id: str) -> None:
         session.rollback()
 
 
-def reclaim_own(session: Session, job_id: str, worker: str) -> bool:
+def reclaim_own(session: Session, job_id: str, worker: str) -> str | None:
     """Claim again a job left `running` by this very worker process (`worker` = its "host:pid").
 
     A worker runs one job at a time per process, so when its own `running` job is delivered to it
     again (the store failed while it was finishing the job, and the task was re-sent), nobody is
-    running it: start a new attempt (attempts + 1, fresh heartbeat) if attempts are left and no
-    cancel was requested. False otherwise, changing nothing.
+    running it: start a new attempt (attempts + 1, fresh heartbeat, a new attempt token: the
+    interrupted attempt's writes are refused) if attempts are left and no cancel was requested; its
+    token. None otherwise, changing nothing.
     """
     now = utcnow()
+    token = _jobs.new_token()
     try:
         write_transaction(session)
         n = session.execute(
@@ -119,24 +136,18 @@ def reclaim_own(session: Session, job_id: str, worker: str) -> bool:
                     Job.cancel_requested == false(),
                 )
             )
-            .values(attempts=Job.attempts + 1, started_at=now, heartbeat_at=now, progress_phase=None,
-                    progress_done=0, progress_total=0)
+            .values(attempts=Job.attempts + 1, started_at=now, heartbeat_at=now, attempt_token=token,
+                    progress_phase=None, progress_done=0, progress_total=0)
             .execution_options(synchronize_session=False)
         ).rowcount
         if n != 1:
             session.rollback()
-            return False
+            return None
         session.commit()
     except BaseException:
         session.rollback()
         raise
-    return True
+    return token
 
 
-def job_status(session: Session, job_id: str) -> str | None:
-    status = session.scalar(select(Job.status).where(Job.id == job_id))
-    session.commit()
-    return status
-
-
-__all__ = ["claim_next", "pick_next", "reclaim_own", "job_status", "CLAIM_RETRIES"]
+__all__ = ["Claim", "claim_next", "pick_next", "reclaim_own", "CLAIM_RETRIES"]

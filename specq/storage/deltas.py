@@ -10,10 +10,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sqlalchemy import and_, delete, or_, select
+from sqlalchemy import and_, delete, or_, select, update
 from sqlalchemy.orm import Session
 
-from .models import JobDelta, utcnow
+from .db import write_transaction
+from .jobs import check_owned, owned
+from .models import Job, JobDelta, utcnow
 
 
 @dataclass(frozen=True)
@@ -25,8 +27,19 @@ class Delta:
     final: bool
 
 
-def append(session: Session, job_id: str, attempt: int, seq: int, offset: int, text: str, final: bool = False) -> None:
+def append(session: Session, job_id: str, attempt: int, seq: int, offset: int, text: str, final: bool = False, *,
+           token: str) -> None:
+    """One row of the attempt holding `token`, fenced like every worker write (storage.jobs,
+    "Fencing"): the job's heartbeat is bumped in the same transaction by an UPDATE that matches only
+    (job id, `token`, running); raises contracts.Fenced (nothing written) when it matches no row."""
     try:
+        write_transaction(session)
+        n = session.execute(update(Job).where(owned(job_id, token)).values(heartbeat_at=utcnow())
+                            .execution_options(synchronize_session=False)).rowcount
+        if n != 1:
+            session.rollback()
+            check_owned(session, job_id, token)  # raises Fenced (the job is not this attempt's any more)
+            return
         session.add(JobDelta(job_id=job_id, attempt=attempt, seq=seq, offset=offset, text=text, final=final,
                              created_at=utcnow()))
         session.commit()

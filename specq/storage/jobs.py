@@ -9,6 +9,18 @@ Every function takes a Session first and is one transaction: it commits (or roll
 returns, so a session can be reused across calls and reads always see fresh rows. State changes are
 conditional UPDATEs (`... WHERE status = 'queued'`), so two workers, or a worker and the API, cannot
 both win the same transition.
+
+**Fencing.** A claim (`mark_running`, `claims.reclaim_own`) writes a new random `attempt_token` and
+returns it; so does every transition the reconciler makes on a stale job (`stale`). Every write a
+worker makes about its job afterwards — `heartbeat`, `update_progress`, `results.save_result`,
+`mark_failed`, `mark_cancelled`, `requeue`, `deltas.append` — takes that token and is one UPDATE
+`WHERE id = :id AND attempt_token = :token AND status = 'running'`. When it matches no row, the job
+was requeued, failed or cancelled by the reconciler, or claimed by another worker, since this claim:
+the function raises `contracts.Fenced` and changes nothing, and the worker stops its run (docs/
+reliability.md). The UPDATE takes the row's lock, so a takeover and a fenced write are ordered: one
+of them sees the other's token. A worker's own final transitions keep its token on the row, so a
+write repeated after a lost commit acknowledgement (`storage.retry`) recognises itself and is not
+fenced.
 """
 
 from __future__ import annotations
@@ -22,11 +34,11 @@ from typing import Any
 from sqlalchemy import and_, false, func, or_, select, update
 from sqlalchemy.orm import Session
 
-from ..contracts import PRIORITY_INTERACTIVE
+from ..contracts import PRIORITY_INTERACTIVE, Fenced
 from . import stale
 from .db import write_transaction
 from .errors import InputTooLarge
-from .models import Job, JobInput, utcnow
+from .models import Job, JobInput, new_token, utcnow
 
 #: default cap on a document's UTF-8 size; SPECQ_MAX_INPUT_BYTES overrides it
 DEFAULT_MAX_INPUT_BYTES = 8 * 1024 * 1024
@@ -215,19 +227,61 @@ def _set(session: Session, where: Any, **values: Any) -> int:
     return result.rowcount
 
 
+def owned(job_id: str, token: str):
+    """SQL condition: the job is still running under the attempt holding `token` (module doc)."""
+    return and_(Job.id == job_id, Job.attempt_token == token, Job.status == "running")
+
+
+def check_owned(session: Session, job_id: str, token: str, *, done: str | None = None) -> bool:
+    """After a fenced UPDATE matched no row (the caller rolled back): True if the job is still this
+    attempt's and running (the UPDATE's extra condition did not hold), False if `done` is set and the
+    row shows this attempt already made that transition (a repeated write); raises Fenced otherwise."""
+    row = session.execute(select(Job.status, Job.attempt_token).where(Job.id == job_id)).one_or_none()
+    session.commit()
+    if row is not None and token is not None and row.attempt_token == token:
+        if row.status == "running":
+            return True
+        if done is not None and row.status == done:
+            return False
+    state = "missing" if row is None else (f"{row.status}, another attempt's" if row.attempt_token != token
+                                           else row.status)
+    raise Fenced(f"job {job_id}: this worker's claim is no longer current (job {state}); its write was refused")
+
+
+def _fenced_set(session: Session, job_id: str, token: str, *, extra: Any = None, done: str | None = None,
+                **values: Any) -> bool:
+    """One fenced UPDATE (module doc): True if it changed the row; False if `done` and this attempt had
+    already made it, or if the job is still this attempt's but `extra` did not hold; Fenced otherwise."""
+    where = owned(job_id, token) if extra is None else and_(owned(job_id, token), extra)
+    try:
+        write_transaction(session)
+        n = _set(session, where, **values)
+        if n == 1:
+            session.commit()
+            return True
+        session.rollback()
+    except BaseException:
+        session.rollback()
+        raise
+    check_owned(session, job_id, token, done=done)
+    return False
+
+
 def mark_running(
     session: Session, job_id: str, worker: str, *, stale_after_s: float | None = DEFAULT_STALE_AFTER_S,
     only_stale: bool = False,
-) -> bool:
-    """Claim the job for `worker`; False if it is not runnable (so the caller must do nothing).
+) -> str | None:
+    """Claim the job for `worker`: its new attempt token (module doc, "Fencing"), or None if it is not
+    runnable (so the caller must do nothing).
 
     Runnable: queued, or running with a heartbeat older than `stale_after_s` (its worker died and the
     broker redelivered it; None turns that off) and attempts left and no cancel requested. Succeeded,
     failed and cancelled jobs are never claimed. On success: status running, attempts + 1,
-    started_at/heartbeat_at now, progress reset, and queue_wait_ms (submission to first claim) set
-    once.
+    started_at/heartbeat_at now, progress reset, a new attempt_token (any earlier holder's writes are
+    refused from now on), and queue_wait_ms (submission to first claim) set once.
     """
     now = utcnow()
+    token = new_token()
     runnable = Job.status == "queued"
     if only_stale:
         runnable = false()
@@ -250,6 +304,7 @@ def mark_running(
             started_at=now,
             heartbeat_at=now,
             worker=worker,
+            attempt_token=token,
             progress_phase=None,
             progress_done=0,
             progress_total=0,
@@ -257,7 +312,7 @@ def mark_running(
         )
         if claimed != 1:
             session.rollback()
-            return False
+            return None
         created_at = session.scalar(select(Job.created_at).where(Job.id == job_id))
         wait_ms = max(0.0, (now - created_at).total_seconds() * 1000.0) if created_at else 0.0
         _set(session, and_(Job.id == job_id, Job.queue_wait_ms.is_(None)), queue_wait_ms=round(wait_ms, 3))
@@ -265,36 +320,20 @@ def mark_running(
     except BaseException:
         session.rollback()
         raise
-    return True
+    return token
 
 
-def update_progress(session: Session, job_id: str, phase: str, done: int = 0, total: int = 0) -> bool:
-    """Record progress of a running job (and bump its heartbeat); False if it is not running."""
-    try:
-        n = _set(
-            session,
-            and_(Job.id == job_id, Job.status == "running"),
-            progress_phase=phase,
-            progress_done=int(done),
-            progress_total=int(total),
-            heartbeat_at=utcnow(),
-        )
-        session.commit()
-    except BaseException:
-        session.rollback()
-        raise
-    return n == 1
+def update_progress(session: Session, job_id: str, phase: str, done: int = 0, total: int = 0, *,
+                    token: str) -> bool:
+    """Record progress of the attempt holding `token` (and bump its heartbeat): True, or raises
+    Fenced (the job is no longer running under that token; nothing changed)."""
+    return _fenced_set(session, job_id, token, progress_phase=phase, progress_done=int(done),
+                       progress_total=int(total), heartbeat_at=utcnow())
 
 
-def heartbeat(session: Session, job_id: str) -> bool:
-    """Bump a running job's heartbeat; False if it is not running."""
-    try:
-        n = _set(session, and_(Job.id == job_id, Job.status == "running"), heartbeat_at=utcnow())
-        session.commit()
-    except BaseException:
-        session.rollback()
-        raise
-    return n == 1
+def heartbeat(session: Session, job_id: str, *, token: str) -> bool:
+    """Bump the heartbeat of the attempt holding `token`: True, or raises Fenced."""
+    return _fenced_set(session, job_id, token, heartbeat_at=utcnow())
 
 
 def request_cancel(session: Session, job_id: str, tenant: str | None = None) -> Job | None:
@@ -326,30 +365,28 @@ def is_cancel_requested(session: Session, job_id: str) -> bool:
     return bool(row.cancel_requested) or row.status == "cancelled"
 
 
-def mark_cancelled(session: Session, job_id: str, message: str | None = None) -> bool:
-    """A queued or running job -> cancelled (the worker honoured a cancel request); False otherwise."""
+def mark_cancelled(session: Session, job_id: str, message: str | None = None, *, token: str) -> bool:
+    """The attempt holding `token` honoured a cancel request: running -> cancelled. True; False if this
+    attempt had already done so (a repeated write); raises Fenced if the job is no longer its."""
+    return _fenced_set(session, job_id, token, done="cancelled", status="cancelled", cancel_requested=True,
+                       finished_at=utcnow(), error=_clip(message))
+
+
+def mark_failed(session: Session, job_id: str, message: str, *, token: str | None = None) -> bool:
+    """The job -> failed with `message`.
+
+    With `token` (a worker): the attempt holding it fails its running job; True, False if this attempt
+    had already failed it (a repeated write), Fenced if the job is no longer its. Without (the API, when
+    the broker refused a new job's message): a queued job only; False if it is not queued (a worker
+    may have claimed it: its attempt decides).
+    """
+    if token is not None:
+        return _fenced_set(session, job_id, token, done="failed", status="failed", error=_clip(message),
+                           finished_at=utcnow())
     try:
         n = _set(
             session,
-            and_(Job.id == job_id, Job.status.in_(("queued", "running"))),
-            status="cancelled",
-            cancel_requested=True,
-            finished_at=utcnow(),
-            error=_clip(message),
-        )
-        session.commit()
-    except BaseException:
-        session.rollback()
-        raise
-    return n == 1
-
-
-def mark_failed(session: Session, job_id: str, message: str) -> bool:
-    """A queued or running job -> failed with `message`; False if it already finished (or is missing)."""
-    try:
-        n = _set(
-            session,
-            and_(Job.id == job_id, Job.status.in_(("queued", "running"))),
+            and_(Job.id == job_id, Job.status == "queued"),
             status="failed",
             error=_clip(message),
             finished_at=utcnow(),
@@ -361,36 +398,38 @@ def mark_failed(session: Session, job_id: str, message: str) -> bool:
     return n == 1
 
 
-def requeue(session: Session, job_id: str, message: str | None = None, *, delay_s: float = 0.0) -> bool:
-    """A running job -> queued for another attempt, keeping `message` as its last error; other
-    deliveries do not claim it for `delay_s` seconds (its backoff; its own retry message may).
+def requeue(session: Session, job_id: str, message: str | None = None, *, token: str, delay_s: float = 0.0) -> bool:
+    """The attempt holding `token` gives its running job back: queued for another attempt, keeping
+    `message` as its last error; other deliveries do not claim it for `delay_s` seconds (its backoff;
+    its own retry message may). True also when this attempt had already requeued it (a repeated write).
 
-    False (nothing changed) when the job is not running, has used all its attempts, or has a
-    cancel request; the caller then marks it failed or cancelled.
+    False (nothing changed) when the job has used all its attempts or has a cancel request; the
+    caller then marks it failed or cancelled. Raises Fenced if the job is no longer this attempt's.
     """
-    try:
-        n = _set(
-            session,
-            and_(
-                Job.id == job_id,
-                Job.status == "running",
-                Job.attempts < Job.max_attempts,
-                Job.cancel_requested == false(),
-            ),
-            status="queued",
-            worker=None,
-            heartbeat_at=None,
-            progress_phase=None,
-            progress_done=0,
-            progress_total=0,
-            error=_clip(message),
-            not_before=utcnow() + timedelta(seconds=delay_s) if delay_s > 0 else None,
-        )
-        session.commit()
-    except BaseException:
-        session.rollback()
-        raise
-    return n == 1
+    changed = _fenced_set(
+        session, job_id, token,
+        extra=and_(Job.attempts < Job.max_attempts, Job.cancel_requested == false()),
+        done="queued",
+        status="queued",
+        worker=None,
+        heartbeat_at=None,
+        progress_phase=None,
+        progress_done=0,
+        progress_total=0,
+        error=_clip(message),
+        not_before=utcnow() + timedelta(seconds=delay_s) if delay_s > 0 else None,
+    )
+    if changed:
+        return True
+    # no row changed: either the extra condition failed (still ours, running) or it was requeued already
+    return get_status_token(session, job_id) == ("queued", token)
+
+
+def get_status_token(session: Session, job_id: str) -> tuple[str, str | None] | None:
+    """(status, attempt_token) of the job, or None."""
+    row = session.execute(select(Job.status, Job.attempt_token).where(Job.id == job_id)).one_or_none()
+    session.commit()
+    return None if row is None else (row.status, row.attempt_token)
 
 
 __all__ = [
@@ -404,6 +443,10 @@ __all__ = [
     "list_jobs",
     "count_jobs",
     "mark_running",
+    "new_token",
+    "owned",
+    "check_owned",
+    "get_status_token",
     "update_progress",
     "heartbeat",
     "request_cancel",

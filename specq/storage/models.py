@@ -7,6 +7,7 @@ backend (SQLite stores them as naive UTC text; `UTCDateTime` puts the zone back)
 
 from __future__ import annotations
 
+import secrets
 from datetime import datetime, timezone
 from typing import Any
 
@@ -51,6 +52,11 @@ JSONType = JSON().with_variant(JSONB(), "postgresql")
 
 def utcnow() -> datetime:
     return datetime.now(timezone.utc)
+
+
+def new_token() -> str:
+    """A fresh attempt token (`Job.attempt_token`): 64 random bits as 16 hex digits."""
+    return secrets.token_hex(8)
 
 
 class UTCDateTime(TypeDecorator):
@@ -219,6 +225,9 @@ class Job(Base):
     params: Mapped[dict[str, Any]] = mapped_column(JSONType, default=dict)
     #: "hostname:pid" of the worker that claimed it last
     worker: Mapped[str | None] = mapped_column(String(255))
+    #: the fencing token of the current attempt: new at every claim and at every reconciler transition;
+    #: a worker's writes about the job match only (id, its token, running) (storage.jobs, "Fencing")
+    attempt_token: Mapped[str | None] = mapped_column(String(32))
     heartbeat_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
 

@@ -6,12 +6,12 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from sqlalchemy import and_, select, update
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from ..contracts import CORE_PHASES, SCORE_PHASES
 from .db import write_transaction
+from .jobs import check_owned, owned
 from .models import Job, PhaseTiming, Result, utcnow
 
 #: result keys stored in their own columns (or rows); every other key goes to `results.extra`
@@ -45,24 +45,32 @@ def _timings(raw: Any) -> dict[str, float]:
     return out
 
 
-def save_result(session: Session, job_id: str, result: Any) -> bool:
-    """Store a job's result in ONE transaction: the results row, one phase_timings row per
-    `timings_ms` key, and the job -> succeeded with finished_at.
+def save_result(session: Session, job_id: str, result: Any, *, token: str) -> bool:
+    """Store the result of the attempt holding `token` in ONE transaction: the job -> succeeded with
+    finished_at, the results row, and one phase_timings row per `timings_ms` key.
 
-    `result` is a RunResult or `RunResult.to_dict()`. Idempotent: returns False and changes nothing
-    if the job already has a result (e.g. a redelivered task), is cancelled, or does not exist.
+    `result` is a RunResult or `RunResult.to_dict()`. The first statement is the fenced UPDATE of the
+    job (storage.jobs, "Fencing"): it takes the row's lock and matches only (job id, `token`,
+    running), so a stale worker cannot turn a requeued, failed, cancelled or re-claimed job into
+    `succeeded`; it raises contracts.Fenced then, changing nothing. True once stored; False if this
+    attempt had stored it already (a write repeated after a lost commit acknowledgement).
     """
     d = _result_dict(result)
     usage = d.get("usage") or {}
     timings = _timings(d.get("timings_ms"))
     try:
         write_transaction(session)
-        status = session.scalar(select(Job.status).where(Job.id == job_id))
-        exists = session.scalar(select(Result.job_id).where(Result.job_id == job_id))
-        if status is None or status == "cancelled" or exists is not None:
-            session.rollback()
-            return False
         now = utcnow()
+        n = session.execute(
+            update(Job)
+            .where(owned(job_id, token))
+            .values(status="succeeded", finished_at=now, error=None)
+            .execution_options(synchronize_session=False)
+        ).rowcount
+        if n != 1:
+            session.rollback()
+            check_owned(session, job_id, token, done="succeeded")  # raises Fenced unless repeated
+            return False
         session.add(
             Result(
                 job_id=job_id,
@@ -78,20 +86,10 @@ def save_result(session: Session, job_id: str, result: Any) -> bool:
                 created_at=now,
             )
         )
-        session.flush()  # the result row first: a concurrent duplicate fails here, before the timings
+        session.flush()
         session.add_all(PhaseTiming(job_id=job_id, phase=p, ms=ms) for p, ms in timings.items())
         session.flush()
-        session.execute(
-            update(Job)
-            .where(and_(Job.id == job_id, Job.status != "cancelled"))
-            .values(status="succeeded", finished_at=now, error=None)
-            .execution_options(synchronize_session=False)
-        )
         session.commit()
-    except IntegrityError:
-        # another worker saved the same job's result between our check and our insert
-        session.rollback()
-        return False
     except BaseException:
         session.rollback()
         raise

@@ -7,6 +7,11 @@ that UPDATE is the claim, so when several reconcilers (one per worker, plus `spe
 the same job, exactly one of them changes it and acts on it; the others see 0 rows and do nothing.
 A worker that reclaims the job first (a redelivered message, `jobs.mark_running`) refreshes the
 heartbeat, so the reconciler's UPDATE no longer matches either.
+
+Every transition here also writes a new `attempt_token` that no worker holds, so the worker whose
+heartbeat went stale — if it is not dead but only cut off (a database outage longer than
+SPECQ_STALE_AFTER, a paused VM) — has every later write refused (`contracts.Fenced`) and stops its run:
+it can no longer heartbeat a job another worker runs, nor save a result over a requeued or failed one.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from sqlalchemy import and_, false, func, select, true, update
 from sqlalchemy.orm import Session
 
 from .db import write_transaction
-from .models import Job, utcnow
+from .models import Job, new_token, utcnow
 
 
 @dataclass(frozen=True)
@@ -98,13 +103,14 @@ def requeue_stale(session: Session, job_id: str, before: datetime, message: str)
         session,
         and_(_stale(job_id, before), Job.attempts < Job.max_attempts, Job.cancel_requested == false()),
         status="queued", worker=None, heartbeat_at=None, progress_phase=None, progress_done=0,
-        progress_total=0, error=message[:4000],
+        progress_total=0, error=message[:4000], attempt_token=new_token(),
     )
 
 
 def undo_requeue(session: Session, job: StaleJob) -> bool:
     """Put a job `requeue_stale` moved back as it was (running, stale) when its message could not be
-    sent, so the next sweep tries again. False if a worker claimed it meanwhile."""
+    sent, so the next sweep tries again. False if a worker claimed it meanwhile. The token stays the
+    one requeue_stale wrote: the stale worker stays fenced (the next sweep requeues the job again)."""
     return _update(
         session,
         and_(Job.id == job.id, Job.status == "queued", Job.worker.is_(None), Job.attempts == job.attempts),
@@ -118,7 +124,7 @@ def fail_stale(session: Session, job_id: str, before: datetime, message: str) ->
     return _update(
         session,
         and_(_stale(job_id, before), Job.attempts >= Job.max_attempts, Job.cancel_requested == false()),
-        status="failed", error=message[:4000], finished_at=utcnow(),
+        status="failed", error=message[:4000], finished_at=utcnow(), attempt_token=new_token(),
     )
 
 
@@ -127,7 +133,7 @@ def cancel_stale(session: Session, job_id: str, before: datetime, message: str) 
     return _update(
         session,
         and_(_stale(job_id, before), Job.cancel_requested == true()),
-        status="cancelled", error=message[:4000], finished_at=utcnow(),
+        status="cancelled", error=message[:4000], finished_at=utcnow(), attempt_token=new_token(),
     )
 
 

@@ -21,6 +21,14 @@ A job's life in the worker (`WorkerRuntime.execute`):
 
 Each worker process also runs the reconciler (`specq.reconciler`) in a thread: jobs whose worker died
 go back to the queue from there.
+
+**Fencing.** The claim returns an attempt token, and every write above (progress, heartbeat, streamed
+text on the embedded default, the result, failed, cancelled, requeued) is conditional on it
+(storage.jobs, "Fencing"). When one is refused (`contracts.Fenced`: the reconciler requeued or failed
+the job, or another worker claimed it, after this worker's heartbeats stopped reaching the store),
+the watcher marks the run fenced, the engine's next progress callback raises Fenced and the run
+ends; the worker then writes nothing more about the job — not even clearing its stream, which is
+the new attempt's now — and the delivery ends as "fenced".
 """
 
 from __future__ import annotations
@@ -34,7 +42,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from ..contracts import EngineError, InputError, ModelError, RunCancelled
+from ..contracts import EngineError, Fenced, InputError, ModelError, RunCancelled
 from ..engine.options import RunParams
 from ..settings import ServiceSettings
 from ..storage import claims, db, jobs, results
@@ -52,7 +60,7 @@ class JobTimeLimit(RunCancelled):
 class Outcome:
     """What happened to one delivery of a job."""
 
-    status: str  # succeeded | failed | cancelled | retry | skipped
+    status: str  # succeeded | failed | cancelled | retry | skipped | fenced
     message: str = ""
     retry_in: float = 0.0
     #: the job this delivery ran (claims may pick another than the message names)
@@ -66,9 +74,12 @@ def worker_name() -> str:
 class _Watcher(threading.Thread):
     """Writes progress + heartbeat and polls for cancel requests while a job runs."""
 
-    def __init__(self, job_id: str, interval: float, deadline: float, time_limit: float) -> None:
+    def __init__(self, job_id: str, token: str, interval: float, deadline: float, time_limit: float) -> None:
         super().__init__(name=f"specq-watch-{job_id}", daemon=True)
         self.job_id = job_id
+        self.token = token
+        #: the first refused write (contracts.Fenced): the run must end, and nothing more be written
+        self.fenced: Fenced | None = None
         self.interval = interval
         self.deadline = deadline
         self.time_limit = time_limit
@@ -79,6 +90,8 @@ class _Watcher(threading.Thread):
 
     # called by the engine, in the job's thread, between phases, per window and per token
     def progress(self, phase: str, done: int, total: int) -> None:
+        if self.fenced is not None:
+            raise self.fenced
         if self.cancelled.is_set():
             raise RunCancelled("cancelled")
         if time.monotonic() > self.deadline:
@@ -100,15 +113,18 @@ class _Watcher(threading.Thread):
                 try:
                     cur = self.latest
                     if cur is not None and cur != written:
-                        jobs.update_progress(s, self.job_id, *cur)
+                        jobs.update_progress(s, self.job_id, *cur, token=self.token)
                         written = cur
                     else:
-                        jobs.heartbeat(s, self.job_id)
+                        jobs.heartbeat(s, self.job_id, token=self.token)
                     if jobs.is_cancel_requested(s, self.job_id):
                         self.cancelled.set()
                     if failures:
                         log.warning("job %s: progress writes work again after %d failed", self.job_id, failures)
                         failures = 0
+                except Fenced as e:  # the claim was taken over: stop the run, write nothing more
+                    self.fence(e)
+                    break
                 except Exception as e:  # the store is briefly unreachable: keep running, try again
                     failures += 1
                     if failures == 1:  # once per outage, not every interval
@@ -118,6 +134,12 @@ class _Watcher(threading.Thread):
                         s.rollback()  # a dropped connection leaves the session needing one
                     except Exception:
                         pass
+
+    def fence(self, e: Fenced) -> None:
+        """A write about the job was refused (here or by the stream publisher): end the run."""
+        if self.fenced is None:
+            self.fenced = e
+            log.warning("job %s: %s; stopping the run", self.job_id, e)
 
     def stop(self) -> None:
         self._stop_event.set()
@@ -231,23 +253,32 @@ class WorkerRuntime:
             self.load()
         s_ = self.settings
         with db.session() as s:
-            claimed = claims.claim_next(s, job_id, self.name, queue=self.queue, stale_after_s=s_.stale_after)
-            if claimed is None:
+            claim = claims.claim_next(s, job_id, self.name, queue=self.queue, stale_after_s=s_.stale_after)
+            if claim is None:
                 job = jobs.get_job(s, job_id)
                 state = job.status if job is not None else "missing"
                 log.info("job %s: not runnable (%s) and no other job queued, skipped", job_id, state)
                 return Outcome("skipped", state)
-            if claimed != job_id:
-                log.info("message of job %s: ran job %s (claim order)", job_id, claimed)
+            if claim.job_id != job_id:
+                log.info("message of job %s: ran job %s (claim order)", job_id, claim.job_id)
             try:
-                outcome = self._run_claimed(s, claimed)
+                outcome = self._run_claimed(s, claim.job_id, claim.token)
             except Exception as e:  # a store error: the task re-sends the job that ran, not the message's
-                e.specq_job_id = claimed  # type: ignore[attr-defined]
+                e.specq_job_id = claim.job_id  # type: ignore[attr-defined]
                 raise
-            outcome.job_id = claimed
+            outcome.job_id = claim.job_id
             return outcome
 
-    def _run_claimed(self, s, job_id: str) -> Outcome:
+    def _run_claimed(self, s, job_id: str, token: str) -> Outcome:
+        """Run the claimed attempt; a refused write (Fenced), wherever it happens, ends it as "fenced"
+        with nothing more written (module doc, "Fencing")."""
+        try:
+            return self._run_attempt(s, job_id, token)
+        except Fenced as e:
+            log.warning("job %s: fenced (%s): this worker's attempt ended, nothing more is written", job_id, e)
+            return Outcome("fenced", str(e))
+
+    def _run_attempt(self, s, job_id: str, token: str) -> Outcome:
         s_ = self.settings
         job = jobs.get_job(s, job_id)
         inp = jobs.get_input(s, job_id)
@@ -257,55 +288,64 @@ class WorkerRuntime:
             params = RunParams.from_dict({**(job.params or {}), "question": inp.question})
             source = engine_input(job.kind, inp)
         except InputError as e:
-            jobs.mark_failed(s, job_id, str(e))
+            jobs.mark_failed(s, job_id, str(e), token=token)
             return Outcome("failed", str(e))
 
         t0 = time.monotonic()
-        watcher = _Watcher(job_id, s_.progress_interval, t0 + s_.time_limit, s_.time_limit)
+        watcher = _Watcher(job_id, token, s_.progress_interval, t0 + s_.time_limit, s_.time_limit)
         watcher.start()
-        publisher = DeltaPublisher(self.channel, job_id, job.attempts)
+        publisher = DeltaPublisher(self.channel, job_id, job.attempts, token=token, on_fenced=watcher.fence)
         try:
             try:
                 result = self.engine.run(inp.text, params, progress=watcher.progress, on_text=publisher.feed,
                                          **source)
             finally:
                 publisher.finish()
+        except Fenced:
+            watcher.stop()
+            raise
         except JobTimeLimit as e:
             watcher.stop()
-            return self._fail(s, job_id, str(e))
+            return self._fail(s, job_id, token, str(e))
         except RunCancelled:
             watcher.stop()
-            self._store(s, f"job {job_id}: marking it cancelled", lambda: jobs.mark_cancelled(s, job_id, "cancelled while running"))
+            self._store(s, f"job {job_id}: marking it cancelled",
+                        lambda: jobs.mark_cancelled(s, job_id, "cancelled while running", token=token))
             log.info("job %s: cancelled", job_id)
             self._clear_stream(job_id)
             return Outcome("cancelled")
         except (InputError, ModelError) as e:
             watcher.stop()
-            return self._fail(s, job_id, str(e))
+            return self._fail(s, job_id, token, str(e))
         except Exception as e:  # DecodeError, a lost connection: worth another try; see failure_kind
             watcher.stop()
             kind = failure_kind(e)
             if kind == "deterministic":  # the same input fails the same way: retrying only wastes time
-                return self._fail(s, job_id, f"internal error: {_describe(e)}")
+                return self._fail(s, job_id, token, f"internal error: {_describe(e)}")
             if kind == "oom":
                 message = f"{OOM_PREFIX}: {_describe(e)}"
                 if (job.error or "").startswith(OOM_PREFIX):  # the previous attempt ran out of memory too
-                    return self._fail(s, job_id, f"{message} (twice): the job needs more memory than this "
-                                                 "worker has; lower max_tokens, window or the document size, or "
-                                                 "run it on a bigger worker")
-                return self._retry_or_fail(s, job, message)
-            return self._retry_or_fail(s, job, f"{_describe(e)}")
+                    return self._fail(s, job_id, token, f"{message} (twice): the job needs more memory than this "
+                                                        "worker has; lower max_tokens, window or the document size, "
+                                                        "or run it on a bigger worker")
+                return self._retry_or_fail(s, job, token, message)
+            return self._retry_or_fail(s, job, token, f"{_describe(e)}")
         watcher.stop()
         ms = (time.monotonic() - t0) * 1000.0
         try:
-            saved = self._store(s, f"job {job_id}: saving the result", lambda: results.save_result(s, job_id, result))
+            if watcher.fenced is not None:  # refused after the engine's last progress call
+                raise watcher.fenced
+            saved = self._store(s, f"job {job_id}: saving the result",
+                                lambda: results.save_result(s, job_id, result, token=token))
+        except Fenced as e:  # ran to the end, but the job is another attempt's now (reliability_figures)
+            log.warning("job %s: finished but not saved (%s)", job_id, e)
+            raise
         except Exception as e:  # not a lost connection, or still lost after store_retry_for: nothing was kept
-            return self._retry_or_fail(s, job, f"saving the result failed: {_describe(e)}")
+            return self._retry_or_fail(s, job, token, f"saving the result failed: {_describe(e)}")
         self.jobs_done += 1
         self._clear_stream(job_id)
         if not saved:
-            log.info("job %s: finished but not saved (cancelled meanwhile, or saved before)", job_id)
-            return Outcome("skipped", "not saved")
+            log.info("job %s: result saved before (a repeated write)", job_id)
         log.info("job %s: succeeded in %.0f ms (queue wait %.0f ms)", job_id, ms, job.queue_wait_ms or 0.0)
         self._housekeeping()
         return Outcome("succeeded")
@@ -321,25 +361,26 @@ class WorkerRuntime:
         except Exception as e:  # best effort: rows of ended jobs are only clutter
             log.warning("job %s: could not clear its stream: %s", job_id, e)
 
-    def _fail(self, s, job_id: str, message: str) -> Outcome:
-        self._store(s, f"job {job_id}: marking it failed", lambda: jobs.mark_failed(s, job_id, message))
+    def _fail(self, s, job_id: str, token: str, message: str) -> Outcome:
+        self._store(s, f"job {job_id}: marking it failed", lambda: jobs.mark_failed(s, job_id, message, token=token))
         log.info("job %s: failed: %s", job_id, message)
         self._clear_stream(job_id)
         self._housekeeping()
         return Outcome("failed", message)
 
-    def _retry_or_fail(self, s, job, message: str) -> Outcome:
+    def _retry_or_fail(self, s, job, token: str, message: str) -> Outcome:
         job_id = job.id
         attempt = job.attempts  # this attempt's number (mark_running counted it)
         delay = self.settings.backoff(attempt, jitter=random.uniform(-1, 1))
-        if self._store(s, f"job {job_id}: requeueing it", lambda: jobs.requeue(s, job_id, message, delay_s=delay)):
+        if self._store(s, f"job {job_id}: requeueing it",
+                       lambda: jobs.requeue(s, job_id, message, token=token, delay_s=delay)):
             log.warning("job %s: attempt %d failed (%s); retrying in %.1fs", job_id, attempt, message, delay)
             return Outcome("retry", message, retry_in=delay)
         if jobs.is_cancel_requested(s, job_id):
-            jobs.mark_cancelled(s, job_id, "cancelled")
+            jobs.mark_cancelled(s, job_id, "cancelled", token=token)
             return Outcome("cancelled")
         final = f"failed after {attempt} attempt{'s' if attempt != 1 else ''}: {message}"
-        return self._fail(s, job_id, final)
+        return self._fail(s, job_id, token, final)
 
     def _housekeeping(self) -> None:
         """Every 50 jobs on the embedded broker: delete delivered messages kombu keeps forever."""

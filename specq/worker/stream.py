@@ -9,9 +9,17 @@ store. `finish()` publishes what is left with `final` set. Where it goes (`make_
   attempt number under `…:attempt`), APPENDed in the same MULTI as the PUBLISH of the delta on
   `specq:job:<id>:events`, so a subscriber that subscribes first and then reads the text misses
   nothing and can drop what it has twice (specq.streams.follow);
-* embedded default — `StoreChannel`: rows of `job_deltas` (specq.storage.deltas), polled by the API.
+* embedded default — `StoreChannel`: rows of `job_deltas` (specq.storage.deltas), polled by the API;
+  each append is fenced by the attempt's token (storage.jobs, "Fencing"): once the job was taken
+  over, the append raises Fenced, the publisher stops and calls `on_fenced`, which ends the run.
 
-The serving loop calls the same publisher per job: `DeltaPublisher(channel, job_id, attempt)`,
+On Redis (not the job store) the publish is refused once a newer attempt of the job has published
+its first delta (the stream's attempt key is higher; one Lua script does the check and the write),
+and the publisher stops the same way; before that, a worker whose claim was taken over can still
+publish until its watcher learns of it (within one SPECQ_PROGRESS_INTERVAL), under its own attempt
+number, and the new attempt's first delta resets the text.
+
+The serving loop calls the same publisher per job: `DeltaPublisher(channel, job_id, attempt, token=…)`,
 `feed(text)` per decoded text, `finish()` when the generation ends (or `close()` on failure).
 """
 
@@ -21,8 +29,9 @@ import json
 import logging
 import threading
 import time
-from typing import Protocol
+from typing import Callable, Protocol
 
+from ..contracts import Fenced
 from ..settings import ServiceSettings
 
 log = logging.getLogger("specq.worker")
@@ -40,9 +49,29 @@ def redis_keys(job_id: str) -> tuple[str, str, str]:
 
 
 class Channel(Protocol):
-    def publish(self, job_id: str, attempt: int, seq: int, offset: int, text: str, final: bool) -> None: ...
+    def publish(self, job_id: str, attempt: int, seq: int, offset: int, text: str, final: bool, *,
+                token: str) -> None: ...
 
     def clear(self, job_id: str) -> None: ...
+
+
+#: one publish, atomically: refused (0) when a newer attempt already owns the job's stream (its
+#: attempt key is higher: a fenced worker's late text must not land in the new attempt's); the first
+#: delta of an attempt resets the text; then APPEND + PUBLISH + TTLs
+_PUBLISH_LUA = """
+local cur = tonumber(redis.call('GET', KEYS[3]) or '-1')
+local attempt = tonumber(ARGV[1])
+if cur > attempt then return 0 end
+if ARGV[2] == '0' then
+  redis.call('SET', KEYS[2], '')
+  redis.call('SET', KEYS[3], ARGV[1])
+end
+redis.call('APPEND', KEYS[2], ARGV[3])
+redis.call('PUBLISH', KEYS[1], ARGV[4])
+redis.call('EXPIRE', KEYS[2], ARGV[5])
+redis.call('EXPIRE', KEYS[3], ARGV[5])
+return 1
+"""
 
 
 class RedisChannel:
@@ -50,31 +79,31 @@ class RedisChannel:
         import redis
 
         self.redis = redis.Redis.from_url(url, socket_connect_timeout=3, socket_timeout=5)
+        self._publish = self.redis.register_script(_PUBLISH_LUA)
 
-    def publish(self, job_id: str, attempt: int, seq: int, offset: int, text: str, final: bool) -> None:
+    def publish(self, job_id: str, attempt: int, seq: int, offset: int, text: str, final: bool, *,
+                token: str) -> None:
+        """Raises Fenced when a newer attempt of the job has started publishing (module doc)."""
         channel, text_key, attempt_key = redis_keys(job_id)
         message = json.dumps({"attempt": attempt, "seq": seq, "offset": offset, "text": text, "final": final},
                              ensure_ascii=False)
-        pipe = self.redis.pipeline(transaction=True)
-        if seq == 0:
-            pipe.set(text_key, "")
-            pipe.set(attempt_key, attempt)
-        pipe.append(text_key, text.encode("utf-8"))
-        pipe.publish(channel, message)
-        pipe.expire(text_key, REDIS_TTL_S)
-        pipe.expire(attempt_key, REDIS_TTL_S)
-        pipe.execute()
+        ok = self._publish(keys=[channel, text_key, attempt_key],
+                           args=[int(attempt), int(seq), text.encode("utf-8"), message, REDIS_TTL_S])
+        if not ok:
+            raise Fenced(f"job {job_id}: attempt {attempt}'s stream was taken over by a newer attempt; "
+                         "its text was refused")
 
     def clear(self, job_id: str) -> None:
         pass  # the keys expire; a late subscriber still finds the text
 
 
 class StoreChannel:
-    def publish(self, job_id: str, attempt: int, seq: int, offset: int, text: str, final: bool) -> None:
+    def publish(self, job_id: str, attempt: int, seq: int, offset: int, text: str, final: bool, *,
+                token: str) -> None:
         from ..storage import db, deltas
 
         with db.session() as s:
-            deltas.append(s, job_id, attempt, seq, offset, text, final)
+            deltas.append(s, job_id, attempt, seq, offset, text, final, token=token)
 
     def clear(self, job_id: str) -> None:
         from ..storage import db, deltas
@@ -94,8 +123,10 @@ def make_channel(settings: ServiceSettings) -> Channel:
 class DeltaPublisher:
     """One attempt of one job: `feed` text, `finish` at the end (module doc)."""
 
-    def __init__(self, channel: Channel, job_id: str, attempt: int, interval: float = PUBLISH_INTERVAL) -> None:
+    def __init__(self, channel: Channel, job_id: str, attempt: int, interval: float = PUBLISH_INTERVAL, *,
+                 token: str, on_fenced: Callable[[Fenced], None] | None = None) -> None:
         self.channel, self.job_id, self.attempt, self.interval = channel, job_id, attempt, interval
+        self.token, self.on_fenced = token, on_fenced
         self._pending = ""
         self._offset = 0  # characters published so far
         self._seq = 0
@@ -141,7 +172,12 @@ class DeltaPublisher:
         if self._failed:
             return
         try:
-            self.channel.publish(self.job_id, self.attempt, self._seq, self._offset, text, final)
+            self.channel.publish(self.job_id, self.attempt, self._seq, self._offset, text, final, token=self.token)
+        except Fenced as e:  # the job is another attempt's now: publish nothing more, end the run
+            self._failed = True
+            if self.on_fenced is not None:
+                self.on_fenced(e)
+            return
         except Exception as e:  # streams are best effort: the stored result is the record
             self._failed = True
             log.warning("job %s: publishing its text failed (%s: %s); streams get the text at the end",

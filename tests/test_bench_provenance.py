@@ -1,0 +1,99 @@
+"""The benchmark harness itself, with the tiny random-weight models: every report records its
+provenance (code, library and patch probe, numerics of both models, positions, warnings, host), `bench
+ttft` runs baseline and specprefill in the same numerics in both batch-invariant modes and quotes the
+fastest baseline, and `bench decode` books the model drafter's own prompt prefill apart from decode."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from specq.engine.options import EngineOptions
+
+NUMERICS_KEYS = {"batch_invariant", "repack", "flash_attn", "type_k", "type_v", "n_batch", "n_ubatch", "n_threads",
+                 "n_ctx", "n_gpu_layers", "model"}
+
+
+def _opts(tiny_models, n_ctx: int = 1024, **kw) -> EngineOptions:
+    return EngineOptions(target=str(tiny_models.target), speculator=str(tiny_models.speculator), n_gpu_layers=0,
+                         n_ctx=n_ctx, n_threads=1, **kw)
+
+
+def _check_provenance(prov: dict) -> None:
+    code = prov["code"]
+    assert code["describe"] and code["describe"] != "unknown" and code["commit"] and len(code["commit"]) == 40
+    assert isinstance(code["dirty"], bool)
+    if code["dirty"]:  # a dirty tree is flagged and its diff identified
+        assert code["describe"].endswith("-dirty") or code["untracked"]
+        assert len(code["diff_sha256"]) == 64
+    else:
+        assert code["diff_sha256"] is None
+    lib = prov["library"]
+    assert "+specq." in lib["llama_cpp_python"]  # our patched build
+    assert lib["probe"]["eval_callback_setter (patch 0002)"] is True
+    host = prov["host"]
+    assert host["cpu"] and host["cores"] >= 1 and len(host["loadavg_before"]) == len(host["loadavg_after"]) == 3
+    assert prov["date_utc"].endswith("Z") and prov["argv"]
+    assert isinstance(prov["warnings"], list) and isinstance(prov["positions"], list)
+
+
+def test_ttft_report_both_modes_same_numerics_and_provenance(tiny_models, tmp_path):
+    from specq.bench.ttft import run_ttft_modes, write_outputs
+
+    report = run_ttft_modes(_opts(tiny_models), [300], modes=("on", "off"), default_mode="on", reps=1, keep=0.5,
+                            say=lambda m: None)
+    write_outputs(report, tmp_path / "ttft.json", None)
+    report = json.loads((tmp_path / "ttft.json").read_text())  # what a reader of the JSON gets
+    prov = report["provenance"]
+    _check_provenance(prov)
+    assert prov["library"]["probe"]["position_gaps (patch 0001)"] is True
+    assert prov["positions"] == ["original"]
+    assert report["batch_invariant_modes"] == ["on", "off"]
+    # in each mode, every baseline and specprefill run had the same target numerics ...
+    assert report["same_numerics"] == {"on": True, "off": True}
+    seen = {}
+    for mode, rep in report["per_mode"].items():
+        runs = rep["runs"]
+        assert {r["mode"] for r in runs} == {"baseline", "specprefill"}
+        numerics = {json.dumps(r["numerics"], sort_keys=True) for r in runs}
+        assert len(numerics) == 1, numerics
+        seen[mode] = json.loads(numerics.pop())
+        assert rep["batch_invariant"] is (mode == "on")
+        _check_provenance(rep["provenance"])
+    # ... and the two modes really differ (on: no repack, q8_0 K cache; off: repack, f16)
+    assert seen["on"]["batch_invariant"] and not seen["off"]["batch_invariant"]
+    assert (seen["on"]["repack"], seen["on"]["type_k"]) == (False, "q8_0")
+    assert (seen["off"]["repack"], seen["off"]["type_k"]) == (True, "f16")
+    # every numerics setting of both models, per mode
+    for mode in ("on", "off"):
+        num = prov["numerics"][mode]
+        assert NUMERICS_KEYS <= set(num["target"]), set(num["target"])
+        assert {"repack", "flash_attn", "type_k", "type_v", "n_batch", "n_ubatch", "n_threads", "model"} \
+            <= set(num["speculator"])
+        assert num["speculator"]["loaded"] and num["speculator"]["batch_invariant"] is False
+        assert num["target"]["batch_invariant"] is (mode == "on")
+    # the headline quotes the fastest baseline of both modes
+    row = report["rows"][0]
+    fastest = min(report["per_mode"][m]["rows"][0]["baseline_ttft_ms"] for m in ("on", "off"))
+    assert row["fastest_baseline_ms"] == row["baseline_ttft_ms"] == fastest
+    assert row["headline_mode"] == "on"
+    assert row["ratio"] == pytest.approx(fastest / row["modes"]["on"]["specprefill_ttft_ms"], rel=1e-3)
+    for m in ("on", "off"):
+        assert row["modes"][m]["ratio_vs_fastest_baseline"] <= row["modes"][m]["ratio"] + 1e-9
+
+
+def test_decode_books_the_drafters_prefill_apart_and_records_provenance(tiny_models):
+    from specq.bench.decode import default_jobs, run_bench
+
+    prov: dict = {}
+    rows = run_bench(_opts(tiny_models, n_ctx=4096, batch_invariant="on"), methods=("none", "model"), jobs=default_jobs()[:1],
+                     max_tokens=8, provenance=prov)
+    none, model = rows
+    assert none.draft_prefill_ms == 0.0
+    assert model.draft_prefill_ms > 0.0  # baseline mode: the speculator decoded the prompt itself ...
+    assert model.decode_ms > 0.0  # ... and that time is not in decode_ms
+    _check_provenance(prov)
+    assert prov["positions"] == ["original"] and prov["settings"]["methods"] == ["none", "model"]
+    assert prov["numerics"]["target"]["batch_invariant"] is True and prov["numerics"]["speculator"]["loaded"]
+    assert any("cap" in w or "batch-invariant" in w for w in prov["warnings"]) or prov["warnings"] == []

@@ -1,0 +1,63 @@
+"""`.ci/check_suites.py` and the conftest hook behind it: CI fails when a marked suite (services,
+real_models, faults, load) had no passing test, e.g. every one skipped for a missing server."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+CHECK = REPO / ".ci" / "check_suites.py"
+
+
+def _check(report: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(CHECK), str(report)], capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.services
+def test_probe_services():
+    """Not a real services test: the probe the test below runs in a child pytest (skipped otherwise,
+    so it never counts as a passing services test in a real run)."""
+    how = os.environ.get("SPECQ_CI_PROBE")
+    if how != "pass":
+        pytest.skip("probe for test_ci_suites (SPECQ_CI_PROBE unset or skip)")
+
+
+def test_a_suite_skipped_entirely_fails_the_check(tmp_path):
+    report = tmp_path / "suites.json"
+    runs = {}
+    for how in ("skip", "pass"):
+        env = {**os.environ, "SPECQ_CI_PROBE": how, "SPECQ_SUITE_REPORT": str(report)}
+        out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                              f"{Path(__file__).name}::test_probe_services"], cwd=Path(__file__).parent,
+                             env=env, capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stdout + out.stderr
+        runs[how] = json.loads(report.read_text())["suites"]
+    assert runs["skip"]["services"] == {"passed": 0, "failed": 0, "skipped": 1}
+    assert runs["pass"]["services"] == {"passed": 1, "failed": 0, "skipped": 0}
+    assert runs["pass"]["faults"] == {"passed": 0, "failed": 0, "skipped": 0}
+
+    # every suite passed something: the check passes; one suite all skipped (or none ran): it fails
+    ok = {m: {"passed": 2, "failed": 0, "skipped": 1} for m in ("services", "real_models", "faults", "load")}
+    report.write_text(json.dumps({"suites": ok}))
+    assert _check(report).returncode == 0
+    report.write_text(json.dumps({"suites": {**ok, "real_models": {"passed": 0, "failed": 0, "skipped": 3}}}))
+    got = _check(report)
+    assert got.returncode == 1 and "real_models: no test passed (3 skipped" in got.stderr
+    report.write_text(json.dumps({"suites": {**ok, "load": runs["pass"]["load"]}}))
+    assert _check(report).returncode == 1
+    assert _check(tmp_path / "missing.json").returncode == 1
+
+
+def test_ci_runs_the_readme_test_command_then_the_check():
+    ci = (REPO / ".ci" / "run").read_text()
+    readme = (REPO / "README.md").read_text()
+    command = ".venv/bin/python -m pytest -q"
+    assert f"`{command}` runs everything" in readme
+    lines = [line.strip() for line in ci.splitlines()]
+    assert command in lines and lines.index(command) < lines.index('.venv/bin/python .ci/check_suites.py "$SPECQ_SUITE_REPORT"')
