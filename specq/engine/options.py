@@ -39,8 +39,13 @@ class EngineOptions:
     #: flash attention; scores are recomputed from Q and K, so it can stay on while scoring (the
     #: target's is always on in batch-invariant mode, see batch_invariant)
     flash_attn: bool = True
-    #: context size in tokens for the target; 0 = the model's training context (capped at 32768)
+    #: context size in tokens for the target (per job: each serving slot may hold this much); 0 = the
+    #: model's training context capped at 32768; a larger value is served up to the model's training
+    #: context (128K: SPECQ_N_CTX=131072 with a model trained for it)
     n_ctx: int = 0
+    #: jobs the target decodes together (serving slots, engine/serving.py): its context holds one
+    #: sequence per slot, each in a KV stream of its own of n_ctx cells. 1 = one job at a time
+    slots: int = 1
     #: largest batch handed to llama_decode; prefills are split into batches of at most this size
     n_batch: int = 4096
     #: physical micro-batch; 0 = 2048 on a GPU build, 512 on CPU

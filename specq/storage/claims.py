@@ -19,7 +19,7 @@ claims another job or, when none is queued, nothing (it is acknowledged and drop
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Container, Sequence
 
 from sqlalchemy import and_, false, func, or_, select, update
 from sqlalchemy.orm import Session
@@ -63,10 +63,13 @@ def pick_next(session: Session, queue: str | None, hint: str | None = None,
 
 
 def claim_next(session: Session, hint: str, worker: str, *, queue: str | None,
-               stale_after_s: float | None = _jobs.DEFAULT_STALE_AFTER_S) -> str | None:
-    """Claim the job to run for a message naming `hint` (module doc); its id, or None if there is none."""
-    if _jobs.mark_running(session, hint, worker, stale_after_s=stale_after_s, only_stale=True) \
-            or reclaim_own(session, hint, worker):
+               stale_after_s: float | None = _jobs.DEFAULT_STALE_AFTER_S, live: Container[str] = ()) -> str | None:
+    """Claim the job to run for a message naming `hint` (module doc); its id, or None if there is none.
+
+    live: the jobs running in this worker process now (its serving slots): a message naming one of
+    them never claims it again (neither as stale nor through `reclaim_own`), it claims the next job."""
+    if hint not in live and (_jobs.mark_running(session, hint, worker, stale_after_s=stale_after_s, only_stale=True)
+                             or reclaim_own(session, hint, worker)):
         return hint
     lost: list[str] = []
     for _ in range(CLAIM_RETRIES):
@@ -100,9 +103,9 @@ def _take_turn(session: Session, queue: str, job_id: str) -> None:
 def reclaim_own(session: Session, job_id: str, worker: str) -> bool:
     """Claim again a job left `running` by this very worker process (`worker` = its "host:pid").
 
-    A worker runs one job at a time per process, so when its own `running` job is delivered to it
-    again (the store failed while it was finishing the job, and the task was re-sent), nobody is
-    running it: start a new attempt (attempts + 1, fresh heartbeat) if attempts are left and no
+    The caller (`claim_next`) never passes a job live in this process (its serving slots hold
+    several: `live`), so when its own `running` job is delivered to it again (the store failed while
+    it was finishing the job, and the task was re-sent), nobody is running it: start a new attempt (attempts + 1, fresh heartbeat) if attempts are left and no
     cancel was requested. False otherwise, changing nothing.
     """
     now = utcnow()
