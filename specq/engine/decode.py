@@ -51,8 +51,10 @@ class SeqDecoder:
         progress: Callable[[int, int], None] | None = None,
         accept: Callable[[int], bool] | None = None,
         seq: int = 0,
+        ignore_eos: bool = False,
     ) -> None:
         self.model = model
+        self.ignore_eos = ignore_eos
         self.max_tokens = max_tokens
         self.sampler = sampler
         self.drafter = drafter
@@ -74,7 +76,7 @@ class SeqDecoder:
 
     def _take(self, t: int) -> bool:
         """Emit token t (unless it ends the generation); False once the generation is over."""
-        if self.model.is_eog(t):
+        if self.model.is_eog(t) and not self.ignore_eos:
             self.finish, self.done = "stop", True
             return False
         self.out.append(t)
@@ -152,6 +154,7 @@ def generate(
     draft_min: int = 1,
     progress: Callable[[int, int], None] | None = None,
     accept: Callable[[int], bool] | None = None,
+    ignore_eos: bool = False,
 ) -> Generation:
     """Decode after a prefill whose last logits are `first_logits`; new tokens go at `next_pos`, ...
 
@@ -163,7 +166,7 @@ def generate(
     """
     dec = SeqDecoder(ctx.model, prompt_tokens, first_logits, next_pos, max_tokens=max_tokens, sampler=sampler,
                      n_batch=ctx.n_batch, drafter=drafter, n_draft=n_draft, draft_min=draft_min,
-                     progress=progress, accept=accept)
+                     progress=progress, accept=accept, ignore_eos=ignore_eos)
     while not dec.done:
         toks, pos = dec.plan()
         ctx.decode(toks, pos, logits="all" if len(toks) > 1 else "last")

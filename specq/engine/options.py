@@ -107,6 +107,9 @@ class RunParams:
     window: int = 0
     #: tokens to generate at most
     max_tokens: int = 256
+    #: keep generating past end-of-generation tokens (benchmarks: exactly max_tokens output tokens,
+    #: as llama-server's ignore_eos); stop strings still end a generation
+    ignore_eos: bool = False
     #: 0 = greedy; > 0 samples
     temperature: float = 0.0
     #: 0 = off

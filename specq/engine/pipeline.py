@@ -230,6 +230,7 @@ class Engine:
             draft_min=params.draft_min,
             progress=on_token,
             accept=accept,
+            ignore_eos=params.ignore_eos,
         )
         t_end = time.perf_counter()
         timings["ttft"] = ((first[0] if first else t_end) - t_start) * 1000.0

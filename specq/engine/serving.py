@@ -442,7 +442,7 @@ class ServingEngine:
         return []
 
     def _rollback(self, part) -> None:
-        job, toks, pos = part[0], part[1], part[2]
+        job, pos = part[0], part[2]
         if pos:
             self.ctx.seq_rm(job.slot, int(min(pos)), -1)
 
@@ -463,7 +463,7 @@ class ServingEngine:
         job.dec = SeqDecoder(eng.target, job.prompt.tokens, logits, job.next_pos, max_tokens=p.max_tokens,
                              sampler=Sampler(p.temperature, p.top_k, p.top_p, p.seed), n_batch=self._draft_rows,
                              drafter=job.drafter, n_draft=n_draft, draft_min=p.draft_min, progress=on_token,
-                             accept=accept, seq=job.slot)
+                             accept=accept, seq=job.slot, ignore_eos=p.ignore_eos)
 
     def _finish(self, job: _Job) -> None:
         t_end = _now()
