@@ -53,6 +53,7 @@ class JobRecord:
     first_s: float | None = None
     end_s: float | None = None
     output_tokens: int = 0
+    prompt_tokens: int = 0
     chunks: int = 0
     error: str = ""
     engine: dict[str, float] = field(default_factory=dict)
@@ -119,6 +120,7 @@ async def _one(client, url: str, body: dict, rec: JobRecord, t0: float) -> None:
                 usage = chunk.get("usage")
                 if usage:
                     rec.output_tokens = int(usage.get("completion_tokens") or 0)
+                    rec.prompt_tokens = int(usage.get("prompt_tokens") or 0)
                 spec = chunk.get("specq") or {}
                 timings = spec.get("timings_ms") or {}
                 if timings:
@@ -158,6 +160,17 @@ def _pct(xs: list[float], q: float) -> float | None:
     return round(xs[lo] + (xs[hi] - xs[lo]) * (k - lo), 3)
 
 
+def first_model(base_url: str, api_key: str = "") -> str:
+    """The first model GET /v1/models lists (specq: its target; llama-server: its file)."""
+    import httpx
+
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    r = httpx.get(base_url.rstrip("/") + "/v1/models", headers=headers, timeout=30)
+    r.raise_for_status()
+    data = r.json().get("data") or []
+    return str(data[0]["id"]) if data else "default"
+
+
 def gpu_memory_mib() -> list[int]:
     """Used memory of each GPU (nvidia-smi), [] without one."""
     try:
@@ -187,6 +200,7 @@ def summarize(recs: list[JobRecord], w: Workload) -> dict[str, Any]:
         "output_tokens": out_tokens,
         "slot_wait_ms_p50": _pct([r.engine["slot_wait"] for r in ok if "slot_wait" in r.engine], 0.5),
         "interleave_wait_ms_p50": _pct([r.engine["interleave_wait"] for r in ok if "interleave_wait" in r.engine], 0.5),
+        "prompt_tokens_p50": _pct([float(r.prompt_tokens) for r in ok if r.prompt_tokens], 0.5),
         "mean_output_tokens": round(statistics.mean([r.output_tokens for r in ok]), 2) if ok else 0,
     }
 
@@ -196,7 +210,7 @@ def run_serve_bench(base_url: str, w: Workload, *, kind: str = "specq", model: s
     """Run the workload against `base_url`; the JSON-ready report (workload, summary, per-job rows)."""
     if kind not in ("specq", "llama-server"):
         raise ValueError("kind must be specq or llama-server")
-    model = model or ("specq" if kind == "specq" else "default")
+    model = model or first_model(base_url, api_key)
     bodies = build_requests(w, kind, model)
     mem0 = gpu_memory_mib()
     recs = asyncio.run(_drive(base_url.rstrip("/"), bodies, w.arrival, api_key, timeout))

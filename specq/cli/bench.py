@@ -275,7 +275,7 @@ def bench_serve(
     mode: str = typer.Option("baseline", help="specq's mode: baseline or specprefill (llama-server: ignored)."),
     keep: float = typer.Option(0.3, help="specq's keep fraction for specprefill."),
     chars_per_token: float = typer.Option(4.0, help="Characters per token of the models' tokenizer (byte vocabularies: 1)."),
-    model: str = typer.Option("", help="The request's model field (default: specq / default)."),
+    model: str = typer.Option("", help="The request's model field (default: the first of GET /v1/models)."),
     api_key: str = typer.Option("", envvar="SPECQ_API_KEY", help="Bearer key, if the service wants one."),
     label: str = typer.Option("", help="Name of this run in the report and plot."),
     timeout: float = typer.Option(3600.0, help="Seconds one request may take."),

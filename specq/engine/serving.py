@@ -453,9 +453,6 @@ class ServingEngine:
 
     def _start_decode(self, job: _Job, row: int) -> None:
         eng, p = self.engine, job.params
-        t = _now()
-        job.end_phase("sparse_prefill", t)
-        job.timings["sparse_prefill"] = job.span_ms["sparse_prefill"]
         logits = self.ctx.logits_row(row)
         n_draft = eng.draft_budget(p, job.drafter, job.warnings)
         job.text, on_token, accept = eng.text_callbacks(p, job.progress, job.on_text, job.first)
@@ -464,6 +461,8 @@ class ServingEngine:
                              sampler=Sampler(p.temperature, p.top_k, p.top_p, p.seed), n_batch=self._draft_rows,
                              drafter=job.drafter, n_draft=n_draft, draft_min=p.draft_min, progress=on_token,
                              accept=accept, seq=job.slot, ignore_eos=p.ignore_eos)
+        job.end_phase("sparse_prefill", _now())  # the first token (sampled above) is the prefill's
+        job.timings["sparse_prefill"] = job.span_ms["sparse_prefill"]
 
     def _finish(self, job: _Job) -> None:
         t_end = _now()
