@@ -162,10 +162,11 @@ def test_kill9_with_four_in_flight_requeues_four_and_completes_each_once(stack):
 def test_sigterm_drains_running_jobs_finish_late_ones_go_back(stack):
     """SIGTERM with two slots busy: the short job finishes within the grace period, the long one is
     requeued when the grace ends, and a job still queued is left for the next worker."""
-    p = _worker(stack, "worker-drain", 2, SPECQ_DRAIN_GRACE="3")
+    p = _worker(stack, "worker-drain", 2, SPECQ_DRAIN_GRACE="5")
     with httpx.Client(base_url=stack.url, timeout=30) as client:
-        short = _submit(client, DOCS[0], {"mode": "baseline", "max_tokens": 400, "seed": 1})
-        long = _submit(client, DOCS[1], {"mode": "baseline", "max_tokens": 32000 // 16, "seed": 1})
+        short = _submit(client, DOCS[0], {"mode": "baseline", "max_tokens": 100, "seed": 1})
+        # ~1,700 tokens: far longer than the grace period on the tiny models (one thread)
+        long = _submit(client, DOCS[1], {"mode": "baseline", "max_tokens": 1700, "seed": 1})
         wait_for(lambda: _running_together(stack, [short, long]), 120, "both decoding")
         queued = _submit(client, DOCS[2], PARAMS[0])
         time.sleep(0.5)

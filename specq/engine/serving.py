@@ -17,8 +17,9 @@ Each step of the loop:
    (seq_rm of its sequence), its future gets the exception, nothing else changes;
 2. waiting jobs take free slots (FIFO);
 3. one unit of preparation of the oldest admitted job that is not decoding: tokenize, or its whole
-   scoring + selection (the scorer's windows; the job's progress callback runs per window, so a
-   cancel lands there), or setting up its prefill (drafter, kept tokens);
+   scoring + selection (its progress callback runs per window group, so a cancel lands there, and
+   between two groups the decoding jobs get one decode batch each time), or setting up its prefill
+   (drafter, kept tokens);
 4. one target batch (one `llama_decode`, at most n_batch rows): the next tokens of every decoding
    job (its last token + its draft, at its own positions, in its own sequence) plus a chunk of at
    most `prefill_chunk` kept tokens of one job being prefilled. Each decoding job then verifies its
@@ -315,9 +316,18 @@ class ServingEngine:
             job.stage = "score" if job.mode == "specprefill" else "setup"
             return
         if job.stage == "score":
-            job.kept, job.doc_scores = eng._select(job.prompt, job.params, job.timings, job.spec, job.progress)
+            nested = [0.0]
+
+            def report(phase: str, done: int, total: int) -> None:
+                job.progress(phase, done, total)
+                if phase == "score" and 0 < done < total:  # between scoring windows: the others decode
+                    t = _now()
+                    self._between_windows()
+                    nested[0] += _now() - t
+
+            job.kept, job.doc_scores = eng._select(job.prompt, job.params, job.timings, job.spec, report)
             t1 = _now()
-            job.engine_ms["score"] += (t1 - t0) * 1000.0
+            job.engine_ms["score"] += (t1 - t0 - nested[0]) * 1000.0
             job.end_phase("score", t1)
             job.stage = "setup"
             return
@@ -332,8 +342,18 @@ class ServingEngine:
         job.stage = "prefill"
         job.engine_ms["sparse_prefill"] += (_now() - t0) * 1000.0
 
+    def _between_windows(self) -> None:
+        """One decode batch of the decoding jobs, run from inside another job's scoring between two of
+        its windows (the scorer's capture is disarmed there), so their inter-token gap is bounded by
+        one scoring window rather than a whole document's scoring."""
+        for job in list(self._active):
+            if job.cancel_exc is not None and job.stage == "decode":
+                self._drop(job, job.cancel_exc)
+        if any(j.stage == "decode" for j in self._active):
+            self._batch(fill=False)
+
     # the target batch of one step
-    def _batch(self) -> None:
+    def _batch(self, fill: bool = True) -> None:
         decoding = [j for j in self._active if j.stage == "decode"]
         parts: list[tuple[_Job, list[int], list[int], list[bool], float]] = []  # job, toks, pos, logits, plan s
         for job in decoding:
@@ -345,7 +365,7 @@ class ServingEngine:
                 continue
             parts.append((job, toks, pos, [True] * len(toks), _now() - t0))
         room = self.ctx.n_batch - sum(len(p[1]) for p in parts)
-        filling = next((j for j in self._active if j.stage == "prefill"), None)
+        filling = next((j for j in self._active if j.stage == "prefill"), None) if fill else None
         fill = None
         if filling is not None and room > 0:
             n = len(filling.pre_toks)
