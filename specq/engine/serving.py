@@ -226,7 +226,7 @@ class ServingEngine:
         """Drop every admitted job (the drain's grace period is over)."""
         for job in list(self._active):
             if job.cancel_exc is None:
-                job.cancel_exc = exc or Drained("not finished within the shutdown grace period")
+                job.cancel_exc = exc or Drained("the worker is shutting down: not finished within its grace period (SPECQ_DRAIN_GRACE)")
         self._wake()
 
     def close(self, timeout: float = 30.0) -> None:
