@@ -89,6 +89,8 @@ class ServiceSettings:
     #: specq/engine/serving.py; Celery's threads pool with this many threads); empty = 8 when the
     #: target runs on a GPU, 1 on the CPU
     slots: int | None = None
+    #: with several slots, one unified KV cache instead of one stream per slot (EngineOptions.kv_unified)
+    kv_unified: bool = False
     #: most kept prompt tokens of one job prefilled per engine step next to the running jobs'
     #: decode tokens (bounds the other jobs' inter-token gap); 0 = n_ubatch
     prefill_chunk: int = 0
@@ -294,7 +296,7 @@ class ServiceSettings:
         """The worker's EngineOptions (engine defaults for fields left unset)."""
         from .engine.options import EngineOptions
 
-        opts = EngineOptions(slots=max(1, int(slots)))
+        opts = EngineOptions(slots=max(1, int(slots)), kv_unified=self.kv_unified)
         if self.target:
             opts.target = self.target
         if self.speculator:

@@ -46,6 +46,10 @@ class EngineOptions:
     #: jobs the target decodes together (serving slots, engine/serving.py): its context holds one
     #: sequence per slot, each in a KV stream of its own of n_ctx cells. 1 = one job at a time
     slots: int = 1
+    #: with slots > 1: one unified KV cache of slots x n_ctx cells instead of one stream per slot
+    #: (every decode row then attends over all slots' cells, masked; greedy output is no longer the
+    #: same as alone on the CPU, see engine/serving.py). For measuring the layouts against each other
+    kv_unified: bool = False
     #: largest batch handed to llama_decode; prefills are split into batches of at most this size
     n_batch: int = 4096
     #: physical micro-batch; 0 = 2048 on a GPU build, 512 on CPU

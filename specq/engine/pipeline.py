@@ -74,7 +74,7 @@ class Engine:
             # one KV stream of n_ctx cells per slot: a job attends over its own cells only, and they
             # stay in position order (in one unified cache another job's rollback leaves holes that a
             # job's later tokens fill out of order, which changes flash attention's summation order)
-            kv_unified=self.slots == 1,
+            kv_unified=self.slots == 1 or opts.kv_unified,
             n_batch=opts.n_batch,
             n_ubatch=self.n_ubatch,
             n_threads=opts.resolved_threads(),

@@ -376,6 +376,12 @@ class ServingEngine:
             mask = [False] * (b - a)
             mask[-1] = b == n
             fill = (filling, filling.pre_toks[a:b].tolist(), filling.pre_pos[a:b].tolist(), mask, 0.0)
+        # by sequence id: with one KV stream per slot llama.cpp cuts a batch into micro-batches of
+        # consecutive sequence ids (split_equal), so slot order keeps the decode rows in one of them
+        if fill is not None and not self.invariant:  # one batch with the decode rows
+            parts.append(fill)
+            fill = None
+        parts.sort(key=lambda part: part[0].slot)
         for group in self._groups(parts, fill):
             for (job, toks, pos, mask, plan_s), base, dt in self._decode_parts(group):
                 self._absorb(job, toks, base, plan_s + dt)
