@@ -65,7 +65,7 @@ specq)
     # graphs off as in ttft.sh (a re-captured graph crashed the speculator's lone decodes once)
     SPECQ_HOME=$home SPECQ_API_PORT=$port SPECQ_TARGET=/tmp/models/7b.gguf SPECQ_SPECULATOR=/tmp/models/0.5b.gguf \
       SPECQ_N_GPU_LAYERS=-1 SPECQ_N_CTX=$ctx SPECQ_SLOTS=$slots SPECQ_N_BATCH=4096 SPECQ_N_UBATCH=2048 \
-      SPECQ_TIME_LIMIT=3000 GGML_CUDA_DISABLE_GRAPHS=${GGML_CUDA_DISABLE_GRAPHS-1} \
+      SPECQ_TIME_LIMIT=3000 SPECQ_KV_UNIFIED=${SPECQ_KV_UNIFIED:-false} GGML_CUDA_DISABLE_GRAPHS=${GGML_CUDA_DISABLE_GRAPHS-1} \
       python3 -m specq.cli up > "$out/specq-$slots-$len.log" 2>&1 &
     pid=$!
     for i in $(seq 300); do
