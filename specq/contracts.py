@@ -64,7 +64,13 @@ class Fenced(RunCancelled):
     callback that raises it ends the engine's run like a cancel."""
 
 
+class Drained(RunCancelled):
+    """The worker is shutting down (SIGTERM): the job was not started, or not finished within the
+    grace period (SPECQ_DRAIN_GRACE); it goes back to the queue."""
+
+
 __all__ = [
+    "Drained",
     "CORE_PHASES", "SCORE_PHASES", "JOB_KINDS", "PRIORITY_INTERACTIVE", "PRIORITY_BATCH", "JOB_STATUSES", "JOB_TERMINAL", "BATCH_STATUSES", "BATCH_TERMINAL",
     "EngineError", "InputError", "ModelError", "DecodeError", "RunCancelled", "Fenced",
 ]

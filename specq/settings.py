@@ -85,7 +85,20 @@ class ServiceSettings:
     #: processes per worker, each with its own copy of the models (1 = Celery's solo pool: one job at
     #: a time, models loaded in the worker process; >1 = prefork, models loaded after the fork)
     concurrency: int = 1
-    #: run one tiny job after loading, so the first real job pays no setup cost
+    #: jobs one worker process runs at once on its one copy of the models (serving slots:
+    #: specq/engine/serving.py; Celery's threads pool with this many threads); empty = 8 when the
+    #: target runs on a GPU, 1 on the CPU
+    slots: int | None = None
+    #: with several slots, one unified KV cache instead of one stream per slot (EngineOptions.kv_unified)
+    kv_unified: bool = False
+    #: most kept prompt tokens of one job prefilled per engine step next to the running jobs'
+    #: decode tokens (bounds the other jobs' inter-token gap); 0 = n_ubatch
+    prefill_chunk: int = 0
+    #: seconds a stopping worker (SIGTERM) gives its running jobs to finish; the rest go back to
+    #: the queue (jobs waiting for a slot go back at once); below `specq up`'s 30 s stop deadline
+    drain_grace: float = 20.0
+    #: after loading, run a specprefill job of two scoring windows at production ubatch sizes, so the
+    #: first real job pays no setup cost; the worker is ready (heartbeat, /readyz) only after it
     warm_up: bool = True
     #: seconds between writes of a running job's progress and heartbeat, and between checks for a
     #: cancel request (a cancel takes effect at the next phase, window or token after that)
@@ -189,6 +202,9 @@ class ServiceSettings:
             (self.max_attempts >= 1, "SPECQ_MAX_ATTEMPTS must be >= 1"),
             (self.retry_backoff >= 0 and self.retry_backoff_max >= 0, "SPECQ_RETRY_BACKOFF(_MAX) must be >= 0"),
             (self.concurrency >= 1, "SPECQ_CONCURRENCY must be >= 1"),
+            (self.slots is None or 1 <= self.slots <= 256, "SPECQ_SLOTS must be in [1, 256]"),
+            (self.prefill_chunk >= 0, "SPECQ_PREFILL_CHUNK must be >= 0 (0 = n_ubatch)"),
+            (self.drain_grace >= 0, "SPECQ_DRAIN_GRACE must be >= 0 seconds"),
             (self.progress_interval > 0, "SPECQ_PROGRESS_INTERVAL must be > 0"),
             (self.stale_after > self.progress_interval * 4, "SPECQ_STALE_AFTER must be well above SPECQ_PROGRESS_INTERVAL"),
             (self.reconcile_interval >= 0, "SPECQ_RECONCILE_INTERVAL must be >= 0 (0 = off)"),
@@ -267,11 +283,20 @@ class ServiceSettings:
 
         return 2 * max_input_bytes() + (1 << 20)
 
-    def engine_options(self):
+    def resolved_slots(self, backend: str = "cpu") -> int:
+        """SPECQ_SLOTS, or its default: 8 when the target runs on a GPU (`backend` not cpu and layers
+        offloaded), else 1; always 1 with several processes (SPECQ_CONCURRENCY > 1)."""
+        if self.concurrency > 1:
+            return 1
+        if self.slots:
+            return self.slots
+        return 8 if backend != "cpu" and self.n_gpu_layers != 0 else 1
+
+    def engine_options(self, slots: int = 1):
         """The worker's EngineOptions (engine defaults for fields left unset)."""
         from .engine.options import EngineOptions
 
-        opts = EngineOptions()
+        opts = EngineOptions(slots=max(1, int(slots)), kv_unified=self.kv_unified)
         if self.target:
             opts.target = self.target
         if self.speculator:

@@ -16,6 +16,10 @@ deployment (every worker, every API process):
 | `specq_workers` | gauge | queue | workers with a fresh heartbeat |
 | `specq_worker_heartbeat_timestamp_seconds` | gauge | worker, queue | each live worker's last heartbeat (unix time) |
 | `specq_worker_busy` | gauge | worker, queue | jobs it is running (1 while a one-slot worker runs one) |
+| `specq_worker_slots` | gauge | worker, queue | jobs it can run at once (SPECQ_SLOTS) |
+| `specq_worker_kv_cells_used` | gauge | worker, queue | target KV cells its running jobs hold |
+| `specq_worker_interleave_wait_seconds` | counter | worker, queue | its jobs' phase time spent while the engine ran other jobs' work |
+| `specq_worker_slot_wait_seconds` | counter | worker, queue | its jobs' time waiting for a free slot (apart from `specq_queue_wait_seconds`) |
 | `specq_worker_jobs_done` | gauge | worker, queue | jobs finished by that worker process |
 | `specq_scrape_errors` | gauge | source | 1 when the database or the broker could not be read |
 
@@ -124,6 +128,14 @@ class _Collector:
             busy = GaugeMetricFamily("specq_worker_busy", "1 while the worker runs a job", labels=["worker", "queue"])
             done = GaugeMetricFamily("specq_worker_jobs_done", "Jobs finished by the worker process",
                                      labels=["worker", "queue"])
+            slots = GaugeMetricFamily("specq_worker_slots", "Jobs the worker can run at once (serving slots)",
+                                      labels=["worker", "queue"])
+            cells = GaugeMetricFamily("specq_worker_kv_cells_used", "Target KV cells its running jobs hold",
+                                      labels=["worker", "queue"])
+            inter = CounterMetricFamily("specq_worker_interleave_wait_seconds", "Time its finished jobs' phases "
+                                        "waited while the engine ran other jobs' work", labels=["worker", "queue"])
+            swait = CounterMetricFamily("specq_worker_slot_wait_seconds", "Time its jobs waited for a free slot "
+                                        "(after the broker's queue wait)", labels=["worker", "queue"])
             now = time.time()
             for b in beats:  # records of workers of any version: read through worker_view, defensively
                 w = worker_view(b, now, admin=False)
@@ -131,10 +143,27 @@ class _Collector:
                 ts.add_metric(labels, now - w["heartbeat_age_s"])
                 busy.add_metric(labels, w["busy"])
                 done.add_metric(labels, w["jobs_done"])
+                slots.add_metric(labels, w["slots"])
+                cells.add_metric(labels, _num(b.get("kv_cells_used")))
+                inter.add_metric(labels, _num(b.get("interleave_wait_ms_total")) / 1000.0)
+                swait.add_metric(labels, _num(b.get("slot_wait_ms_total")) / 1000.0)
             yield ts
             yield busy
             yield done
+            yield slots
+            yield cells
+            yield inter
+            yield swait
         yield errors
+
+
+def _num(value) -> float:
+    """A heartbeat's number, 0 when missing or not a finite number (records of older workers)."""
+    try:
+        x = float(value)
+    except (TypeError, ValueError):
+        return 0.0
+    return x if x == x and abs(x) != float("inf") else 0.0
 
 
 def _buckets(hist: dict) -> list[tuple[str, float]]:

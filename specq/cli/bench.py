@@ -285,3 +285,62 @@ def bench_prefill(
     typer.echo(f"  gapped ({r['kept_tokens']} tokens) {r['gapped_s']:8.3f} s  {r['gapped_tok_s']:8.1f} tok/s  (original positions)")
     typer.echo(f"  compressed (same)   {r['compressed_s']:8.3f} s  {r['compressed_tok_s']:8.1f} tok/s  -> gapped/compressed {r['gapped_vs_compressed']:.3f}")
     typer.echo(f"  decode              {r['decode_tok_s']:8.2f} tok/s")
+
+
+@bench_app.command("serve")
+def bench_serve(
+    url: str = typer.Option(None, help="The running service (default SPECQ_API_URL or http://127.0.0.1:8000)."),
+    kind: str = typer.Option("specq", help="specq or llama-server (which fields carry ignore_eos and the mode)."),
+    docs: int = typer.Option(8, help="Distinct documents."),
+    doc_tokens: int = typer.Option(1000, help="Tokens per document (about: --chars-per-token characters each)."),
+    questions: int = typer.Option(1, help="Questions per document (jobs = docs x questions)."),
+    max_tokens: int = typer.Option(64, help="Output tokens per job (ignore_eos: exactly this many)."),
+    arrival: str = typer.Option("t0", help="t0 = every job at once; or a rate in jobs per second, e.g. 0.5."),
+    mode: str = typer.Option("baseline", help="specq's mode: baseline or specprefill (llama-server: ignored)."),
+    keep: float = typer.Option(0.3, help="specq's keep fraction for specprefill."),
+    chars_per_token: float = typer.Option(4.0, help="Characters per token of the models' tokenizer (byte vocabularies: 1)."),
+    model: str = typer.Option("", help="The request's model field (default: the first of GET /v1/models)."),
+    api_key: str = typer.Option("", envvar="SPECQ_API_KEY", help="Bearer key, if the service wants one."),
+    label: str = typer.Option("", help="Name of this run in the report and plot."),
+    timeout: float = typer.Option(3600.0, help="Seconds one request may take."),
+    out: Path = typer.Option(None, help="Write the report as JSON here."),
+    plot: Path = typer.Option(None, help="Write a PNG here (needs matplotlib); with --compare, all reports."),
+    compare: list[Path] = typer.Option(None, help="Earlier reports (JSON) drawn in the same PNG."),
+) -> None:
+    """Jobs/min, client and engine TTFT p50/p95 and decode tokens/s of a workload sent to a running service's
+    OpenAI /v1/chat/completions with streaming (the same client for specq and llama-server)."""
+    import json
+
+    from ..bench.serve import Workload, plot as draw, run_serve_bench
+    from ..client import api_url
+
+    if kind not in ("specq", "llama-server"):
+        raise fail(f"--kind must be specq or llama-server, not {kind!r}")
+    if arrival != "t0":
+        try:
+            if float(arrival) <= 0:
+                raise ValueError
+        except ValueError:
+            raise fail(f"--arrival must be t0 or a positive rate in jobs per second, not {arrival!r}") from None
+    if min(docs, doc_tokens, questions, max_tokens) < 1:
+        raise fail("--docs, --doc-tokens, --questions and --max-tokens must be >= 1")
+    w = Workload(docs=docs, doc_tokens=doc_tokens, questions=questions, max_tokens=max_tokens, arrival=arrival,
+                 mode=mode, keep=keep, chars_per_token=chars_per_token)
+    report = run_serve_bench(url or api_url(), w, kind=kind, model=model, api_key=api_key, timeout=timeout, label=label)
+    s = report["summary"]
+    typer.echo(f"{report['label']}: {s['succeeded']}/{s['jobs']} jobs in {s['makespan_s']} s = {s['jobs_per_min']} jobs/min; "
+               f"client TTFT p50 {s['client_ttft_ms_p50']} ms p95 {s['client_ttft_ms_p95']} ms; engine TTFT p50 "
+               f"{s['engine_ttft_ms_p50']} ms p95 {s['engine_ttft_ms_p95']} ms; decode {s['decode_tok_s_per_job_p50']} tok/s "
+               f"per job, {s['output_tok_s_total']} tok/s in all")
+    for e in s["errors"]:
+        typer.echo(f"error: {e}", err=True)
+    if out:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(report, indent=1))
+        typer.echo(f"wrote {out}")
+    if plot:
+        reports = [json.loads(p.read_text()) for p in (compare or [])] + [report]
+        draw(reports, str(plot))
+        typer.echo(f"wrote {plot}")
+    if s["succeeded"] < s["jobs"]:
+        raise typer.Exit(1)

@@ -14,22 +14,23 @@ from .common import fail, service_ready_db, service_settings
 def worker_cmd(
     gpu: str = typer.Option(None, help="GPU index to run on (sets CUDA_VISIBLE_DEVICES). [env SPECQ_GPU]"),
     queue: str = typer.Option(None, "--queue", "-Q", help="Queue to consume (default specq). [env SPECQ_QUEUE]"),
-    concurrency: int = typer.Option(None, help="Processes, each with its own models (default 1 = one job at a time). [env SPECQ_CONCURRENCY]"),
+    concurrency: int = typer.Option(None, help="Processes, each with its own models (default 1; >1 = one slot each). [env SPECQ_CONCURRENCY]"),
+    slots: int = typer.Option(None, help="Jobs run at once on one copy of the models (default 8 on a GPU, 1 on the CPU). [env SPECQ_SLOTS]"),
     target: str = typer.Option(None, help="Target model: registry name or GGUF path. [env SPECQ_TARGET]"),
     speculator: str = typer.Option(None, help="Speculator model: registry name or GGUF path. [env SPECQ_SPECULATOR]"),
     n_gpu_layers: int = typer.Option(None, help="Layers offloaded to the GPU (-1 = all). [env SPECQ_N_GPU_LAYERS]"),
-    n_ctx: int = typer.Option(None, help="Target context size (0 = model's, capped at 32768). [env SPECQ_N_CTX]"),
+    n_ctx: int = typer.Option(None, help="Target context per job (0 = model's, capped at 32768; larger values up to the model's). [env SPECQ_N_CTX]"),
     threads: int = typer.Option(None, help="CPU threads (0 = all cores). [env SPECQ_THREADS]"),
     flash_attn: bool = typer.Option(None, "--flash-attn/--no-flash-attn", help="Flash attention. [env SPECQ_FLASH_ATTN]"),
-    warm_up: bool = typer.Option(None, "--warm-up/--no-warm-up", help="Run one tiny job after loading. [env SPECQ_WARM_UP]"),
+    warm_up: bool = typer.Option(None, "--warm-up/--no-warm-up", help="Run a two-window specprefill job after loading; ready only after it. [env SPECQ_WARM_UP]"),
     loglevel: str = typer.Option("INFO", help="DEBUG, INFO, WARNING or ERROR."),
 ) -> None:
-    """Run a worker: load the models once on one GPU, then run jobs from the queue one at a time."""
+    """Run a worker: load the models once on one GPU, then run up to --slots jobs from the queue at once."""
     from ..contracts import EngineError
 
     settings = service_settings(gpu=gpu, queue=queue, concurrency=concurrency, target=target, speculator=speculator,
                                  n_gpu_layers=n_gpu_layers, n_ctx=n_ctx, threads=threads, flash_attn=flash_attn,
-                                 warm_up=warm_up)
+                                 warm_up=warm_up, slots=slots)
     service_ready_db(upgrade=False)
     from ..worker.main import run_worker
 

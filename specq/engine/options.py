@@ -39,8 +39,17 @@ class EngineOptions:
     #: flash attention; scores are recomputed from Q and K, so it can stay on while scoring (the
     #: target's is always on in batch-invariant mode, see batch_invariant)
     flash_attn: bool = True
-    #: context size in tokens for the target; 0 = the model's training context (capped at 32768)
+    #: context size in tokens for the target (per job: each serving slot may hold this much); 0 = the
+    #: model's training context capped at 32768; a larger value is served up to the model's training
+    #: context (128K: SPECQ_N_CTX=131072 with a model trained for it)
     n_ctx: int = 0
+    #: jobs the target decodes together (serving slots, engine/serving.py): its context holds one
+    #: sequence per slot, each in a KV stream of its own of n_ctx cells. 1 = one job at a time
+    slots: int = 1
+    #: with slots > 1: one unified KV cache of slots x n_ctx cells instead of one stream per slot
+    #: (every decode row then attends over all slots' cells, masked; greedy output is no longer the
+    #: same as alone on the CPU, see engine/serving.py). For measuring the layouts against each other
+    kv_unified: bool = False
     #: largest batch handed to llama_decode; prefills are split into batches of at most this size
     n_batch: int = 4096
     #: physical micro-batch; 0 = 2048 on a GPU build, 512 on CPU
@@ -102,6 +111,9 @@ class RunParams:
     window: int = 0
     #: tokens to generate at most
     max_tokens: int = 256
+    #: keep generating past end-of-generation tokens (benchmarks: exactly max_tokens output tokens,
+    #: as llama-server's ignore_eos); stop strings still end a generation
+    ignore_eos: bool = False
     #: 0 = greedy; > 0 samples
     temperature: float = 0.0
     #: 0 = off

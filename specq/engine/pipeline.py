@@ -37,7 +37,8 @@ OnText = Callable[[str], None]
 #: more than it saves below it. NOT measured: no benchmark has located the break-even yet (the
 #: document-reuse issue measures it); a chosen value, overridable per job (`min_tokens`)
 DEFAULT_MIN_TOKENS = 1024
-#: the target's context when the model's training context is larger
+#: the target's default context when the model's training context is larger (a configured n_ctx
+#: is served up to the model's training context)
 MAX_DEFAULT_CTX = 32768
 
 
@@ -59,11 +60,22 @@ class Engine:
         self.numerics = num = invariance.resolve(opts, backend)
         # MTP layers load with the trunk when the file has them (a model without any is unaffected)
         self.target = Model(self.target_path, n_gpu_layers=opts.n_gpu_layers, repack=num.repack, load_mtp=True)
-        self.n_ctx = opts.n_ctx or min(self.target.n_ctx_train or MAX_DEFAULT_CTX, MAX_DEFAULT_CTX)
+        train = self.target.n_ctx_train
+        if opts.n_ctx:
+            self.n_ctx = min(opts.n_ctx, train) if train > 0 else opts.n_ctx
+        else:
+            self.n_ctx = min(train or MAX_DEFAULT_CTX, MAX_DEFAULT_CTX)
         self.n_ubatch = opts.n_ubatch or (2048 if backend != "cpu" else 512)
+        #: sequences of the target's context (serving slots); each may hold n_ctx cells
+        self.slots = max(1, int(opts.slots))
         self.ctx = Context(
             self.target,
-            n_ctx=self.n_ctx,
+            n_ctx=self.n_ctx * self.slots,
+            n_seq_max=self.slots,
+            # one KV stream of n_ctx cells per slot: a job attends over its own cells only, and they
+            # stay in position order (in one unified cache another job's rollback leaves holes that a
+            # job's later tokens fill out of order, which changes flash attention's summation order)
+            kv_unified=self.slots == 1 or opts.kv_unified,
             n_batch=opts.n_batch,
             n_ubatch=self.n_ubatch,
             n_threads=opts.resolved_threads(),
@@ -114,10 +126,27 @@ class Engine:
             self.info.speculator = path.name
         return self._speculator
 
-    def warm_up(self) -> None:
-        """Load the speculator and run one tiny job so the first real job pays no setup cost."""
-        _ = self.speculator
-        self.run("warm up", RunParams(question="ok", max_tokens=2))
+    def warm_up_job(self) -> tuple[str, RunParams]:
+        """A specprefill job of two scoring windows at production ubatch sizes (each window about one
+        n_ubatch of tokens, so the speculator's and the target's prefills run full micro-batches),
+        scored by the production scorer path (parallel streams on a GPU, the torch/numpy score math),
+        then a few decoded tokens: the first real job finds every kernel, context and stream warm."""
+        spec = self.speculator
+        window = max(64, min(self.n_ubatch, 4096, (self.n_ctx - 512) // 2))
+        words = "lorem ipsum dolor sit amet consectetur adipiscing elit sed do eiusmod tempor".split()
+        piece = " ".join(words[i % len(words)] + str(i % 97) for i in range(256)) + "\n"
+        per = max(1, len(spec.tokenize(piece)))
+        doc = piece * max(1, (2 * window) // per + 1)
+        toks = spec.tokenize(doc)
+        doc = spec.detokenize(toks[: 2 * window])
+        return doc, RunParams(question="ok", mode="specprefill", min_tokens=0, window=window, max_tokens=4, seed=0)
+
+    def warm_up(self) -> float:
+        """Run the warm-up job (warm_up_job); its duration in seconds."""
+        t0 = time.perf_counter()
+        doc, params = self.warm_up_job()
+        self.run(doc, params)
+        return time.perf_counter() - t0
 
     # -- running -----------------------------------------------------------------------------------
     def tokenize_prompt(self, document: str, params: RunParams, *, messages: list[tuple[str, str]] | None = None,
@@ -137,22 +166,16 @@ class Engine:
             )
         return prompt
 
-    def run(self, document: str, params: RunParams | None = None, progress: Progress | None = None, *,
-            messages: list[tuple[str, str]] | None = None, raw: bool = False, on_text: OnText | None = None) -> RunResult:
-        """One job. `messages` (a chat) or `raw` (a completion prompt) change how the prompt is built
-        (`tokenize_prompt`); `on_text` receives the answer as it is decoded."""
-        params = params or RunParams()
+    def prepare(self, document: str, params: RunParams, *, messages: list[tuple[str, str]] | None = None,
+                raw: bool = False) -> tuple[Prompt, str, str, list[str], dict]:
+        """The first phase of a job: params checked, prompt tokenized, the mode and positions that will
+        run decided; (prompt, mode, positions, warnings, timings)."""
         params.validate()
-        report = progress or (lambda phase, done, total: None)
-        t_start = time.perf_counter()
         timings = {p: 0.0 for p in CORE_PHASES}
         warnings: list[str] = []
-
-        report("tokenize", 0, 1)
         t0 = time.perf_counter()
         prompt = self.tokenize_prompt(document, params, messages=messages, raw=raw)
         timings["tokenize"] = _ms(t0)
-
         positions = params.positions
         if positions == "original" and not self.gaps_supported:
             positions = "compressed"
@@ -160,12 +183,22 @@ class Engine:
                 "this llama.cpp build refuses position gaps (stock wheel?): ran with compressed positions; "
                 "build ours with scripts/build-llama.sh"
             )
-
         min_tokens = DEFAULT_MIN_TOKENS if params.min_tokens < 0 else params.min_tokens
         mode = params.mode
         if mode == "specprefill" and prompt.n < min_tokens:
             mode = "baseline"
             warnings.append(f"prompt has {prompt.n} tokens < min_tokens {min_tokens}: ran baseline")
+        return prompt, mode, positions, warnings, timings
+
+    def run(self, document: str, params: RunParams | None = None, progress: Progress | None = None, *,
+            messages: list[tuple[str, str]] | None = None, raw: bool = False, on_text: OnText | None = None) -> RunResult:
+        """One job. `messages` (a chat) or `raw` (a completion prompt) change how the prompt is built
+        (`tokenize_prompt`); `on_text` receives the answer as it is decoded."""
+        params = params or RunParams()
+        report = progress or (lambda phase, done, total: None)
+        t_start = time.perf_counter()
+        report("tokenize", 0, 1)
+        prompt, mode, positions, warnings, timings = self.prepare(document, params, messages=messages, raw=raw)
 
         spec = SpecInfo(mode=mode, positions=positions, keep=1.0, lookahead=0, windows=0, scorer="none")
         doc_scores = None
@@ -182,14 +215,45 @@ class Engine:
         timings["sparse_prefill"] = _ms(t0)
 
         sampler = Sampler(params.temperature, params.top_k, params.top_p, params.seed)
+        n_draft = self.draft_budget(params, drafter, warnings)
+        t_decode = time.perf_counter()
+        first: list[float] = []
+        text, on_token, accept = self.text_callbacks(params, report, on_text, first)
+        gen = generate(
+            self.ctx,
+            prompt.tokens,
+            pre.logits,
+            pre.next_pos,
+            max_tokens=params.max_tokens,
+            sampler=sampler,
+            drafter=drafter,
+            n_draft=n_draft,
+            draft_min=params.draft_min,
+            progress=on_token,
+            accept=accept,
+            ignore_eos=params.ignore_eos,
+        )
+        t_end = time.perf_counter()
+        timings["ttft"] = ((first[0] if first else t_end) - t_start) * 1000.0
+        timings["decode"] = (t_end - t_decode) * 1000.0
+        timings["total"] = (t_end - t_start) * 1000.0
+        draft_prefill = getattr(drafter, "prefill_ms", 0.0)
+        if draft_prefill:  # the model drafter's own prompt prefill (baseline runs): part of `decode` above
+            timings["draft_prefill"] = round(draft_prefill, 3)
+        return self.finish_result(document, prompt, params, gen, text, on_text, timings, spec, warnings, kept, doc_scores)
+
+    def draft_budget(self, params: RunParams, drafter, warnings: list[str]) -> int:
+        """Tokens drafted per verification: n_draft, capped by the numerics (batch-invariant mode)."""
         n_draft = params.n_draft
         if drafter is not None:
             warnings += invariance.draft_warning(self.numerics, n_draft, greedy=params.temperature == 0)
             if self.numerics.max_draft:
                 n_draft = min(n_draft, self.numerics.max_draft)
-        t_decode = time.perf_counter()
-        first: list[float] = []
+        return n_draft
 
+    def text_callbacks(self, params: RunParams, report: Progress, on_text: OnText | None, first: list[float]):
+        """(TextStream, on_token, accept) of a job's decode: progress per token, the time of the first
+        token appended to `first`, text published through on_text with stop strings applied."""
         text = TextStream(params.stop)
         emit = on_text or (lambda delta: None)
 
@@ -204,30 +268,15 @@ class Engine:
                 emit(delta)
             return text.stopped
 
-        gen = generate(
-            self.ctx,
-            prompt.tokens,
-            pre.logits,
-            pre.next_pos,
-            max_tokens=params.max_tokens,
-            sampler=sampler,
-            drafter=drafter,
-            n_draft=n_draft,
-            draft_min=params.draft_min,
-            progress=on_token,
-            accept=accept,
-        )
-        rest = text.finish()
-        if rest:
-            emit(rest)
-        t_end = time.perf_counter()
-        timings["ttft"] = ((first[0] if first else t_end) - t_start) * 1000.0
-        timings["decode"] = (t_end - t_decode) * 1000.0
-        timings["total"] = (t_end - t_start) * 1000.0
-        draft_prefill = getattr(drafter, "prefill_ms", 0.0)
-        if draft_prefill:  # the model drafter's own prompt prefill (baseline runs): part of `decode` above
-            timings["draft_prefill"] = round(draft_prefill, 3)
+        return text, on_token, accept
 
+    def finish_result(self, document: str, prompt: Prompt, params: RunParams, gen, text: TextStream,
+                      on_text: OnText | None, timings: dict, spec: SpecInfo, warnings: list[str], kept: list[int],
+                      doc_scores) -> RunResult:
+        """The RunResult of a decoded job (the text's held-back rest published first)."""
+        rest = text.finish()
+        if rest and on_text is not None:
+            on_text(rest)
         d = gen.draft.as_dict()
         # after the timed phases: what the target saw, in character offsets (kept_spans.py)
         selection = None if doc_scores is None else selection_record(
@@ -255,7 +304,7 @@ class Engine:
 
             spec = self.speculator
             opts = self.options
-            n_ctx = min(spec.n_ctx_train or MAX_DEFAULT_CTX, max(self.n_ctx, 4096), MAX_DEFAULT_CTX)
+            n_ctx = min(spec.n_ctx_train or self.n_ctx, max(self.n_ctx, 4096))
             self.info.score_math = self._score_math()
             self._scorer = SpecPrefillScorer(
                 spec, n_ctx=n_ctx, n_batch=opts.n_batch, n_ubatch=self.n_ubatch,
@@ -302,18 +351,21 @@ class Engine:
         spec.keep, spec.lookahead, spec.windows, spec.scorer = params.keep, params.lookahead, scored.windows, params.scorer
         return kept, scored.scores
 
-    def _drafter(self, params: RunParams, prompt: Prompt, *, scored: bool = False):
+    def _drafter(self, params: RunParams, prompt: Prompt, *, scored: bool = False, seq: int = 0):
         """The run's drafter (drafters.py); `model` drafts on the scorer's speculator context and, when
         this run scored, continues from the KV state scoring left there; `mtp` / `eagle3` on their
         own contexts, fed with the target's hidden states (drafters_hidden.py)."""
         from .drafters import make_drafter
 
         hidden, unavailable = {}, {}
-        if self.mtp_unsupported:
+        if self.slots > 1:  # their contexts hold one sequence and read rows of the target's own batches
+            unavailable["mtp"] = self.mtp_unsupported or "not with several serving slots (SPECQ_SLOTS > 1)"
+            unavailable["eagle3"] = "not with several serving slots (SPECQ_SLOTS > 1)"
+        elif self.mtp_unsupported:
             unavailable["mtp"] = self.mtp_unsupported
         else:
             hidden["mtp"] = lambda: (self.mtp_context(), {})
-        if params.draft in ("eagle3", "auto"):  # the head loads (and is checked) only when it may draft
+        if params.draft in ("eagle3", "auto") and self.slots == 1:  # the head loads (and is checked) only when it may draft
             why = self._eagle3_unsupported()
             if why:
                 unavailable["eagle3"] = why
@@ -322,7 +374,7 @@ class Engine:
         return make_drafter(
             params.draft, prompt, ngram=params.ngram, temperature=params.temperature, top_k=params.top_k,
             top_p=params.top_p, seed=params.seed, p_min=params.p_min, backend=self.info.backend,
-            speculator_cache=self.scorer, scored=scored, hidden_drafters=hidden, unavailable=unavailable,
+            speculator_cache=self.scorer, scored=scored, hidden_drafters=hidden, unavailable=unavailable, seq=seq,
         )
 
     def mtp_context(self) -> Context:

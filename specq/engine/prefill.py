@@ -23,12 +23,9 @@ class PrefillResult:
     logits: np.ndarray  # the target's logits after the last prompt token
 
 
-def sparse_prefill(ctx: Context, tokens: Sequence[int], kept: Sequence[int], positions: str = "original", *,
-                   observe: Callable | None = None) -> PrefillResult:
-    """Prefill tokens[kept] into an empty cache; `kept` must be sorted, unique, and end at len(tokens)-1.
-
-    observe: a hidden-state drafter's `observe(ctx, rows, tokens, positions)`, called after each
-    llama_decode (batches of ctx.n_batch tokens, as Context.decode splits them anyway)."""
+def prefill_plan(tokens: Sequence[int], kept: Sequence[int], positions: str = "original") -> tuple[np.ndarray, np.ndarray, int]:
+    """(tokens, positions, next_pos) of a sparse prefill of tokens[kept] (checked: sorted, unique,
+    ending at the last prompt token); the serving loop decodes them in chunks into its sequence."""
     n = len(tokens)
     idx = np.asarray(kept, dtype=np.int64)
     if idx.size == 0 or idx[-1] != n - 1:
@@ -42,6 +39,17 @@ def sparse_prefill(ctx: Context, tokens: Sequence[int], kept: Sequence[int], pos
         pos, next_pos = np.arange(idx.size, dtype=np.int32), int(idx.size)
     else:
         raise ValueError(f"unknown positions mode {positions!r}")
+    return toks, pos, next_pos
+
+
+def sparse_prefill(ctx: Context, tokens: Sequence[int], kept: Sequence[int], positions: str = "original", *,
+                   observe: Callable | None = None) -> PrefillResult:
+    """Prefill tokens[kept] into an empty cache; `kept` must be sorted, unique, and end at len(tokens)-1.
+
+    observe: a hidden-state drafter's `observe(ctx, rows, tokens, positions)`, called after each
+    llama_decode (batches of ctx.n_batch tokens, as Context.decode splits them anyway)."""
+    toks, pos, next_pos = prefill_plan(tokens, kept, positions)
+    idx = toks
     ctx.clear()
     if observe is None:
         ctx.decode(toks, pos, logits="last")

@@ -23,7 +23,7 @@ reconciler has taken the job over (storage.jobs, "Fencing").
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Container, Sequence
 from typing import NamedTuple
 
 from sqlalchemy import and_, false, func, or_, select, update
@@ -75,11 +75,15 @@ def pick_next(session: Session, queue: str | None, hint: str | None = None,
 
 
 def claim_next(session: Session, hint: str, worker: str, *, queue: str | None,
-               stale_after_s: float | None = _jobs.DEFAULT_STALE_AFTER_S) -> Claim | None:
+               stale_after_s: float | None = _jobs.DEFAULT_STALE_AFTER_S, live: Container[str] = ()) -> Claim | None:
     """Claim the job to run for a message naming `hint` (module doc): the Claim (job id and attempt
-    token), or None if there is none."""
-    token = _jobs.mark_running(session, hint, worker, stale_after_s=stale_after_s, only_stale=True) \
-        or reclaim_own(session, hint, worker)
+    token), or None if there is none.
+
+    live: the jobs running in this worker process now (its serving slots): a message naming one of
+    them never claims it again (neither as stale nor through `reclaim_own`), it claims the next job."""
+    token = None if hint in live else (
+        _jobs.mark_running(session, hint, worker, stale_after_s=stale_after_s, only_stale=True)
+        or reclaim_own(session, hint, worker))
     if token:
         return Claim(hint, token)
     lost: list[str] = []
@@ -115,11 +119,11 @@ def _take_turn(session: Session, queue: str, job_id: str) -> None:
 def reclaim_own(session: Session, job_id: str, worker: str) -> str | None:
     """Claim again a job left `running` by this very worker process (`worker` = its "host:pid").
 
-    A worker runs one job at a time per process, so when its own `running` job is delivered to it
-    again (the store failed while it was finishing the job, and the task was re-sent), nobody is
-    running it: start a new attempt (attempts + 1, fresh heartbeat, a new attempt token: the
-    interrupted attempt's writes are refused) if attempts are left and no cancel was requested; its
-    token. None otherwise, changing nothing.
+    The caller (`claim_next`) never passes a job live in this process (its serving slots hold
+    several: `live`), so when its own `running` job is delivered to it again (the store failed while
+    it was finishing the job, and the task was re-sent), nobody is running it: start a new attempt
+    (attempts + 1, fresh heartbeat, a new attempt token: the interrupted attempt's writes are refused)
+    if attempts are left and no cancel was requested; its token. None otherwise, changing nothing.
     """
     now = utcnow()
     token = _jobs.new_token()

@@ -2,8 +2,11 @@
 
 Order matters: CUDA_VISIBLE_DEVICES is set before anything imports llama.cpp; the models are loaded
 (and warmed up) before the worker takes its first message, so a job never waits on a model load.
-With concurrency 1 (the default) the Celery solo pool runs jobs in this very process; with more, a
-prefork pool whose children each load their own models after the fork.
+With one serving slot the Celery solo pool runs jobs in this very process; with SPECQ_SLOTS > 1 (the
+default on a GPU: 8) the threads pool runs that many tasks at once, each submitting its job to the
+one engine loop (specq.engine.serving). SPECQ_CONCURRENCY > 1 is the older alternative: a prefork
+pool whose children each load their own copy of the models after the fork (one slot each).
+SIGTERM drains (WorkerRuntime.drain) before Celery's warm shutdown ends.
 """
 
 from __future__ import annotations
@@ -39,20 +42,28 @@ def run_worker(settings: ServiceSettings, *, queue: str | None = None, loglevel:
     ensure_schema()
     queue = queue or settings.queue
     app = create_worker_app(settings, queue=queue)
+    from celery import signals
+
+    from ..engine.llama import backend_name
+
     rt = WorkerRuntime(settings)
     rt.queue = queue
     set_runtime(rt)
-    solo = settings.concurrency == 1
-    if solo:
+    prefork = settings.concurrency > 1
+    slots = settings.resolved_slots(backend_name())
+    if not prefork:
         rt.load()
+        signals.worker_shutting_down.connect(lambda **_kw: rt.drain(), weak=False)
+    pool = "prefork" if prefork else ("threads" if slots > 1 else "solo")
+    concurrency = settings.concurrency if prefork else slots
     broker = settings.resolved_broker_url if settings.embedded_broker else _mask(settings.resolved_broker_url)
     log.warning("specq worker consuming queue %r on %s (%s)", queue, broker,
-                "solo pool" if solo else f"prefork x{settings.concurrency}")
+                f"prefork x{concurrency}" if prefork else f"{pool} pool, {slots} slot{'s' if slots > 1 else ''}")
     argv = [
         "worker",
         f"--loglevel={loglevel}",
-        f"--pool={'solo' if solo else 'prefork'}",
-        f"--concurrency={settings.concurrency}",
+        f"--pool={pool}",
+        f"--concurrency={concurrency}",
         f"--queues={queue}",
         f"--hostname=specq-{queue}-{os.getpid()}@%h",
         "--without-mingle",

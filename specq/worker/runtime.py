@@ -19,6 +19,15 @@ A job's life in the worker (`WorkerRuntime.execute`):
    repeated through a database restart for up to `store_retry_for` seconds (`storage.retry`), so a
    computed result is not dropped.
 
+With serving slots (SPECQ_SLOTS > 1, Celery's threads pool) several deliveries run this at once in
+one process: each task thread claims its job, then submits it to the one engine loop
+(`specq.engine.serving.ServingEngine`) and waits on its handle, forwarding a cancel request or the
+time limit to it; every per-job store write (progress, heartbeat, result, failure) stays in the
+job's own thread, through the same storage functions. A message naming a job live in this process
+never claims it again (`claims.claim_next(live=...)`). SIGTERM drains (`drain`): no job takes a
+slot any more, waiting ones go back to the queue at once, running ones get SPECQ_DRAIN_GRACE seconds
+to finish, then go back too.
+
 Each worker process also runs the reconciler (`specq.reconciler`) in a thread: jobs whose worker died
 go back to the queue from there.
 
@@ -42,7 +51,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from ..contracts import EngineError, Fenced, InputError, ModelError, RunCancelled
+from ..contracts import Drained, EngineError, Fenced, InputError, ModelError, RunCancelled
 from ..engine.options import RunParams
 from ..settings import ServiceSettings
 from ..storage import claims, db, jobs, results
@@ -158,6 +167,14 @@ class WorkerRuntime:
         #: the queue this worker consumes (`specq worker --queue`), reported in its heartbeat
         self.queue = self.settings.queue
         self.current_job: str | None = None
+        #: jobs claimed and running in this process now (its serving slots), guarded by _claim_lock
+        self.live: set[str] = set()
+        self._claim_lock = threading.Lock()
+        #: the engine loop (built by load(); None when a test hands in an engine: it then runs in the
+        #: task's thread)
+        self.serving = None
+        self.ready = False
+        self.warm_up_s: float | None = None
         self.heartbeat = None
         self.reconciler = None
         self._channel = None
@@ -175,20 +192,30 @@ class WorkerRuntime:
         """Load the models (and warm them up); call after CUDA_VISIBLE_DEVICES is set and after any fork."""
         if self.engine is not None:
             return
+        from ..engine.llama import backend_name
         from ..engine.pipeline import Engine
+        from ..engine.serving import ServingEngine
 
         t0 = time.perf_counter()
-        opts = self.settings.engine_options()
+        slots = self.settings.resolved_slots(backend_name())
+        opts = self.settings.engine_options(slots)
         self.engine = Engine(opts)
+        self.serving = ServingEngine(self.engine, prefill_chunk=self.settings.prefill_chunk).start()
         if self.settings.warm_up:
-            self.engine.warm_up()
+            t1 = time.perf_counter()
+            doc, params = self.engine.warm_up_job()
+            res = self.serving.run(doc, params)
+            self.warm_up_s = time.perf_counter() - t1
+            log.warning("specq worker warm-up: a specprefill job of %d tokens in %d windows (n_ubatch %d) took %.2fs",
+                        res.usage.prompt_tokens, res.spec.windows, self.engine.n_ubatch, self.warm_up_s)
         self.name = worker_name()
         info = self.engine.info
         log.warning(
-            "specq worker %s ready: target %s, speculator %s, backend %s, n_gpu_layers %s, n_ctx %s (%.1fs)",
+            "specq worker %s ready: target %s, speculator %s, backend %s, n_gpu_layers %s, n_ctx %s, %d slot%s (%.1fs)",
             self.name, info.target, info.speculator or "(on first use)", info.backend, info.n_gpu_layers,
-            self.engine.n_ctx, time.perf_counter() - t0,
+            self.engine.n_ctx, slots, "" if slots == 1 else "s", time.perf_counter() - t0,
         )
+        self.ready = True
         self._start_heartbeat(info)
         self._start_reconciler()
 
@@ -205,8 +232,11 @@ class WorkerRuntime:
                 "n_ctx": int(getattr(self.engine, "n_ctx", 0) or 0)}
 
         def state() -> dict[str, Any]:
+            live = sorted(self.live)
+            extra = self.serving.stats() if self.serving is not None else {"slots": 1}
             return {"name": self.name, "queue": self.queue, "jobs_done": self.jobs_done,
-                    "current_job": self.current_job, **meta}
+                    "current_job": live[0] if live else None, "current_jobs": live, "busy": len(live),
+                    "ready": self.ready, "warm_up_s": self.warm_up_s, **extra, **meta}
 
         self.heartbeat = Heartbeat(self.settings, state)
         self.heartbeat.start()
@@ -225,11 +255,7 @@ class WorkerRuntime:
         """Run one delivery of job `job_id` to the end. Job errors end in the store; only the store's
         own errors (e.g. the database is unreachable) escape, and the task re-sends the job.
         A job of a batch then moves its batch on (counts; completed or cancelled once all are done)."""
-        self.current_job = job_id
-        try:
-            outcome = self._execute(job_id)
-        finally:
-            self.current_job = None
+        outcome = self._execute(job_id)
         if outcome.status != "retry" and outcome.job_id:
             self._advance_batch(outcome.job_id)
         return outcome
@@ -253,7 +279,12 @@ class WorkerRuntime:
             self.load()
         s_ = self.settings
         with db.session() as s:
-            claim = claims.claim_next(s, job_id, self.name, queue=self.queue, stale_after_s=s_.stale_after)
+            with self._claim_lock:  # one claim at a time: two messages of one job never both claim it
+                claim = claims.claim_next(s, job_id, self.name, queue=self.queue, stale_after_s=s_.stale_after,
+                                          live=self.live)
+                if claim is not None:
+                    self.live.add(claim.job_id)
+                    self.current_job = claim.job_id
             if claim is None:
                 job = jobs.get_job(s, job_id)
                 state = job.status if job is not None else "missing"
@@ -266,6 +297,10 @@ class WorkerRuntime:
             except Exception as e:  # a store error: the task re-sends the job that ran, not the message's
                 e.specq_job_id = claim.job_id  # type: ignore[attr-defined]
                 raise
+            finally:
+                with self._claim_lock:
+                    self.live.discard(claim.job_id)
+                    self.current_job = next(iter(self.live), None)
             outcome.job_id = claim.job_id
             return outcome
 
@@ -297,8 +332,12 @@ class WorkerRuntime:
         publisher = DeltaPublisher(self.channel, job_id, job.attempts, token=token, on_fenced=watcher.fence)
         try:
             try:
-                result = self.engine.run(inp.text, params, progress=watcher.progress, on_text=publisher.feed,
-                                         **source)
+                if self.serving is None:
+                    result = self.engine.run(inp.text, params, progress=watcher.progress, on_text=publisher.feed,
+                                             **source)
+                else:
+                    handle = self.serving.submit(inp.text, params, watcher.progress, on_text=publisher.feed, **source)
+                    result = self._wait(handle, watcher)
             finally:
                 publisher.finish()
         except Fenced:
@@ -307,6 +346,9 @@ class WorkerRuntime:
         except JobTimeLimit as e:
             watcher.stop()
             return self._fail(s, job_id, token, str(e))
+        except Drained as e:
+            watcher.stop()
+            return self._requeue_drained(s, job, token, str(e))
         except RunCancelled:
             watcher.stop()
             self._store(s, f"job {job_id}: marking it cancelled",
@@ -342,13 +384,53 @@ class WorkerRuntime:
             raise
         except Exception as e:  # not a lost connection, or still lost after store_retry_for: nothing was kept
             return self._retry_or_fail(s, job, token, f"saving the result failed: {_describe(e)}")
-        self.jobs_done += 1
+        with self._claim_lock:
+            self.jobs_done += 1
         self._clear_stream(job_id)
         if not saved:
             log.info("job %s: result saved before (a repeated write)", job_id)
         log.info("job %s: succeeded in %.0f ms (queue wait %.0f ms)", job_id, ms, job.queue_wait_ms or 0.0)
         self._housekeeping()
         return Outcome("succeeded")
+
+    def _wait(self, handle, watcher: _Watcher):
+        """The job's RunResult from the engine loop; a cancel request or the time limit seen by the
+        watcher is handed to the loop (which drops the job at its next step, even one still waiting
+        for a slot)."""
+        from concurrent.futures import TimeoutError as FutureTimeout
+
+        while True:
+            try:
+                return handle.result(timeout=0.2)
+            except FutureTimeout:
+                if watcher.fenced is not None:  # the job is another attempt's now: drop it from the loop
+                    handle.cancel(watcher.fenced)
+                elif watcher.cancelled.is_set():
+                    handle.cancel(RunCancelled("cancelled"))
+                elif time.monotonic() > watcher.deadline:
+                    handle.cancel(JobTimeLimit(f"job exceeded the time limit of {watcher.time_limit:g}s (SPECQ_TIME_LIMIT)"))
+
+    def drain(self) -> None:
+        """SIGTERM (Celery's warm shutdown): no job takes a slot any more, jobs waiting for one go back
+        to the queue now, running ones get drain_grace seconds, then go back too. Returns at once."""
+        if self.serving is None:
+            return
+        grace = self.settings.drain_grace
+        log.warning("specq worker %s: draining (%d job(s) live; %.0fs grace)", self.name, len(self.live), grace)
+        self.serving.stop_admitting()
+        timer = threading.Timer(grace, self.serving.drop_running)
+        timer.daemon = True
+        timer.start()
+
+    def _requeue_drained(self, s, job, token: str, message: str) -> Outcome:
+        """The worker stopped before this job ran to the end: back to the queue without a backoff."""
+        job_id = job.id
+        if self._store(s, f"job {job_id}: requeueing it",
+                       lambda: jobs.requeue(s, job_id, message, token=token, delay_s=0.0)):
+            log.warning("job %s: %s; requeued", job_id, message)
+            self._clear_stream(job_id)
+            return Outcome("retry", message, retry_in=0.0)
+        return self._retry_or_fail(s, job, token, message)
 
     def _store(self, s, what: str, write: Callable[[], Any]) -> Any:
         """A store write after the job ran, repeated through a database restart (storage.retry)."""

@@ -1,0 +1,98 @@
+#!/usr/bin/env bash
+# On the lent H200: `specq bench serve` against specq (8 slots and 1 slot) and llama-server, built from
+# ONE CMake tree of the vendored llama.cpp (the patched wheel and llama-server together), 0.5B -> 7B
+# random-weight shapes, no drafting on either side. Each stage fits one <= 10-minute call; the machine
+# keeps /tmp only while calls follow each other. Run from the project root, carrying .gpu (made by
+# bench/gpu/prepare.sh) and .whl (the service's wheels: bench/gpu/serve-wheels.sh, run here first).
+#
+#   bash bench/gpu/serve.sh build          # wheel + llama-server (~6-7 min), service wheels, models
+#   bash bench/gpu/serve.sh specq 32768 64 # specq, 8 slots then 1 slot: 64 jobs of 32K-token documents
+#   bash bench/gpu/serve.sh llama 32768 64 # llama-server -np 8, the same workload and client
+#   bash bench/gpu/serve.sh specq 8192 64; bash bench/gpu/serve.sh llama 8192 64       # extra: 8K
+#   CTX=135168 SLOTS_LIST=8 bash bench/gpu/serve.sh specq 131072 8; CTX=135168 bash bench/gpu/serve.sh llama 131072 8
+#
+# JSON (and a PNG per stage) go to $OUT. Settings: keep 0.3, 128 output tokens with ignore_eos, all jobs
+# sent at t=0, n_batch 4096 / n_ubatch 2048 on both, flash attention on, all layers on the GPU, one
+# context of CTX (default 33792) cells per slot (llama-server: -c 8 x CTX --kv-unified, as its users run it).
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+stage=${1:-build}; len=${2:-32768}; jobs=${3:-64}
+ctx=${CTX:-33792}; max_tokens=${MAX_TOKENS:-128}; keep=${KEEP:-0.3}
+out=${OUT:-/tmp/out}; mkdir -p "$out" /tmp/models
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+export LD_PRELOAD=${LD_PRELOAD:-/lib/x86_64-linux-gnu/libstdc++.so.6}   # see ttft.sh
+build=/tmp/lcp-build
+server=$build/vendor/llama.cpp/bin/llama-server
+[ -x "$server" ] || server=$(find "$build" -name llama-server -type f -perm -u+x 2>/dev/null | head -1)
+# the document's characters per token for the Qwen2 vocabulary on bench/serve.py's pseudo-code (the
+# JSON records the prompt tokens each job really had); documents leave room for template + question
+cpt=${CHARS_PER_TOKEN:-3.2}; doc_tokens=$(( len - len / 16 ))
+
+models() {
+  for s in 0.5b 7b; do
+    [ -f /tmp/models/$s.gguf ] || python3 -m specq.cli bench make-model --shape $s --vocab .gpu/ggml-vocab-qwen2.gguf \
+      --n-ctx $(( ctx > 32768 ? ctx : 32768 )) --out /tmp/models/$s.gguf || exit 1
+  done
+}
+
+case "$stage" in
+build)
+  t0=$(date +%s)
+  if [ ! -x "${server:-/nonexistent}" ]; then
+    mkdir -p /tmp/lcp /tmp/site
+    tar xzf .gpu/llama-cpp-python-src.tar.gz -C /tmp/lcp
+    for p in .gpu/patches/*.patch; do [ -f "$p" ] && { patch -p1 -d /tmp/lcp < "$p" || exit 1; echo "applied $p"; }; done
+    # one tree: scikit-build-core's build dir kept at $build, llama.cpp's tools (llama-server) switched on
+    ( cd /tmp/lcp && CMAKE_ARGS="-DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=90-real -DLLAVA_BUILD=OFF -DLLAMA_BUILD_MTMD=OFF \
+        -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=ON -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_OPENSSL=OFF" \
+      CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" python3 -m pip install -q --no-deps --no-build-isolation --target /tmp/site \
+        --config-settings=build-dir=$build . ) > /tmp/llama-build.log 2>&1 || { tail -40 /tmp/llama-build.log; exit 1; }
+    cmake --build $build --target llama-server -j "$(nproc)" >> /tmp/llama-build.log 2>&1 || { tail -20 /tmp/llama-build.log; exit 1; }
+    python3 -m pip install -q --no-index --no-deps --target /tmp/site .gpu/wheels/*.whl
+    echo "wheel + llama-server from one tree: $(( $(date +%s) - t0 )) s"
+  fi
+  server=$(find "$build" -name llama-server -type f -perm -u+x | head -1)
+  "$server" --version 2>&1 | head -2
+  ls .whl/*.whl >/dev/null 2>&1 && python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl
+  python3 -c "import llama_cpp, celery, fastapi, sqlalchemy, specq; print('llama_cpp', llama_cpp.__version__, 'gpu', llama_cpp.llama_supports_gpu_offload())" || exit 1
+  models
+  ;;
+specq)
+  models
+  for slots in ${SLOTS_LIST:-8 1}; do
+    home=/tmp/specq-home-$slots; rm -rf "$home"; port=$(( 8200 + slots ))
+    # graphs off as in ttft.sh (a re-captured graph crashed the speculator's lone decodes once)
+    SPECQ_HOME=$home SPECQ_API_PORT=$port SPECQ_TARGET=/tmp/models/7b.gguf SPECQ_SPECULATOR=/tmp/models/0.5b.gguf \
+      SPECQ_N_GPU_LAYERS=-1 SPECQ_N_CTX=$ctx SPECQ_SLOTS=$slots SPECQ_N_BATCH=4096 SPECQ_N_UBATCH=2048 \
+      SPECQ_TIME_LIMIT=3000 SPECQ_KV_UNIFIED=${SPECQ_KV_UNIFIED:-false} GGML_CUDA_DISABLE_GRAPHS=${GGML_CUDA_DISABLE_GRAPHS-1} \
+      python3 -m specq.cli up > "$out/specq-$slots-$len.log" 2>&1 &
+    pid=$!
+    for i in $(seq 300); do
+      curl -sf localhost:$port/readyz 2>/dev/null | grep -q '"workers_ready":[1-9]' && break; sleep 1
+    done
+    grep -m3 "warm-up\|ready: target" "$out/specq-$slots-$len.log"
+    nvidia-smi --query-gpu=memory.used --format=csv,noheader
+    python3 -m specq.cli bench serve --url http://127.0.0.1:$port --kind specq --docs "$jobs" --doc-tokens $doc_tokens \
+      --chars-per-token "$cpt" --max-tokens $max_tokens --mode specprefill --keep $keep --label "specq $slots slots" \
+      --out "$out/serve-specq$slots-$len.json" --plot "$out/serve-specq$slots-$len.png"
+    kill -TERM $pid; wait $pid
+  done
+  ;;
+llama)
+  models
+  port=8290
+  "$server" -m /tmp/models/7b.gguf -ngl 99 -fa on -np 8 -c $(( 8 * ctx )) --kv-unified --cache-ram -1 \
+    -b 4096 -ub 2048 --port $port > "$out/llama-server-$len.log" 2>&1 &
+  pid=$!
+  for i in $(seq 300); do curl -sf localhost:$port/health >/dev/null && break; sleep 1; done
+  nvidia-smi --query-gpu=memory.used --format=csv,noheader
+  python3 -m specq.cli bench serve --url http://127.0.0.1:$port --kind llama-server --docs "$jobs" --doc-tokens $doc_tokens \
+    --chars-per-token "$cpt" --max-tokens $max_tokens --label "llama-server -np 8" \
+    --out "$out/serve-llama-$len.json" --plot "$out/serve-llama-$len.png" \
+    $(ls "$out"/serve-specq*-$len.json 2>/dev/null | sed 's/^/--compare /')
+  kill -TERM $pid; wait $pid
+  grep -m3 -i "error" "$out/llama-server-$len.log"
+  ;;
+*) echo "usage: serve.sh build | specq LEN JOBS | llama LEN JOBS"; exit 2 ;;
+esac

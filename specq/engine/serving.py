@@ -1,0 +1,554 @@
+"""Serving slots: one engine thread runs many jobs at once on one loaded target + speculator.
+
+`ServingEngine(engine)` starts one thread (`specq-engine`) that owns every llama.cpp call of the
+engine from then on. Other threads `submit()` jobs and get a `JobHandle` (a future: `result()`,
+`cancel(exc)`); `run()` is `Engine.run`'s signature, blocking, callable from any thread.
+
+The target's context holds one sequence per slot (`Engine.slots`, EngineOptions.slots), slot s =
+sequence s, each in a KV stream of its own of n_ctx cells (not one unified cache: there one job's
+rolled-back draft cells leave holes that another job's later tokens fill out of position order, which
+changes flash attention's summation order and so its rounding; measured on the tiny models: sampled
+output changed). A job's prompt + max_tokens must fit n_ctx (Engine.tokenize_prompt), so admission
+is by free slot.
+
+Each step of the loop:
+
+1. cancels and time limits (`JobHandle.cancel`) drop their jobs: the job's cells are removed
+   (seq_rm of its sequence), its future gets the exception, nothing else changes;
+2. waiting jobs take free slots (FIFO);
+3. one unit of preparation of the oldest admitted job that is not decoding: tokenize, or its whole
+   scoring + selection (its progress callback runs per window group, so a cancel lands there, and
+   between two groups the decoding jobs get one decode batch each time), or setting up its prefill
+   (drafter, kept tokens);
+4. one target batch (one `llama_decode`, at most n_batch rows): the next tokens of every decoding
+   job (its last token + its draft, at its own positions, in its own sequence) plus a chunk of at
+   most `prefill_chunk` kept tokens of one job being prefilled. Each decoding job then verifies its
+   own rows (`decode.SeqDecoder.absorb`): acceptance, sampling and KV rollback are per sequence.
+   If that batch fails, every job in it is rolled back and decoded alone, so only the job whose
+   tokens fail gets the error.
+
+Drafters: n-gram lookup is per job; the model drafter drafts on the scorer's speculator context
+(sequence 0, re-synchronised with its job's history at each proposal, so jobs sharing it stay
+correct, only slower); capture is armed only inside the scorer's own lookahead decodes, which never
+run while a drafter decodes (one thread). MTP / EAGLE3 need slots = 1.
+
+Timings (`timings_ms`, per job): each phase's wall-clock span (`tokenize`, `score`, `select`,
+`sparse_prefill`, `decode`) and the engine time of this job's own work in it (`<phase>_engine`:
+its units, and the batches that held its tokens); `interleave_wait` = the spans minus the engine
+times (other jobs' work in between); `slot_wait` = submission to a free slot; `ttft` and `total`
+count from submission.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections import deque
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from ..contracts import DecodeError, Drained, RunCancelled
+from .decode import SeqDecoder
+from .invariance import MAX_INVARIANT_BATCH
+from .options import RunParams
+from .prefill import prefill_plan
+from .result import RunResult, SpecInfo
+from .sampling import Sampler
+
+log = logging.getLogger("specq.engine")
+
+#: tests only: a job whose question equals this fails in its decode batches (after 3 tokens), as if
+#: llama_decode failed on its rows; the others in the same batches must finish unharmed
+FAULT_ENV = "SPECQ_SERVING_FAULT"
+PHASES = ("tokenize", "score", "sparse_prefill", "decode")
+#: batch-invariant mode: most rows of one decode batch for K-quant weights (engine/invariance.py: the
+#: CPU's tiled K-quant matmul starts at 8 rows; batches of 1-7 rows give bit-identical logits)
+INVARIANT_ROWS = MAX_INVARIANT_BATCH
+#: llama.cpp's general.file_type values of K-quant models (Q2_K … Q6_K)
+KQUANT_FILE_TYPES = frozenset(range(10, 19))
+
+
+def invariant_rows(model) -> int:
+    """Rows of several jobs that may share a decode batch in batch-invariant mode: INVARIANT_ROWS for
+    a K-quant model; 0 (one job per batch) otherwise: F16/F32 weights take another matmul kernel for
+    2+ rows than for 1 (measured on the tiny F16 models: two jobs' tokens in one batch changed
+    sampled output), so only a job's own rows, as it decodes them alone, are batched together."""
+    import ctypes
+
+    import llama_cpp
+
+    buf = ctypes.create_string_buffer(32)
+    try:
+        n = llama_cpp.llama_model_meta_val_str(model.ptr, b"general.file_type", buf, len(buf))
+        ftype = int(buf.value) if n > 0 else -1
+    except (ValueError, AttributeError):
+        ftype = -1
+    return INVARIANT_ROWS if ftype in KQUANT_FILE_TYPES else 0
+
+
+def _now() -> float:
+    return time.perf_counter()
+
+
+@dataclass
+class _Job:
+    document: str
+    params: RunParams
+    progress: Callable[[str, int, int], None]
+    on_text: Callable[[str], None] | None
+    messages: list | None
+    raw: bool
+    future: Future = field(default_factory=Future)
+    t_submit: float = field(default_factory=_now)
+    cancel_exc: BaseException | None = None
+    slot: int = -1
+    stage: str = "waiting"  # waiting, tokenize, score, setup, prefill, decode
+    # filled as it runs
+    prompt: Any = None
+    mode: str = ""
+    positions: str = ""
+    warnings: list = field(default_factory=list)
+    timings: dict = field(default_factory=dict)
+    spec: Any = None
+    kept: Any = None
+    doc_scores: Any = None
+    drafter: Any = None
+    pre_toks: Any = None
+    pre_pos: Any = None
+    next_pos: int = 0
+    offset: int = 0
+    dec: SeqDecoder | None = None
+    text: Any = None
+    first: list = field(default_factory=list)
+    t_admit: float = 0.0
+    t_phase: float = 0.0  # when the current phase's span began
+    engine_ms: dict = field(default_factory=lambda: {p: 0.0 for p in PHASES})
+    span_ms: dict = field(default_factory=lambda: {p: 0.0 for p in PHASES})
+    faulty: bool = False
+
+    def end_phase(self, phase: str, t: float) -> None:
+        self.span_ms[phase] += (t - self.t_phase) * 1000.0
+        self.t_phase = t
+
+
+class JobHandle:
+    """A submitted job: `result()` waits for its RunResult (or raises its error); `cancel(exc)`
+    drops it at the loop's next step (default RunCancelled)."""
+
+    def __init__(self, loop: "ServingEngine", job: _Job) -> None:
+        self._loop, self._job = loop, job
+
+    @property
+    def future(self) -> Future:
+        return self._job.future
+
+    def done(self) -> bool:
+        return self._job.future.done()
+
+    def result(self, timeout: float | None = None) -> RunResult:
+        return self._job.future.result(timeout)
+
+    def cancel(self, exc: BaseException | None = None) -> None:
+        if self._job.cancel_exc is None:
+            self._job.cancel_exc = exc or RunCancelled("cancelled")
+        self._loop._wake()
+
+
+class ServingEngine:
+    """The engine loop over an `Engine` (module doc). `start()` it, then `submit()` / `run()`."""
+
+    def __init__(self, engine, *, prefill_chunk: int = 0) -> None:
+        self.engine = engine
+        self.ctx = engine.ctx
+        self.slots = int(getattr(engine, "slots", 1))
+        #: batch-invariant target numerics: decode batches of <= INVARIANT_ROWS rows, prefill apart
+        self.invariant = bool(getattr(getattr(engine, "numerics", None), "batch_invariant", False))
+        self.invariant_rows = invariant_rows(engine.target) if self.invariant else 0
+        #: rows one slot's verification may take (its token + drafts): all slots' together leave room
+        #: for a prefill chunk in one batch of at most n_batch rows (more rows: llama.cpp splits the
+        #: batch and the rows of the first part are lost)
+        self._draft_rows = max(2, min(65, self.ctx.n_batch // (2 * self.slots)))
+        cap = self.ctx.n_batch - self.slots * self._draft_rows
+        self.prefill_chunk = max(1, min(prefill_chunk or engine.n_ubatch, cap))
+        self._cond = threading.Condition()
+        self._inbox: deque[_Job] = deque()
+        self._waiting: deque[_Job] = deque()
+        self._active: list[_Job] = []  # admitted, in admission order
+        self._free = list(range(self.slots))
+        self._admitting = True
+        self._closed = False
+        self._thread: threading.Thread | None = None
+        self._fault = os.environ.get(FAULT_ENV, "")
+        #: for /metrics and the heartbeat (read without a lock: plain ints/floats)
+        self.busy = 0
+        self.waiting = 0
+        self.kv_cells_used = 0
+        self.interleave_wait_ms_total = 0.0
+        self.slot_wait_ms_total = 0.0
+        self.jobs_finished = 0
+        self.steps = 0
+
+    # -- other threads ---------------------------------------------------------------------------
+    def start(self) -> "ServingEngine":
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name="specq-engine", daemon=True)
+            self._thread.start()
+        return self
+
+    def submit(self, document: str, params: RunParams | None = None, progress=None, *, on_text=None,
+               messages: list | None = None, raw: bool = False) -> JobHandle:
+        job = _Job(document, params or RunParams(), progress or (lambda phase, done, total: None), on_text,
+                   messages, raw)
+        job.faulty = bool(self._fault) and job.params.question == self._fault
+        with self._cond:
+            if not self._admitting or self._closed:
+                job.future.set_exception(Drained("the worker is shutting down"))
+            else:
+                self._inbox.append(job)
+                self._cond.notify()
+        return JobHandle(self, job)
+
+    def run(self, document: str, params: RunParams | None = None, progress=None, *, messages=None,
+            raw: bool = False, on_text=None) -> RunResult:
+        """`Engine.run`, through the loop (blocks the calling thread)."""
+        return self.submit(document, params, progress, on_text=on_text, messages=messages, raw=raw).result()
+
+    def stop_admitting(self) -> None:
+        """Drain begins: no job takes a slot from now on; jobs waiting for one get Drained."""
+        with self._cond:
+            self._admitting = False
+            self._cond.notify()
+
+    def drop_running(self, exc: BaseException | None = None) -> None:
+        """Drop every admitted job (the drain's grace period is over)."""
+        for job in list(self._active):
+            if job.cancel_exc is None:
+                job.cancel_exc = exc or Drained("the worker is shutting down: not finished within its grace period (SPECQ_DRAIN_GRACE)")
+        self._wake()
+
+    def close(self, timeout: float = 30.0) -> None:
+        with self._cond:
+            self._closed = True
+            self._admitting = False
+            self._cond.notify()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def live(self) -> int:
+        return len(self._active) + len(self._waiting) + len(self._inbox)
+
+    def _wake(self) -> None:
+        with self._cond:
+            self._cond.notify()
+
+    # -- the engine thread -------------------------------------------------------------------------
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._closed and not self._inbox and not self._active and not (
+                        self._waiting and (self._free or not self._admitting)):
+                    self._cond.wait(0.5)
+                    if any(j.cancel_exc is not None for j in self._waiting):
+                        break
+                if self._closed and not self._active:
+                    pending = list(self._inbox) + list(self._waiting)
+                    self._inbox.clear()
+                    self._waiting.clear()
+                    for job in pending:
+                        job.future.set_exception(Drained("the engine loop was closed"))
+                    return
+                self._waiting.extend(self._inbox)
+                self._inbox.clear()
+                admitting = self._admitting
+            try:
+                self._step(admitting)
+            except BaseException as e:  # a bug of the loop itself: fail every job, never hang them
+                log.exception("engine loop: step failed; failing every job in it")
+                for job in list(self._active) + list(self._waiting):
+                    self._drop(job, e)
+            self.busy = len(self._active)
+            self.waiting = len(self._waiting)
+
+    def _step(self, admitting: bool) -> None:
+        self.steps += 1
+        for job in list(self._waiting):
+            if job.cancel_exc is not None or not admitting:
+                self._waiting.remove(job)
+                self._drop(job, job.cancel_exc or Drained("the worker is shutting down"))
+        for job in list(self._active):
+            if job.cancel_exc is not None:
+                self._drop(job, job.cancel_exc)
+        while admitting and self._free and self._waiting:
+            job = self._waiting.popleft()
+            job.slot = self._free.pop(0)
+            job.t_admit = job.t_phase = _now()
+            job.stage = "tokenize"
+            self._active.append(job)
+            self.slot_wait_ms_total += (job.t_admit - job.t_submit) * 1000.0
+        prep = next((j for j in self._active if j.stage in ("tokenize", "score", "setup")), None)
+        if prep is not None:
+            self._guard(prep, self._prepare, prep)
+        self._batch()
+        self.kv_cells_used = self._cells()
+
+    def _guard(self, job: _Job, fn, *args) -> bool:
+        try:
+            fn(*args)
+            return True
+        except BaseException as e:
+            self._drop(job, e)
+            return False
+
+    def _prepare(self, job: _Job) -> None:
+        eng = self.engine
+        t0 = _now()
+        if job.stage == "tokenize":
+            job.progress("tokenize", 0, 1)
+            job.prompt, job.mode, job.positions, job.warnings, job.timings = eng.prepare(
+                job.document, job.params, messages=job.messages, raw=job.raw)
+            job.spec = SpecInfo(mode=job.mode, positions=job.positions, keep=1.0, lookahead=0, windows=0, scorer="none")
+            t1 = _now()
+            job.engine_ms["tokenize"] += (t1 - t0) * 1000.0
+            job.end_phase("tokenize", t1)
+            job.stage = "score" if job.mode == "specprefill" else "setup"
+            return
+        if job.stage == "score":
+            nested = [0.0]
+
+            def report(phase: str, done: int, total: int) -> None:
+                job.progress(phase, done, total)
+                if phase == "score" and 0 < done < total:  # between scoring windows: the others decode
+                    t = _now()
+                    self._between_windows()
+                    nested[0] += _now() - t
+
+            job.kept, job.doc_scores = eng._select(job.prompt, job.params, job.timings, job.spec, report)
+            t1 = _now()
+            job.engine_ms["score"] += (t1 - t0 - nested[0]) * 1000.0
+            job.end_phase("score", t1)
+            job.stage = "setup"
+            return
+        # setup: the drafter, the kept tokens of the prefill, an empty sequence
+        if job.kept is None:
+            job.kept = list(range(job.prompt.n))
+        job.drafter = eng._drafter(job.params, job.prompt, scored=(job.mode == "specprefill"), seq=job.slot)
+        job.progress("sparse_prefill", 0, 1)
+        job.pre_toks, job.pre_pos, job.next_pos = prefill_plan(job.prompt.tokens, job.kept, job.positions)
+        self.ctx.seq_rm(job.slot, -1, -1)
+        job.offset = 0
+        job.stage = "prefill"
+        job.engine_ms["sparse_prefill"] += (_now() - t0) * 1000.0
+
+    def _between_windows(self) -> None:
+        """One decode batch of the decoding jobs, run from inside another job's scoring between two of
+        its windows (the scorer's capture is disarmed there), so their inter-token gap is bounded by
+        one scoring window rather than a whole document's scoring."""
+        for job in list(self._active):
+            if job.cancel_exc is not None and job.stage == "decode":
+                self._drop(job, job.cancel_exc)
+        if any(j.stage == "decode" for j in self._active):
+            self._batch(fill=False)
+
+    # the target batch of one step
+    def _batch(self, fill: bool = True) -> None:
+        decoding = [j for j in self._active if j.stage == "decode"]
+        parts: list[tuple[_Job, list[int], list[int], list[bool], float]] = []  # job, toks, pos, logits, plan s
+        for job in decoding:
+            t0 = _now()
+            try:
+                toks, pos = job.dec.plan()
+            except BaseException as e:
+                self._drop(job, e)
+                continue
+            parts.append((job, toks, pos, [True] * len(toks), _now() - t0))
+        room = self.ctx.n_batch - sum(len(p[1]) for p in parts)
+        filling = next((j for j in self._active if j.stage == "prefill"), None) if fill else None
+        fill = None
+        if filling is not None and room > 0:
+            n = len(filling.pre_toks)
+            a = filling.offset
+            b = min(a + min(self.prefill_chunk, room), n)
+            if self.invariant and 0 < n - b < INVARIANT_ROWS + 1 and n - a <= room:
+                b = n  # no tail of < 8 rows: it would run other kernels than the one batch of a job alone
+            mask = [False] * (b - a)
+            mask[-1] = b == n
+            fill = (filling, filling.pre_toks[a:b].tolist(), filling.pre_pos[a:b].tolist(), mask, 0.0)
+        # by sequence id: with one KV stream per slot llama.cpp cuts a batch into micro-batches of
+        # consecutive sequence ids (split_equal), so slot order keeps the decode rows in one of them
+        if fill is not None and not self.invariant:  # one batch with the decode rows
+            parts.append(fill)
+            fill = None
+        parts.sort(key=lambda part: part[0].slot)
+        for group in self._groups(parts, fill):
+            for (job, toks, pos, mask, plan_s), base, dt in self._decode_parts(group):
+                self._absorb(job, toks, base, plan_s + dt)
+
+    def _groups(self, parts, fill):
+        """The llama_decode calls of one step: everything in one batch; in batch-invariant mode decode
+        rows in batches of at most `invariant_rows` rows (0: one job's rows per batch), so a token's
+        logits do not depend on the others decoded with it, and the prefill chunk in a batch of its own."""
+        if not self.invariant:
+            return [parts + ([fill] if fill else [])] if parts or fill else []
+        groups, cur, rows = [], [], 0
+        for part in parts:
+            if cur and rows + len(part[1]) > self.invariant_rows:
+                groups.append(cur)
+                cur, rows = [], 0
+            cur.append(part)
+            rows += len(part[1])
+        if cur:
+            groups.append(cur)
+        if fill:
+            groups.append([fill])
+        return groups
+
+    def _absorb(self, job: _Job, toks: list[int], base: int, seconds: float) -> None:
+        """After the batch holding this job's rows: verify and emit (decode), or move its prefill on."""
+        phase = "decode" if job.stage == "decode" else "sparse_prefill"
+        t0 = _now()
+        try:
+            if job.stage == "decode":
+                job.dec.absorb(self.ctx, base)
+            else:
+                job.offset += len(toks)
+                if job.offset >= len(job.pre_toks):
+                    self._start_decode(job, base + len(toks) - 1)
+        except BaseException as e:
+            job.engine_ms[phase] += (seconds + _now() - t0) * 1000.0
+            self._drop(job, e)
+            return
+        job.engine_ms[phase] += (seconds + _now() - t0) * 1000.0
+        if job.stage == "decode" and job.dec.done:
+            self._finish(job)
+
+    def _decode_parts(self, parts):
+        """Decode the parts in one batch; returns [(part, its first row, seconds)] to absorb. If the
+        batch fails, each part is rolled back and decoded (and absorbed) alone: only a part whose own
+        decode fails is dropped."""
+        toks: list[int] = []
+        pos: list[int] = []
+        seqs: list[int] = []
+        mask: list[bool] = []
+        bases = []
+        for job, t, p, m, _ in parts:
+            bases.append(len(toks))
+            toks += t
+            pos += p
+            seqs += [job.slot] * len(t)
+            mask += m
+        t0 = _now()
+        try:
+            self._fault_check(parts)
+            self.ctx.decode(toks, pos, seq_ids=seqs, logits=mask)
+            dt = _now() - t0
+            return [(part, base, dt) for part, base in zip(parts, bases)]
+        except DecodeError as e:
+            if len(parts) == 1:
+                self._rollback(parts[0])
+                self._drop(parts[0][0], e)
+                return []
+            log.warning("engine loop: a batch of %d jobs failed (%s); decoding each alone", len(parts), e)
+        for part in parts:
+            self._rollback(part)
+        for part in parts:
+            job, t, p, m, plan_s = part
+            t0 = _now()
+            try:
+                self._fault_check([part])
+                self.ctx.decode(t, p, seq_ids=job.slot, logits=m)
+            except DecodeError as e:
+                self._rollback(part)
+                self._drop(job, e)
+                continue
+            # absorbed before the next part's decode replaces the logits
+            self._absorb(job, t, 0, plan_s + _now() - t0)
+        return []
+
+    def _rollback(self, part) -> None:
+        job, pos = part[0], part[2]
+        if pos:
+            self.ctx.seq_rm(job.slot, int(min(pos)), -1)
+
+    def _fault_check(self, parts) -> None:
+        for job, *_ in parts:
+            if job.faulty and job.stage == "decode" and len(job.dec.out) >= 3:
+                raise DecodeError(f"llama_decode returned -1 (error): injected by {FAULT_ENV} for this job")
+
+    def _start_decode(self, job: _Job, row: int) -> None:
+        eng, p = self.engine, job.params
+        logits = self.ctx.logits_row(row)
+        n_draft = eng.draft_budget(p, job.drafter, job.warnings)
+        job.text, on_token, accept = eng.text_callbacks(p, job.progress, job.on_text, job.first)
+        job.stage = "decode"
+        job.dec = SeqDecoder(eng.target, job.prompt.tokens, logits, job.next_pos, max_tokens=p.max_tokens,
+                             sampler=Sampler(p.temperature, p.top_k, p.top_p, p.seed), n_batch=self._draft_rows,
+                             drafter=job.drafter, n_draft=n_draft, draft_min=p.draft_min, progress=on_token,
+                             accept=accept, seq=job.slot, ignore_eos=p.ignore_eos)
+        job.end_phase("sparse_prefill", _now())  # the first token (sampled above) is the prefill's
+        job.timings["sparse_prefill"] = job.span_ms["sparse_prefill"]
+
+    def _finish(self, job: _Job) -> None:
+        t_end = _now()
+        job.end_phase("decode", t_end)
+        tm = job.timings
+        tm["tokenize"] = job.span_ms["tokenize"]
+        if job.mode == "specprefill":
+            tm["score"] = max(0.0, job.span_ms["score"] - tm.get("select", 0.0))
+        tm["decode"] = job.span_ms["decode"]
+        tm["ttft"] = ((job.first[0] if job.first else t_end) - job.t_submit) * 1000.0
+        tm["total"] = (t_end - job.t_submit) * 1000.0
+        tm["slot_wait"] = (job.t_admit - job.t_submit) * 1000.0
+        wait = 0.0
+        for ph in PHASES:
+            tm[f"{ph}_engine"] = round(job.engine_ms[ph], 3)
+            wait += max(0.0, job.span_ms[ph] - job.engine_ms[ph])
+        tm["interleave_wait"] = wait
+        self.interleave_wait_ms_total += wait
+        self._release(job)
+        try:
+            res = self.engine.finish_result(job.document, job.prompt, job.params, job.dec.result(), job.text,
+                                            job.on_text, tm, job.spec, job.warnings, job.kept, job.doc_scores)
+        except BaseException as e:
+            job.future.set_exception(e)
+            return
+        self.jobs_finished += 1
+        job.future.set_result(res)
+
+    def _release(self, job: _Job) -> None:
+        if job in self._active:
+            self._active.remove(job)
+        if job.slot >= 0:
+            try:
+                self.ctx.seq_rm(job.slot, -1, -1)
+            except Exception:  # pragma: no cover - a context that cannot remove cells is beyond repair
+                log.exception("engine loop: could not clear slot %d", job.slot)
+            self._free.append(job.slot)
+            self._free.sort()
+            job.slot = -1
+
+    def _drop(self, job: _Job, exc: BaseException) -> None:
+        self._release(job)
+        if not job.future.done():
+            job.future.set_exception(exc)
+
+    def _cells(self) -> int:
+        n = 0
+        for job in self._active:
+            if job.stage == "decode" and job.dec is not None:
+                n += len(job.kept) + len(job.dec.out)
+            elif job.stage == "prefill":
+                n += job.offset
+        return n
+
+    def stats(self) -> dict[str, Any]:
+        """What the heartbeat reports (and /metrics shows)."""
+        return {"slots": self.slots, "slots_busy": self.busy, "slots_waiting": self.waiting,
+                "kv_cells_used": self.kv_cells_used, "kv_cells": self.ctx.n_ctx,
+                "interleave_wait_ms_total": round(self.interleave_wait_ms_total, 1),
+                "slot_wait_ms_total": round(self.slot_wait_ms_total, 1), "jobs_finished": self.jobs_finished}
+
+
+__all__ = ["ServingEngine", "JobHandle", "Drained", "FAULT_ENV"]

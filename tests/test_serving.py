@@ -1,0 +1,210 @@
+"""Serving slots with real processes: one worker process runs several jobs at once (specq/engine/serving.py).
+
+`specq api` + `specq worker --slots N` on the local Redis and a throwaway PostgreSQL database, tiny
+random-weight models on the CPU (one llama.cpp thread). Fault settings as in the reliability tests
+(fault_helpers.FAULT_ENV: stale after 8 s, reconciler every second).
+
+Why several jobs decoded together return exactly the text each returns alone: on the CPU the target
+runs in batch-invariant mode (engine/invariance.py: no repacking, flash attention with a q8_0 K
+cache, which takes one per-row path for every batch size) and the loop keeps each job's kernels as
+they are alone: its own KV stream (cells in position order, no other job's cells), the prefill
+chunks in batches of their own, and, for these F16 models, each job's decode rows in a batch of
+their own (serving.invariant_rows; a K-quant target shares batches of up to 7 rows). Scoring runs
+whole per job in the speculator's own context. So every logit, hence greedy and seeded sampled
+tokens alike, is bit-identical.
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+
+import httpx
+import pytest
+
+from fault_helpers import FAULT_ENV, job_row, kill9, wait_for, worker_logs
+from service_helpers import Stack, base_env, free_port, pg_database, redis_pg_env, require_servers
+
+pytestmark = [pytest.mark.timeout(600)]
+
+QUESTION = "What does the code do?"
+DOCS = [f"def f{i}(x):\n    return x * {i} + {i * i}\n" * (4 + 2 * i) for i in range(4)]
+#: the four jobs: greedy baseline, specprefill (two windows), n-gram drafting, seeded sampling
+PARAMS = [
+    {"mode": "baseline", "max_tokens": 120, "seed": 1},
+    {"mode": "specprefill", "min_tokens": 0, "window": 64, "max_tokens": 120, "seed": 1},
+    {"mode": "baseline", "draft": "ngram", "max_tokens": 120, "seed": 1},
+    {"mode": "baseline", "temperature": 0.8, "max_tokens": 120, "seed": 7},
+]
+LONG = {"mode": "baseline", "max_tokens": 1500, "seed": 3}
+
+
+@pytest.fixture(scope="module")
+def stack(tiny_models, tmp_path_factory):
+    require_servers()
+    home = tmp_path_factory.mktemp("serving")
+    port = free_port()
+    with pg_database() as pg:
+        env = base_env(home, tiny_models, SPECQ_API_PORT=str(port), **FAULT_ENV, **redis_pg_env(pg, "serving"))
+        env["SPECQ_N_CTX"] = "8192"
+        st = Stack(env=env, port=port, logdir=home)
+        st.cli("db", "upgrade", check=True)
+        try:
+            st.start("api", "api")
+            st.wait_healthy()
+            yield st
+        finally:
+            st.stop()
+
+
+def _worker(st: Stack, name: str, slots: int, **env: str):
+    saved = dict(st.env)
+    st.env.update({"SPECQ_SLOTS": str(slots), **env})
+    try:
+        p = st.start(name, "worker", "--loglevel", "INFO")
+    finally:
+        st.env.clear()
+        st.env.update(saved)
+    wait_for(lambda: "ready: target" in st.log(name) or p.poll() is not None, 120, f"{name} ready")
+    assert p.poll() is None, st.log(name)[-3000:]
+    return p
+
+
+def _submit(client: httpx.Client, text: str, params: dict, question: str = QUESTION) -> str:
+    r = client.post("/v1/jobs", json={"text": text, "question": question, "params": params})
+    assert r.status_code == 202, r.text
+    return r.json()["id"]
+
+
+def _done(client: httpx.Client, ids: list[str], timeout: float = 240) -> list[dict]:
+    def check():
+        views = [client.get(f"/v1/jobs/{j}").json() for j in ids]
+        return views if all(v["status"] in ("succeeded", "failed", "cancelled") for v in views) else None
+    return wait_for(check, timeout, f"jobs {ids} finished", interval=0.2)
+
+
+def _running_together(st: Stack, ids: list[str]) -> bool:
+    rows = [job_row(st, j) for j in ids]
+    return all(r.status == "running" and r.progress_phase == "decode" and r.progress_done >= 5 for r in rows)
+
+
+def test_four_jobs_run_at_once_and_each_returns_its_text_alone(stack):
+    _worker(stack, "worker-four", 4)
+    with httpx.Client(base_url=stack.url, timeout=30) as client:
+        alone = []
+        for doc, params in zip(DOCS, PARAMS):  # one at a time: nothing shares a batch with them
+            (view,) = _done(client, [_submit(client, doc, params)])
+            assert view["status"] == "succeeded", view
+            alone.append(view["result"]["text"])
+        ids = [_submit(client, doc, params) for doc, params in zip(DOCS, PARAMS)]
+        views = _done(client, ids)
+        metrics = client.get("/metrics").text
+    assert [v["status"] for v in views] == ["succeeded"] * 4, views
+    rows = [job_row(stack, j) for j in ids]
+    # the four ran at the same time: every one started before any one finished
+    assert max(r.started_at for r in rows) < min(r.finished_at for r in rows)
+    assert len({r.worker for r in rows}) == 1
+    assert [v["result"]["text"] for v in views] == alone
+    for v in views:
+        t = v["result"]["timings_ms"]
+        assert {"slot_wait", "interleave_wait", "decode_engine", "tokenize_engine"} <= set(t)
+        assert t["decode_engine"] <= t["decode"] + 1.0
+    assert views[1]["result"]["spec"]["windows"] >= 2
+    assert "specq_worker_slots{" in metrics and "specq_worker_kv_cells_used{" in metrics
+    kill9(stack, "worker-four")
+
+
+def test_cancel_one_mid_decode_and_a_failing_one_leave_the_others_alone(stack):
+    """One job cancelled while it decodes, one whose decode batches fail (SPECQ_SERVING_FAULT, on both
+    attempts): the two others finish. Batch-invariant mode off, so the four jobs' decode rows share
+    batches: the failing batch is rolled back and each job decoded alone, and only the faulty one fails."""
+    _worker(stack, "worker-faults", 4, SPECQ_SERVING_FAULT="FAIL ME", SPECQ_BATCH_INVARIANT="off")
+    with httpx.Client(base_url=stack.url, timeout=30) as client:
+        victim = _submit(client, DOCS[1], LONG)
+        failing = _submit(client, DOCS[2], LONG, question="FAIL ME")
+        others = [_submit(client, DOCS[0], PARAMS[0]), _submit(client, DOCS[3], PARAMS[3])]
+        wait_for(lambda: (j := job_row(stack, victim)).progress_phase == "decode" and j.progress_done >= 20, 120,
+                 "victim decoding")
+        assert client.delete(f"/v1/jobs/{victim}").json()["cancel_requested"] is True
+        views = _done(client, [victim, failing, *others])
+    assert [v["status"] for v in views] == ["cancelled", "failed", "succeeded", "succeeded"], views
+    assert "injected by SPECQ_SERVING_FAULT" in views[1]["error"]
+    assert all(v["result"]["usage"]["completion_tokens"] > 0 for v in views[2:])
+    log = stack.log("worker-faults")
+    assert "decoding each alone" in log
+    kill9(stack, "worker-faults")
+
+
+def test_kill9_with_four_in_flight_requeues_four_and_completes_each_once(stack):
+    from reliability_figures import record, tally
+
+    from specq.storage import db
+
+    _worker(stack, "worker-k1", 4)
+    with httpx.Client(base_url=stack.url, timeout=30) as client:
+        ids = [_submit(client, doc, LONG) for doc in DOCS]
+        wait_for(lambda: _running_together(stack, ids), 180, "four jobs decoding together")
+        kill9(stack, "worker-k1")
+        _worker(stack, "worker-k2", 4)
+        views = _done(client, ids, timeout=400)
+    logs = worker_logs(stack)
+    requeued = set(re.findall(r"reconciler: job (job_[0-9a-f]+) requeued", stack.log("worker-k2")))
+    with db.session(stack.database_url) as s:
+        counts = tally(s, ids, logs)
+    assert requeued == set(ids)
+    assert counts == {"submitted": 4, "completed": 4, "failed": 0, "duplicated": 0, "lost": 0}, views
+    assert all(v["attempts"] == 2 for v in views)
+    record("kill_worker_four_slots", counts, requeued=len(requeued))
+    kill9(stack, "worker-k2")
+
+
+def test_sigterm_drains_running_jobs_finish_late_ones_go_back(stack):
+    """SIGTERM with two slots busy: the short job finishes within the grace period, the long one is
+    requeued when the grace ends (attempt 1 used), and the next worker completes it and the job
+    submitted behind them, each once."""
+    from reliability_figures import tally
+
+    from specq.storage import db
+
+    p = _worker(stack, "worker-drain", 2, SPECQ_DRAIN_GRACE="8")
+    with httpx.Client(base_url=stack.url, timeout=30) as client:
+        short = _submit(client, DOCS[0], {"mode": "baseline", "max_tokens": 150, "seed": 1})
+        # 6,000 tokens: far longer than the grace period on the tiny models (one thread)
+        long = _submit(client, DOCS[1], {"mode": "baseline", "max_tokens": 6000, "seed": 1})
+        later = _submit(client, DOCS[2], PARAMS[0])
+        wait_for(lambda: _running_together(stack, [short, long]), 120, "both decoding")
+        p.send_signal(signal.SIGTERM)
+        p.wait(timeout=60)
+        log = stack.log("worker-drain")
+        assert "draining" in log
+        assert job_row(stack, short).status == "succeeded", log[-3000:]
+        row = job_row(stack, long)
+        assert row.status == "queued" and row.attempts == 1 and "shutting down" in (row.error or ""), log[-3000:]
+        assert job_row(stack, later).status in ("queued", "succeeded")  # it may have taken the short one's slot
+        _worker(stack, "worker-after", 2)
+        views = _done(client, [long, later], timeout=300)
+    assert [v["status"] for v in views] == ["succeeded", "succeeded"]
+    assert views[0]["attempts"] == 2
+    with db.session(stack.database_url) as s:
+        counts = tally(s, [short, long, later], worker_logs(stack))
+    assert counts == {"submitted": 3, "completed": 3, "failed": 0, "duplicated": 0, "lost": 0}
+    kill9(stack, "worker-after")
+
+
+def test_first_job_is_warm(stack):
+    """The warm-up (a two-window specprefill job) runs before the worker is ready and is logged; the
+    first job's TTFT is then within 1.3x of the second's."""
+    _worker(stack, "worker-warm", 1, SPECQ_WARM_UP="true")
+    log = stack.log("worker-warm")
+    assert re.search(r"warm-up: a specprefill job of \d+ tokens in [2-9]\d* windows", log), log[-2000:]
+    assert log.index("warm-up:") < log.index("ready: target")
+    doc = "".join(f"def handler_{i}(request):\n    return request.get('field_{i}', {i})\n\n" for i in range(40))
+    params = {"mode": "specprefill", "min_tokens": 0, "max_tokens": 8, "seed": 1}
+    with httpx.Client(base_url=stack.url, timeout=30) as client:
+        ttfts = []
+        for k in range(3):
+            (view,) = _done(client, [_submit(client, doc + f"# {k}\n", params)])
+            assert view["status"] == "succeeded", view
+            ttfts.append(view["result"]["timings_ms"]["ttft"])
+    assert ttfts[0] <= 1.3 * min(ttfts[1:]), ttfts
+    kill9(stack, "worker-warm")
