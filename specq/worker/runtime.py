@@ -267,7 +267,7 @@ class WorkerRuntime:
         try:
             try:
                 result = self.engine.run(inp.text, params, progress=watcher.progress, on_text=publisher.feed,
-                                         **source)
+                                         scope=job.tenant, **source)
             finally:
                 publisher.finish()
         except JobTimeLimit as e:
