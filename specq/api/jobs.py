@@ -192,9 +192,11 @@ def check_document(text: str, name: str = "text") -> None:
 
 def text_or_document(text: str | None, document_id: str | None, where: str = "") -> None:
     """Exactly one of `text` and `document_id` (422 otherwise); a text is checked like a document."""
-    if (text is None) == (document_id is None):
-        raise ApiError(422, f"{where}give either text (the document) or document_id (a stored document), "
-                            "exactly one", "invalid_input")
+    if text is None and document_id is None:
+        raise ApiError(422, f"{where}text: required (the document), or document_id (a stored document)",
+                       "invalid_input")
+    if text is not None and document_id is not None:
+        raise ApiError(422, f"{where}give text or document_id, not both", "invalid_input")
     if text is not None:
         check_document(text)
 
