@@ -204,3 +204,31 @@ def test_submit_questions_makes_one_job_per_question_on_one_document(api, tmp_pa
     run = subprocess.run(specq_cmd("submit", "--questions", str(qs), str(doc_file)), env=env, cwd=REPO,
                          capture_output=True, text=True, timeout=120)
     assert run.returncode == 0 and "already stored" in run.stderr, run.stderr
+
+
+def test_a_worker_answers_jobs_on_a_stored_document(tiny_models, tmp_path):
+    """End to end on the embedded default with a real worker (tiny models): four questions about one
+    stored document; the worker reads the document's text, runs mode auto and reuses the target's
+    prompt cache from the second question on (one worker process: one engine, one cache)."""
+    from service_helpers import base_env, wait_job
+
+    port = free_port()
+    env = base_env(tmp_path, tiny_models, SPECQ_API_PORT=str(port), SPECQ_CONCURRENCY="1")
+    st = Stack(env=env, port=port, logdir=tmp_path)
+    st.cli("db", "upgrade", check=True)
+    with running(st, ("api", "api"), ("worker", "worker")):
+        with httpx.Client(base_url=st.url, timeout=30) as c:
+            doc = c.post("/v1/documents", json={"text": DOC}).json()
+            results = []
+            for q in ("What does add do?", "Is there a bug?", "Name the arguments.", "What does it return?"):
+                job = c.post("/v1/jobs", json={"document_id": doc["id"], "question": q,
+                                               "params": {"max_tokens": 2}}).json()
+                done = wait_job(c, job["id"], timeout=180)
+                assert done["status"] == "succeeded", done
+                results.append(done["result"])
+    assert all(r["usage"]["prompt_tokens"] > len(DOC) * 0.9 for r in results)  # the document's text was read
+    assert all(r["spec"]["mode"] == "baseline" and r["spec"]["reason"].startswith("auto: ") for r in results)
+    assert not results[0]["spec"]["cache"]["target"]["hit"]
+    for r in results[1:]:
+        assert r["spec"]["cache"]["target"]["hit"] and "prompt cache hit" in r["spec"]["reason"], r["spec"]
+        assert r["timings_ms"]["cache_restore"] > 0
