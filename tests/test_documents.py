@@ -232,3 +232,41 @@ def test_a_worker_answers_jobs_on_a_stored_document(tiny_models, tmp_path):
     for r in results[1:]:
         assert r["spec"]["cache"]["target"]["hit"] and "prompt cache hit" in r["spec"]["reason"], r["spec"]
         assert r["timings_ms"]["cache_restore"] > 0
+
+
+def test_group_claims_take_the_same_tenants_document_jobs_and_never_one_twice(url):
+    """Two workers grouping at once (threads, each its own session): disjoint groups, every job claimed
+    exactly once, only the tenant's jobs on that document."""
+    import threading
+
+    from specq.storage import groups
+
+    with db.session(url) as s:
+        doc, _ = documents.put_document(s, tenant="team-a", text=DOC)
+        other, _ = documents.put_document(s, tenant="team-b", text=DOC)  # same text, other tenant
+        mine = [jobs.create_job(s, text="", document_id=doc.id, question=f"q{i}", tenant="team-a", queue="q").id
+                for i in range(12)]
+        theirs = [jobs.create_job(s, text="", document_id=other.id, question="x", tenant="team-b", queue="q").id
+                  for _ in range(3)]
+        plain = jobs.create_job(s, text=DOC, question="no document", tenant="team-a", queue="q").id
+        assert groups.group_candidates(s, plain, queue="q", limit=8) == []
+        assert jobs.mark_running(s, mine[0], "w1") and jobs.mark_running(s, mine[1], "w2")
+    got: dict[str, list[str]] = {}
+
+    def grab(worker: str, first: str) -> None:
+        with db.session(url) as s:
+            got[worker] = groups.claim_group(s, first, worker, queue="q", limit=7)
+
+    ts = [threading.Thread(target=grab, args=(w, j)) for w, j in (("w1", mine[0]), ("w2", mine[1]))]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    claimed = got["w1"] + got["w2"]
+    assert len(claimed) == len(set(claimed)) == 10 and set(claimed) == set(mine[2:])  # each filled up to 7
+    assert all(len(v) <= 7 for v in got.values())
+    with db.session(url) as s:
+        for w, ids in got.items():
+            assert all(jobs.get_job(s, i).worker == w and jobs.get_job(s, i).status == "running" for i in ids)
+        assert all(jobs.get_job(s, i).status == "queued" for i in theirs + [plain])
+        assert groups.claim_group(s, mine[0], "w3", queue="q", limit=8) == []  # nothing left to group
