@@ -29,6 +29,8 @@ from typing import Sequence
 
 import numpy as np
 
+from ..contracts import DecodeError
+
 #: a hit shorter than this many tokens is not worth a restore
 MIN_REUSE_TOKENS = 16
 
@@ -97,10 +99,15 @@ class PrefixCache:
         if found is not None:
             entry, common = found
             t0 = time.perf_counter()
-            restore_seq(ctx, entry.data, 0)
-            if common < entry.tokens.size:
-                ctx.seq_rm(0, common, -1)
+            try:
+                restore_seq(ctx, entry.data, 0)
+                if common < entry.tokens.size:
+                    ctx.seq_rm(0, common, -1)
+            except DecodeError:  # a state this context cannot take: a plain prefill instead
+                ctx.clear()
+                found = None
             use.restore_ms = (time.perf_counter() - t0) * 1000.0
+        if found is not None:
             self.store.touch(entry.key)
             use.hit, use.reused_tokens, use.bytes_restored = True, common, len(entry.data)
             start = common

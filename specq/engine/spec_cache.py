@@ -270,7 +270,12 @@ class SpeculatorCache:
             self.use.misses += 1
             return False
         t0 = time.perf_counter()
-        restore_seq(ctx, data, seq_id)
+        try:
+            restore_seq(ctx, data, seq_id)
+        except DecodeError:  # no room, or a state this context cannot take: prefill instead
+            ctx.seq_rm(seq_id, 0, -1)
+            self.use.misses += 1
+            return False
         self.use.restore_ms += (time.perf_counter() - t0) * 1000.0
         self.use.hits += 1
         self.use.bytes_restored += len(data)
