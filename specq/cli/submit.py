@@ -19,9 +19,9 @@ def submit_cmd(
     questions: Path = typer.Option(None, "--questions", help="A text file of questions, one a line: FILE is stored once "
                                    "(POST /v1/documents) and asked each of them, as one batch of one job per question "
                                    "(- = stdin)."),
-    jsonl: Path = typer.Option(None, "--jsonl", help="A batch as JSONL: one {custom_id, text, question, params} per line (- = stdin)."),
+    jsonl: Path = typer.Option(None, "--jsonl", help="A batch as JSONL: one {custom_id, text or document_id, question, params} per line (- = stdin)."),
     batch_name: str = typer.Option(None, "--batch", help="Submit as a batch with this name (`specq results NAME`)."),
-    mode: str = typer.Option(None, help="baseline or specprefill."),
+    mode: str = typer.Option(None, help="auto (the default: docs/engine.md), baseline or specprefill."),
     positions: str = typer.Option(None, help="original or compressed."),
     keep: float = typer.Option(None, help="Fraction of the document's chunks kept by specprefill."),
     scorer: str = typer.Option(None, help="windowed, sliding or full."),
