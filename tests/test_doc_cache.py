@@ -226,3 +226,27 @@ def test_auto_in_the_engine_records_mode_and_reason(tiny_models):
         assert b.spec.mode == "specprefill" and b.to_dict()["spec"]["reason"].startswith("auto: ")
     finally:
         e.close()
+
+
+def test_parallel_windows_restore_into_their_own_streams(tiny_models):
+    """n_parallel 2 (the GPU path, here on the CPU): windows scored two at a time as parallel KV streams;
+    question 2 restores each window's prefix into its own stream, with the uncached run's scores."""
+    e = _engine(tiny_models, n_parallel=2)
+    try:
+        scorer, cache = e.scorer(), e.spec_cache()
+        for i, q in enumerate(QUESTIONS[:2]):
+            p = _params(q)
+            prompt = e.tokenize_prompt(DOC, p)
+            use = cache.begin()
+            cached = scorer.score(prompt, window=WINDOW, cache=cache, scope="a")
+            assert cached.windows >= 2
+            assert (use.hits, use.misses) == ((0, cached.windows) if i == 0 else (cached.windows, 0))
+            plain = scorer.score(prompt, window=WINDOW)
+            rel = np.max(np.abs(cached.scores - plain.scores) / np.maximum(np.abs(plain.scores), 1e-6))
+            assert rel <= 1e-3, (i, rel)
+            assert _kept(prompt, cached.scores, p) == _kept(prompt, plain.scores, p)
+        # the streams' entries are keyed apart from the single context's (an odd last window runs alone)
+        layouts = [entry.key[8] for entry in e.cache_store.entries(("speculator",))]
+        assert "streams" in layouts and set(layouts) <= {"streams", "single"}
+    finally:
+        e.close()
