@@ -202,6 +202,9 @@ def test_off_when_the_budget_is_zero(tiny_models):
     (dict(n_prompt=600, backend="cpu", auto_min_tokens=512, quality_min_tokens=0), "specprefill", "break-even 512"),
     (dict(n_prompt=600, backend="cpu", min_tokens=700, quality_min_tokens=0), "baseline", "< break-even 700"),
     (dict(n_prompt=600, backend="metal"), "baseline", "< break-even 8192 (metal)"),
+    (dict(n_prompt=9000, backend="cpu", quality_min_tokens=8000, reused_document=True), "baseline", "stored document"),
+    (dict(n_prompt=9000, backend="cpu", quality_min_tokens=8000, reused_document=True, cached_tokens=8500), "baseline",
+     "prompt cache hit"),
 ])
 def test_auto_decisions(case, expect_mode, needle):
     d = auto.decide(**case)
@@ -224,6 +227,9 @@ def test_auto_in_the_engine_records_mode_and_reason(tiny_models):
         # another tenant: no hit, so specprefill again
         b = e.run(DOC, RunParams(question=QUESTIONS[2], max_tokens=2, window=WINDOW), scope="b")
         assert b.spec.mode == "specprefill" and b.to_dict()["spec"]["reason"].startswith("auto: ")
+        # a stored document's first question fills the prompt cache instead
+        c = e.run(DOC, RunParams(question=QUESTIONS[2], max_tokens=2, window=WINDOW), scope="c", reused_document=True)
+        assert c.spec.mode == "baseline" and "stored document" in c.spec.reason and c.spec.cache["target"]["bytes_saved"] > 0
     finally:
         e.close()
 

@@ -5,6 +5,11 @@ In order:
 1. **a prompt-cache hit**: the target's prompt cache (prefix_cache.py) holds at least half of this
    prompt's tokens (another question about the same document, a chat continued): baseline, reusing
    them — cheaper than scoring, and exact.
+1b. **a stored document** (the job names a `document_id`: more questions about it are expected) with
+   the prompt cache on: baseline, so the target's KV of the document is cached for the next questions
+   (measured on the CPU real pair: a further question then costs ~5% of the first's TTFT, against
+   ~27% for a speculator-cache hit in specprefill, which still prefills the kept tokens;
+   docs/benchmarks.md).
 2. **below the break-even length**: prompts shorter than `min_tokens` (the job's), else
    EngineOptions.auto_min_tokens, else BREAK_EVEN_TOKENS of the backend, run baseline — scoring costs
    more than the sparse prefill saves there.
@@ -44,11 +49,14 @@ def break_even(backend: str, option: int = 0, job_min_tokens: int = -1) -> int:
 
 
 def decide(n_prompt: int, *, backend: str, cached_tokens: int = 0, min_tokens: int = -1, auto_min_tokens: int = 0,
-           quality_min_tokens: int = -1) -> Decision:
+           quality_min_tokens: int = -1, reused_document: bool = False) -> Decision:
     """Mode auto's choice for a prompt of `n_prompt` tokens of which `cached_tokens` are in the target's
-    prompt cache (PrefixCache.lookup)."""
+    prompt cache (PrefixCache.lookup); `reused_document`: the job asks about a stored document and the
+    prompt cache is on (rule 1b)."""
     if n_prompt > 0 and cached_tokens >= CACHE_HIT_FRACTION * n_prompt:
         return Decision("baseline", f"prompt cache hit: {cached_tokens} of {n_prompt} prompt tokens cached")
+    if reused_document:
+        return Decision("baseline", "stored document: a full prefill fills the prompt cache for its further questions")
     be = break_even(backend, auto_min_tokens, min_tokens)
     if n_prompt < be:
         return Decision("baseline", f"{n_prompt} tokens < break-even {be} ({backend}): scoring would cost more "

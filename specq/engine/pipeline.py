@@ -168,10 +168,11 @@ class Engine:
 
     def run(self, document: str, params: RunParams | None = None, progress: Progress | None = None, *,
             messages: list[tuple[str, str]] | None = None, raw: bool = False, on_text: OnText | None = None,
-            scope: str = "") -> RunResult:
+            scope: str = "", reused_document: bool = False) -> RunResult:
         """One job. `messages` (a chat) or `raw` (a completion prompt) change how the prompt is built
         (`tokenize_prompt`); `on_text` receives the answer as it is decoded. `scope` (the tenant) keys
-        the caches: saved KV is only ever reused within one scope."""
+        the caches: saved KV is only ever reused within one scope. `reused_document`: the job asks about
+        a stored document (more questions expected: mode auto then fills the prompt cache, auto.py 1b)."""
         params = params or RunParams()
         params.validate()
         report = progress or (lambda phase, done, total: None)
@@ -200,7 +201,8 @@ class Engine:
             found = prefix.lookup(scope, prompt.tokens) if prefix is not None else None
             choice = auto.decide(prompt.n, backend=self.info.backend, cached_tokens=found[1] if found else 0,
                                  min_tokens=params.min_tokens, auto_min_tokens=self.options.auto_min_tokens,
-                                 quality_min_tokens=self.options.auto_quality_min_tokens)
+                                 quality_min_tokens=self.options.auto_quality_min_tokens,
+                                 reused_document=reused_document and prefix is not None)
             mode, reason = choice.mode, "auto: " + choice.reason
         elif mode == "specprefill" and prompt.n < min_tokens:
             mode = "baseline"

@@ -267,7 +267,8 @@ class WorkerRuntime:
         try:
             try:
                 result = self.engine.run(inp.text, params, progress=watcher.progress, on_text=publisher.feed,
-                                         scope=job.tenant, **source)
+                                         scope=job.tenant, reused_document=inp.document_id is not None,
+                                         **source)
             finally:
                 publisher.finish()
         except JobTimeLimit as e:
