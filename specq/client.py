@@ -129,6 +129,27 @@ class Client:
     def job(self, job_id: str) -> dict:
         return self.request("GET", f"/v1/jobs/{path_id(job_id)}", expect=_JOB)
 
+    # --- documents --------------------------------------------------------------------------------------
+    def create_document(self, filename: str, data: bytes) -> dict:
+        """Store a document (its bytes uploaded as the file `filename`); the same text again gives the
+        same id (`created` false)."""
+        files = {"file": (filename, data, "application/octet-stream")}
+        return self.request("POST", "/v1/documents", files=files, expect=("id", "sha256"))
+
+    def document(self, document_id: str) -> dict:
+        return self.request("GET", f"/v1/documents/{path_id(document_id)}", expect=("id", "sha256"))
+
+    def delete_document(self, document_id: str) -> dict:
+        return self.request("DELETE", f"/v1/documents/{path_id(document_id)}", expect=("id",))
+
+    def submit_document_job(self, document_id: str, question: str | None = None,
+                            params: dict[str, Any] | None = None) -> dict:
+        """One job asking `question` about a stored document."""
+        body: dict[str, Any] = {"document_id": document_id, "params": params or {}}
+        if question is not None:
+            body["question"] = question
+        return self.request("POST", "/v1/jobs", json=body, expect=_JOB)
+
     def jobs(self, status: str | None = None, limit: int = 50, offset: int = 0) -> dict:
         params: dict[str, Any] = {"limit": limit, "offset": offset}
         if status:

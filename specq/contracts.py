@@ -11,6 +11,9 @@ from __future__ import annotations
 CORE_PHASES = ("tokenize", "score", "select", "sparse_prefill", "ttft", "decode", "total")
 #: sub-phases of `score` reported by specprefill runs
 SCORE_PHASES = ("speculator_prefill", "lookahead", "score_math")
+#: saved KV restored from the engine's caches (speculator windows, the target's prompt prefix); every
+#: run reports it (0.0 when nothing was restored)
+CACHE_PHASES = ("cache_restore",)
 
 # --- statuses -------------------------------------------------------------------------------------
 JOB_STATUSES = ("queued", "running", "succeeded", "failed", "cancelled")
@@ -71,6 +74,6 @@ class Drained(RunCancelled):
 
 __all__ = [
     "Drained",
-    "CORE_PHASES", "SCORE_PHASES", "JOB_KINDS", "PRIORITY_INTERACTIVE", "PRIORITY_BATCH", "JOB_STATUSES", "JOB_TERMINAL", "BATCH_STATUSES", "BATCH_TERMINAL",
+    "CORE_PHASES", "SCORE_PHASES", "CACHE_PHASES", "JOB_KINDS", "PRIORITY_INTERACTIVE", "PRIORITY_BATCH", "JOB_STATUSES", "JOB_TERMINAL", "BATCH_STATUSES", "BATCH_TERMINAL",
     "EngineError", "InputError", "ModelError", "DecodeError", "RunCancelled", "Fenced",
 ]

@@ -130,6 +130,14 @@ class ServiceSettings:
     score_math: str = ""
     #: batch-invariant target numerics: auto, on or off (EngineOptions.batch_invariant)
     batch_invariant: str = ""
+    #: bytes of host memory for the worker's saved KV states (the speculator's document windows and
+    #: the target's prompt prefixes, one LRU budget; EngineOptions.cache_bytes); 0 = no caches
+    cache_bytes: int = 2 << 30
+    #: mode auto's thresholds (EngineOptions.auto_min_tokens, auto_quality_min_tokens; docs/engine.md):
+    #: baseline below the break-even length (0 = the backend's measured one), specprefill only from
+    #: the length where keep 0.3 was measured >= 95% of baseline's quality (-1 = unmeasured: never)
+    auto_min_tokens: int | None = None
+    auto_quality_min_tokens: int | None = None
 
     # --- API ------------------------------------------------------------------------------------------
     #: address `specq api` / `specq up` listen on
@@ -220,6 +228,7 @@ class ServiceSettings:
             (self.batch_invariant in ("", "auto", "on", "off"),
              f"SPECQ_BATCH_INVARIANT must be auto, on or off, not {self.batch_invariant!r}"),
             (self.max_queued_jobs >= 0, "SPECQ_MAX_QUEUED_JOBS must be >= 0 (0 = no limit)"),
+            (self.cache_bytes >= 0, "SPECQ_CACHE_BYTES must be >= 0 (0 = no caches)"),
             (bool(self.queue.strip()), "SPECQ_QUEUE must not be empty"),
             (self.receipt_timeout > 0, "SPECQ_RECEIPT_TIMEOUT must be > 0 seconds"),
             (self.max_connections >= 16, "SPECQ_MAX_CONNECTIONS must be >= 16"),
@@ -309,7 +318,9 @@ class ServiceSettings:
             opts.batch_invariant = self.batch_invariant
         for mine, theirs in (("n_gpu_layers", "n_gpu_layers"), ("n_ctx", "n_ctx"), ("n_batch", "n_batch"),
                              ("n_ubatch", "n_ubatch"), ("threads", "n_threads"), ("flash_attn", "flash_attn"),
-                             ("n_parallel", "n_parallel")):
+                             ("n_parallel", "n_parallel"), ("cache_bytes", "cache_bytes"),
+                             ("auto_min_tokens", "auto_min_tokens"),
+                             ("auto_quality_min_tokens", "auto_quality_min_tokens")):
             value = getattr(self, mine)
             if value is not None:
                 setattr(opts, theirs, value)

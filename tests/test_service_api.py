@@ -121,7 +121,7 @@ def test_refusals_store_nothing(api, client):
          "params.max_tokes: unknown field", "known params: chunk")
     _err(post(json={"text": DOC, "params": {"keep": 2.0}}), 422, "params.keep: Input should be less than or equal to 1")
     _err(post(json={"text": DOC, "params": {"max_tokens": "many"}}), 422, "params.max_tokens: Input should be a valid integer")
-    _err(post(json={"text": DOC, "params": {"mode": "turbo"}}), 422, "params.mode: Input should be 'baseline' or 'specprefill'")
+    _err(post(json={"text": DOC, "params": {"mode": "turbo"}}), 422, "params.mode: Input should be 'auto', 'baseline' or 'specprefill'")
     _err(post(json={"text": DOC, "params": {"pool": 4}}), 422, "params: pool must be an odd number")
     for not_an_object in ([1, 2], [], False, 0, ""):  # none of them means "no params"
         _err(post(json={"text": DOC, "params": not_an_object}), 422, "params: Input should be an object")

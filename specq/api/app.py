@@ -94,6 +94,7 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
     caller_of = authenticator(settings)
 
     from .batches import batches_router
+    from .documents import documents_router
     from .events import events_router
     from .files import files_router
     from .health import health_router
@@ -105,6 +106,7 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
 
     catalog = ModelCatalog(settings)
     app.include_router(jobs_router(settings, caller_of))
+    app.include_router(documents_router(settings, caller_of))
     app.include_router(events_router(settings, caller_of))
     app.include_router(batches_router(settings, caller_of, catalog))
     app.include_router(models_router(catalog, caller_of))

@@ -85,6 +85,8 @@ def store_batch(settings: ServiceSettings, tenant: str, requests: list, errors: 
                                            limit_bytes=limit, queue=settings.queue)
             except QuotaExceeded as e:
                 raise ApiError(429, str(e), "too_many_requests") from None
+            except jobs.UnknownDocument as e:  # deleted since the lines were checked
+                raise ApiError(404, str(e), "not_found") from None
             batches.set_batch_status(s, batch.id, "in_progress")
             body = _response(s, batch.id)  # serialisable before any job is queued
         except BaseException:

@@ -323,8 +323,23 @@ def _check_params(defaults: dict[str, Any], own: dict[str, Any], question: str |
     return d, str(d.pop("question", "") or "")
 
 
-def _parse_jsonl(data: bytes, defaults: dict[str, Any], limit: int, max_requests: int):
-    """(requests, errors): one BatchRequest per non-blank line, or an error naming the line."""
+def _check_line_text(n: int, text: str, limit: int) -> None:
+    size = len(text.encode("utf-8", "surrogatepass"))
+    if size > limit:
+        raise _Invalid(n, "too_large", f"line {n}: text is {size} bytes, over the limit of {limit} bytes "
+                                       "(SPECQ_MAX_INPUT_BYTES)", "text")
+    try:
+        S.storable(text)
+        check_text(text, name="text")
+    except (InputError, ValueError) as e:
+        message = str(e) if str(e).startswith("text") else f"text {e}"
+        raise _Invalid(n, "invalid_input", f"line {n}: {message}", "text") from None
+
+
+def _parse_jsonl(data: bytes, defaults: dict[str, Any], limit: int, max_requests: int,
+                 known_document: Callable[[str], bool] | None = None):
+    """(requests, errors): one BatchRequest per non-blank line, or an error naming the line.
+    `known_document(id)`: whether the batch's tenant has that stored document (lines may name one)."""
     requests: list[batches.BatchRequest] = []
     errors: list[dict[str, Any]] = []
     seen: dict[str, int] = {}
@@ -347,22 +362,21 @@ def _parse_jsonl(data: bytes, defaults: dict[str, Any], limit: int, max_requests
                 raise _Invalid(n, "duplicate_custom_id", f"line {n}: custom_id {cid[:100]!r} already used on line "
                                                          f"{seen[cid]}", "custom_id")
             seen[cid] = n
-            size = len(line.text.encode("utf-8", "surrogatepass"))
-            if size > limit:
-                raise _Invalid(n, "too_large", f"line {n}: text is {size} bytes, over the limit of {limit} bytes "
-                                               "(SPECQ_MAX_INPUT_BYTES)", "text")
-            try:
-                S.storable(line.text)
-                check_text(line.text, name="text")
-            except (InputError, ValueError) as e:
-                message = str(e) if str(e).startswith("text") else f"text {e}"
-                raise _Invalid(n, "invalid_input", f"line {n}: {message}", "text") from None
+            if (line.text is None) == (line.document_id is None):
+                raise _Invalid(n, "missing_text", f"line {n}: give either text (the document) or document_id "
+                                                  "(a stored document), exactly one", "text")
+            if line.document_id is not None:
+                if known_document is not None and not known_document(line.document_id):
+                    raise _Invalid(n, "unknown_document", f"line {n}: no document {line.document_id[:80]}",
+                                   "document_id")
+            else:
+                _check_line_text(n, line.text, limit)
             try:
                 params, q = _check_params(defaults, S.params_dict(line.params), line.question)
             except InputError as e:
                 raise _Invalid(n, "invalid_params", f"line {n}: {e}", "params") from None
-            requests.append(batches.BatchRequest(custom_id=cid, text=line.text, question=q, params=params,
-                                                 filename=line.filename))
+            requests.append(batches.BatchRequest(custom_id=cid, text=line.text or "", question=q, params=params,
+                                                 filename=line.filename, document_id=line.document_id))
             if len(requests) > max_requests:
                 raise _Invalid(n, "too_many_requests", f"more than {max_requests} requests (SPECQ_MAX_BATCH_REQUESTS)")
         except _Invalid as e:
@@ -405,6 +419,21 @@ def _parse_files(docs: list[tuple[str, bytes]], defaults: dict[str, Any], limit:
     return requests, errors
 
 
+def _document_checker(tenant: str) -> Callable[[str], bool]:
+    """Whether `tenant` has a stored document of that id (memoised: a batch names few documents)."""
+    from ..storage import documents
+
+    seen: dict[str, bool] = {}
+
+    def known(document_id: str) -> bool:
+        if document_id not in seen:
+            with db.session() as s:
+                seen[document_id] = documents.get_document(s, document_id, tenant=tenant) is not None
+        return seen[document_id]
+
+    return known
+
+
 def _create(settings: ServiceSettings, tenant: str, source, fields: S.BatchFormFields) -> dict[str, Any]:
     """The native create: parse the JSONL or the documents, store the input as a file (so the batch has
     an input_file_id), then the batch and its jobs."""
@@ -415,7 +444,8 @@ def _create(settings: ServiceSettings, tenant: str, source, fields: S.BatchFormF
         defaults["question"] = fields.question
     # parse before storing anything: an upload over a limit is refused with a 4xx and leaves no row
     if kind == "jsonl":
-        requests, errors = _parse_jsonl(payload, defaults, limit, settings.max_batch_requests)
+        requests, errors = _parse_jsonl(payload, defaults, limit, settings.max_batch_requests,
+                                        known_document=_document_checker(tenant))
         data = payload
     else:
         requests, errors = _parse_files(payload, defaults, limit)

@@ -79,15 +79,17 @@ def jobs_router(settings: ServiceSettings, caller_of: Callable[..., Caller]) -> 
                             **responses(400, 401, 413, 415, 422, 429, 503)})
     async def submit_job(request: Request, caller: Caller = Depends(caller_of)) -> JSONResponse:
         ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
+        document_id = None
         if ctype in JSON_TYPES:
-            text, question, raw_params, filename = await _read_json(request)
+            text, question, raw_params, filename, document_id = await _read_json(request)
         elif ctype in FORM_TYPES:
             text, question, raw_params, filename = await _read_form(request)
         else:
             raise ApiError(415, "send application/json {text, question, params} or multipart/form-data "
                                 "with file, question and params", "unsupported_media_type")
         params = run_params(raw_params, question)
-        job = await run_in_threadpool(_store_and_enqueue, settings, text, params, filename, caller.tenant)
+        job = await run_in_threadpool(_store_and_enqueue, settings, text, params, filename, caller.tenant,
+                                      document_id=document_id)
         return JSONResponse(status_code=202, content=job, headers={"Location": f"/v1/jobs/{job['id']}"})
 
     @router.get("/v1/jobs/{job_id}", summary="A job: status, progress and, when done, its result",
@@ -188,14 +190,25 @@ def check_document(text: str, name: str = "text") -> None:
         raise ApiError(422, f"{name}: {e}" if not str(e).startswith(name) else str(e), "invalid_input") from None
 
 
-async def _read_json(request: Request) -> tuple[str, str | None, dict, str | None]:
+def text_or_document(text: str | None, document_id: str | None, where: str = "") -> None:
+    """Exactly one of `text` and `document_id` (422 otherwise); a text is checked like a document."""
+    if text is None and document_id is None:
+        raise ApiError(422, f"{where}text: required (the document), or document_id (a stored document)",
+                       "invalid_input")
+    if text is not None and document_id is not None:
+        raise ApiError(422, f"{where}give text or document_id, not both", "invalid_input")
+    if text is not None:
+        check_document(text)
+
+
+async def _read_json(request: Request) -> tuple[str, str | None, dict, str | None, str | None]:
     raw = await request.body()
     try:
         body = S.JobCreate.model_validate_json(raw)
     except ValidationError as e:
         raise from_validation(e) from None
-    check_document(body.text)
-    return body.text, body.question, S.params_dict(body.params), body.filename
+    text_or_document(body.text, body.document_id)
+    return body.text or "", body.question, S.params_dict(body.params), body.filename, body.document_id
 
 
 def parse_params_field(raw: Any, name: str = "params") -> dict[str, Any]:
@@ -295,6 +308,8 @@ def _store_and_enqueue(settings: ServiceSettings, text: str, params: RunParams |
             raise ApiError(429, str(e), "too_many_requests") from None
         except InputTooLarge as e:
             raise ApiError(413, str(e), "too_large") from None
+        except jobs.UnknownDocument as e:
+            raise ApiError(404, str(e), "not_found") from None
         body = S.JobCreated(id=job.id, status=job.status).model_dump(mode="json")
         json.dumps(body, allow_nan=False)  # serialisable, before any worker can see the job
         try:
@@ -308,5 +323,5 @@ def _store_and_enqueue(settings: ServiceSettings, text: str, params: RunParams |
 
 store_and_enqueue = _store_and_enqueue
 
-__all__ = ["jobs_router", "store_and_enqueue", "links", "deleted", "run_params", "check_document", "parse_params_field",
+__all__ = ["jobs_router", "store_and_enqueue", "links", "deleted", "run_params", "check_document", "text_or_document", "parse_params_field",
            "form_text", "check_field", "JobId"]

@@ -8,8 +8,8 @@ neutral values (`n: 1`, zero penalties, `logprobs: false`, `top_logprobs: 0`, em
 `modalities: ["text"]`) and informational fields (`user`, `store`, `metadata`, `service_tier`,
 `stream_options`, `parallel_tool_calls`, `reasoning_effort`, `verbosity`, `safety_identifier`,
 `prompt_cache_*`, `moderation`). Anything else that would change the output is a 400 naming the field.
-Requests run in mode `specprefill` unless `specq.mode` says otherwise (prompts shorter than
-`min_tokens`, 1,024 tokens by default, run baseline anyway).
+Requests run in mode `auto` (engine/auto.py: a prompt-cache hit, baseline below the break-even length,
+specprefill for long prompts where its quality was measured) unless `specq.mode` says otherwise.
 `specq` (the SDK's `extra_body={"specq": {...}}`) holds RunParams fields and an explicit split:
 `document` (+ `question`, default the last user message); with it the messages may be system
 messages and one user message.
@@ -30,7 +30,7 @@ from . import openai_schemas as O
 #: the OpenAI error type of a bad request
 INVALID = "invalid_request_error"
 #: RunParams an OpenAI request gets unless its `specq` options say otherwise
-OPENAI_DEFAULTS = {"mode": "specprefill"}
+OPENAI_DEFAULTS = {"mode": "auto"}
 
 
 def bad(message: str, param: str | None, code: str | None = None) -> ApiError:
@@ -139,8 +139,8 @@ def _messages(req: O.ChatCompletionRequest) -> list[dict[str, str]]:
 
 
 def _params(req, max_tokens: int | None) -> dict[str, Any]:
-    """RunParams keys: specq's defaults for OpenAI requests (mode specprefill: a long prompt is scored;
-    prompts under min_tokens run baseline anyway), then specq's options, then the OpenAI fields set."""
+    """RunParams keys: specq's defaults for OpenAI requests (mode auto, as native jobs), then specq's
+    options, then the OpenAI fields set."""
     params: dict[str, Any] = dict(OPENAI_DEFAULTS)
     if req.specq is not None:
         params.update({k: v for k, v in req.specq.model_dump(exclude_unset=True).items()

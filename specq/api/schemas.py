@@ -154,11 +154,16 @@ class ErrorBody(Response):
 # --- jobs ------------------------------------------------------------------------------------------------
 
 
-class JobCreate(Request):
-    """POST /v1/jobs as JSON."""
+DocumentId = Text(MAX_ID_CHARS, min_length=1, description="a stored document's id (doc_…, POST /v1/documents) "
+                                                          "of the caller's tenant")
 
-    text: str = Field(description="the document, UTF-8 text of at most SPECQ_MAX_INPUT_BYTES bytes (413 above "
-                                  "it); not empty, not binary")
+
+class JobCreate(Request):
+    """POST /v1/jobs as JSON: `text` or `document_id`, exactly one."""
+
+    text: str | None = Field(None, description="the document, UTF-8 text of at most SPECQ_MAX_INPUT_BYTES bytes (413 "
+                                               "above it); not empty, not binary")
+    document_id: DocumentId | None = None  # type: ignore[valid-type]
     question: Question | None = None
     params: RunParamsIn | None = None  # type: ignore[valid-type]
     filename: Name | None = Field(None, description="a name kept with the job")
@@ -193,6 +198,7 @@ class JobInputOut(Response):
     filename: str | None
     size_bytes: int
     question: str
+    document_id: str | None = Field(None, description="the stored document it asks about (POST /v1/documents)")
 
 
 class JobSummary(Response):
@@ -240,6 +246,40 @@ class JobDocument(Response):
     text: str = Field(description="the document; `result.selection` offsets are character offsets into it")
 
 
+class DocumentCreate(Request):
+    """POST /v1/documents as JSON."""
+
+    text: str = Field(description="the document, UTF-8 text of at most SPECQ_MAX_INPUT_BYTES bytes (413 above "
+                                  "it); not empty, not binary")
+    filename: Name | None = Field(None, description="a name kept with the document")
+
+
+class DocumentOut(Response):
+    """A stored document, without its text. `created` is false when the tenant already had this text
+    (same sha256): its id is reused."""
+
+    id: str
+    object: Literal["document"] = "document"
+    tenant: str
+    sha256: str
+    filename: str | None
+    size_bytes: int
+    created_at: Timestamp
+    created: bool | None = None
+    jobs: int | None = Field(None, description="jobs that ask about it (GET only)")
+
+
+class DocumentText(DocumentOut):
+    text: str
+
+
+class DocumentList(Response):
+    object: Literal["list"] = "list"
+    data: list[DocumentOut]
+    limit: int
+    offset: int
+
+
 class JobList(Response):
     object: Literal["list"] = "list"
     data: list[JobSummary]
@@ -264,7 +304,9 @@ class BatchLine(Request):
     """One line of a batch's JSONL: one request."""
 
     custom_id: Text(MAX_NAME_CHARS, min_length=1)  # type: ignore[valid-type]
-    text: str = Field(description="the document (SPECQ_MAX_INPUT_BYTES; not empty, not binary)")
+    text: str | None = Field(None, description="the document (SPECQ_MAX_INPUT_BYTES; not empty, not binary); or "
+                                               "document_id")
+    document_id: DocumentId | None = None  # type: ignore[valid-type]
     question: Question | None = None
     params: RunParamsIn | None = None  # type: ignore[valid-type]
     filename: Name | None = None

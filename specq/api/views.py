@@ -37,6 +37,7 @@ def job_view(s, job) -> dict[str, Any]:
     d["result"] = safe_dict(result) if result is not None else None
     inp = jobs.get_input(s, job.id)
     d["input"] = None if inp is None else {"filename": inp.filename, "size_bytes": inp.size_bytes,
+                                           "document_id": inp.document_id,
                                            "question": inp.question or ""}
     return d
 

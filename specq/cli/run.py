@@ -15,7 +15,7 @@ from .output import print_json
 def run_cmd(
     file: Path = typer.Argument(..., help="A long document or code file (text: UTF-8, or UTF-16/32 with a BOM); - reads stdin."),
     question: str = typer.Option("", "-q", "--question", help="The question asked about FILE."),
-    mode: str = typer.Option("baseline", help="baseline (prefill every token) or specprefill (score, keep the top chunks)."),
+    mode: str = typer.Option("auto", help="auto (the cheapest path measured safe: docs/engine.md), baseline (prefill every token) or specprefill (score, keep the top chunks)."),
     positions: str = typer.Option("original", help="original (kept tokens keep their position ids) or compressed."),
     keep: float = typer.Option(0.3, help="Fraction of the document's chunks kept by specprefill."),
     scorer: str = typer.Option("windowed", help="windowed, sliding or full."),

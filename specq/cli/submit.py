@@ -16,9 +16,12 @@ from .output import print_json, safe
 def submit_cmd(
     files: list[Path] = typer.Argument(None, help="Documents or code files (text: UTF-8, or UTF-16/32 with a BOM); several make a batch; - reads one from stdin."),
     question: str = typer.Option(None, "-q", "--question", help="The question asked about FILE."),
-    jsonl: Path = typer.Option(None, "--jsonl", help="A batch as JSONL: one {custom_id, text, question, params} per line (- = stdin)."),
+    questions: Path = typer.Option(None, "--questions", help="A text file of questions, one a line: FILE is stored once "
+                                   "(POST /v1/documents) and asked each of them, as one batch of one job per question "
+                                   "(- = stdin)."),
+    jsonl: Path = typer.Option(None, "--jsonl", help="A batch as JSONL: one {custom_id, text or document_id, question, params} per line (- = stdin)."),
     batch_name: str = typer.Option(None, "--batch", help="Submit as a batch with this name (`specq results NAME`)."),
-    mode: str = typer.Option(None, help="baseline or specprefill."),
+    mode: str = typer.Option(None, help="auto (the default: docs/engine.md), baseline or specprefill."),
     positions: str = typer.Option(None, help="original or compressed."),
     keep: float = typer.Option(None, help="Fraction of the document's chunks kept by specprefill."),
     scorer: str = typer.Option(None, help="windowed, sliding or full."),
@@ -59,6 +62,8 @@ def submit_cmd(
                  draft_min=draft_min, p_min=p_min, ngram=ngram)
     params = {k: v for k, v in given.items() if v is not None}
     files = list(files or [])
+    if questions is not None:
+        return submit_questions(files, questions, question, jsonl, params, batch_name, wait, as_json)  # below
     if jsonl is not None or batch_name is not None or len(files) > 1:
         return submit_batch(files, jsonl, question, params, batch_name, wait, as_json)  # below
     if not files:
@@ -89,8 +94,55 @@ def submit_cmd(
     api_call(go)
 
 
+def read_questions(path: Path) -> list[str]:
+    """The non-blank lines of a questions file (- = stdin), stripped."""
+    from ..contracts import InputError
+
+    _, data = read_input(path)
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError:
+        raise InputError(f"{STDIN_NAME if is_stdin(path) else path} is not UTF-8 text") from None
+    qs = [line.strip() for line in text.splitlines() if line.strip()]
+    if not qs:
+        raise InputError(f"{STDIN_NAME if is_stdin(path) else path} holds no questions (one a line)")
+    return qs
+
+
+def questions_jsonl(document_id: str, qs: list[str]) -> bytes:
+    """The batch of `--questions`: one line per question about one stored document."""
+    import json
+
+    return b"".join((json.dumps({"custom_id": f"q{i}", "document_id": document_id, "question": q},
+                                ensure_ascii=False) + "\n").encode() for i, q in enumerate(qs, 1))
+
+
+def submit_questions(files: list[Path], questions: Path, question, jsonl, params: dict, name, wait: bool,
+                     as_json: bool) -> None:
+    """`specq submit --questions qs.txt FILE`: FILE stored once, one job per question (a batch)."""
+    from ..contracts import InputError
+
+    if jsonl is not None or question is not None or len(files) != 1:
+        raise fail("--questions takes exactly one FILE (and no --jsonl or --question)")
+    if is_stdin(files[0]) and is_stdin(questions):
+        raise fail("FILE and --questions cannot both be stdin (-)")
+    try:
+        qs = read_questions(questions)
+        filename, data, _ = load_document(files[0])
+    except InputError as e:
+        raise fail(str(e)) from None
+
+    def stored(c) -> bytes:
+        doc = c.create_document(filename, data)
+        typer.echo(f"document {doc['id']} ({'stored' if doc.get('created') else 'already stored'}): "
+                   f"{len(qs)} questions", err=True)
+        return questions_jsonl(doc["id"], qs)
+
+    submit_batch([], Path("questions.jsonl"), None, params, name, wait, as_json, make_jsonl=stored)
+
+
 def submit_batch(files: list[Path], jsonl: Path | None, question, params: dict, name, wait: bool,
-                 as_json: bool = False) -> None:
+                 as_json: bool = False, make_jsonl=None) -> None:
     """`specq submit` with several files, --jsonl or --batch: one batch; prints its id."""
     from ..contracts import InputError
 
@@ -101,7 +153,9 @@ def submit_batch(files: list[Path], jsonl: Path | None, question, params: dict, 
     if sum(is_stdin(f) for f in files) > 1:
         raise fail("stdin (-) can be one FILE of a batch, once")
     try:  # the server's checks, before uploading
-        if jsonl is not None:
+        if make_jsonl is not None:  # built once connected (--questions: after storing the document)
+            jsonl_name, jsonl_data = str(jsonl), b""
+        elif jsonl is not None:
             jsonl_name, jsonl_data = read_input(jsonl)
             if not jsonl_data.strip():
                 raise InputError(f"{STDIN_NAME if is_stdin(jsonl) else jsonl} is empty")
@@ -111,6 +165,9 @@ def submit_batch(files: list[Path], jsonl: Path | None, question, params: dict, 
     metadata = {"name": name} if name else None
 
     def go(c):
+        nonlocal jsonl_data
+        if make_jsonl is not None:
+            jsonl_data = make_jsonl(c)
         if jsonl is not None:
             batch = c.submit_batch_jsonl(Path(jsonl_name), params=params, question=question, metadata=metadata,
                                          content=jsonl_data)

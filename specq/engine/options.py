@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 from ..contracts import InputError
 
-Mode = Literal["baseline", "specprefill"]
+Mode = Literal["auto", "baseline", "specprefill"]
 Positions = Literal["original", "compressed"]
 Scorer = Literal["windowed", "sliding", "full"]
 Draft = Literal["none", "ngram", "model", "mtp", "eagle3", "auto"]
@@ -77,6 +77,17 @@ class EngineOptions:
     #: speculator's own device, K cache read in place: 1.4 s → milliseconds at 32K on the H200),
     #: auto = torch when the models are on a GPU and PyTorch with CUDA is importable, else numpy
     score_math: Literal["auto", "numpy", "torch"] = "auto"
+    #: bytes of host memory for saved KV states: the speculator's document windows (spec_cache.py)
+    #: and the target's prompt prefixes (prefix_cache.py), one LRU budget; 0 = no caches (the
+    #: default for the CLI and benchmarks; the worker's SPECQ_CACHE_BYTES defaults to 2 GiB)
+    cache_bytes: int = 0
+    #: mode auto: prompts shorter than this run baseline; 0 = the measured break-even of the backend
+    #: (engine/auto.py BREAK_EVEN_TOKENS, docs/engine.md)
+    auto_min_tokens: int = 0
+    #: mode auto: the shortest prompt at which keep 0.3 was measured >= 95% of baseline's quality
+    #: (docs/quality.md); specprefill runs only from there on. -1 = not measured: auto never picks
+    #: specprefill
+    auto_quality_min_tokens: int = -1
 
     def resolved_threads(self) -> int:
         return self.n_threads or (os.cpu_count() or 1)
@@ -88,8 +99,10 @@ class RunParams:
 
     #: the question asked about the document (placed after it, inside the chat template)
     question: str = ""
-    #: baseline = prefill every token; specprefill = score, keep the top chunks, prefill those
-    mode: Mode = "baseline"
+    #: baseline = prefill every token; specprefill = score, keep the top chunks, prefill those;
+    #: auto = the cheapest path measured safe (engine/auto.py: a prompt-cache hit, baseline below the
+    #: break-even length, specprefill for long documents where its quality was measured)
+    mode: Mode = "auto"
     #: original = kept tokens keep their position ids (needs our patched llama.cpp);
     #: compressed = kept tokens renumbered 0..K-1 (what a stock build can do)
     positions: Positions = "original"
@@ -99,7 +112,8 @@ class RunParams:
     chunk: int = 32
     #: cap on kept document tokens (lowest-ranked chunks dropped beyond it); 0 = no cap
     max_keep: int = 0
-    #: prompts shorter than this run baseline even in specprefill mode; -1 = the engine's default
+    #: prompts shorter than this run baseline even in specprefill mode (and in auto mode: its
+    #: break-even); -1 = the engine's default
     min_tokens: int = -1
     #: lookahead query rows (the last prompt token + lookahead-1 greedy tokens)
     lookahead: int = 8

@@ -17,12 +17,14 @@ from typing import Callable
 
 import numpy as np
 
-from . import invariance
+from . import auto, invariance
 from .decode import generate
 from ..contracts import InputError, ModelError
 from .kept_spans import selection_record
 from .options import EngineOptions, RunParams
-from .prefill import sparse_prefill
+from .prefill import PrefillResult, sparse_prefill
+from .prefix_cache import PrefixCache
+from .spec_cache import Numerics as CacheNumerics, SpeculatorCache, StateStore, file_sha256
 from .chat_prompt import build_chat_prompt, build_raw_prompt
 from .prompt import Prompt, build_prompt
 from .result import CORE_PHASES, DraftInfo, EngineInfo, RunResult, SpecInfo, Usage
@@ -106,6 +108,34 @@ class Engine:
         self._mtp_ctx: Context | None = None
         self._eagle3: tuple[Model, Context, list[int]] | None = None
         self._eagle3_why: str | None = None
+        #: saved KV states of both caches under one byte budget (EngineOptions.cache_bytes)
+        self.cache_store = StateStore(opts.cache_bytes)
+        self._prefix_cache: PrefixCache | None = None
+        self._spec_cache: SpeculatorCache | None = None
+
+    # -- caches ------------------------------------------------------------------------------------
+    def prefix_cache(self) -> PrefixCache | None:
+        """The target's prompt cache (prefix_cache.py), or None when cache_bytes is 0."""
+        if not self.cache_store.enabled:
+            return None
+        if self._prefix_cache is None:
+            num = self.numerics
+            self._prefix_cache = PrefixCache(self.cache_store, CacheNumerics(
+                file_sha256(self.target_path), num.type_k, num.flash_attn, num.repack, num.batch_invariant,
+                self.n_ubatch, self.info.backend))
+        return self._prefix_cache
+
+    def spec_cache(self) -> SpeculatorCache | None:
+        """The speculator's document-window cache (spec_cache.py), or None when cache_bytes is 0."""
+        if not self.cache_store.enabled:
+            return None
+        if self._spec_cache is None:
+            # the scorer's context: f16 K cache, flash attention as the options say, weights repacked
+            # (Model's default); batch_invariant is the target's, keyed too so a change always misses
+            self._spec_cache = SpeculatorCache(self.cache_store, CacheNumerics(
+                file_sha256(self.speculator.path), "f16", self.options.flash_attn, True,
+                self.numerics.batch_invariant, self.n_ubatch, self.info.backend))
+        return self._spec_cache
 
     # -- models ------------------------------------------------------------------------------------
     @property
@@ -167,15 +197,22 @@ class Engine:
         return prompt
 
     def prepare(self, document: str, params: RunParams, *, messages: list[tuple[str, str]] | None = None,
-                raw: bool = False) -> tuple[Prompt, str, str, list[str], dict]:
+                raw: bool = False, scope: str = "", reused_document: bool = False,
+                prompt_cache: bool = True) -> tuple[Prompt, str, str, list[str], dict, SpecInfo]:
         """The first phase of a job: params checked, prompt tokenized, the mode and positions that will
-        run decided; (prompt, mode, positions, warnings, timings)."""
+        run decided; (prompt, mode, positions, warnings, timings, spec). `scope` (the tenant) keys the
+        caches: saved KV is only ever reused within one scope. `reused_document`: the job asks about a
+        stored document (more questions expected: mode auto then fills the prompt cache, auto.py 1b).
+        `prompt_cache=False`: the caller prefills without the target's prompt cache (the serving slots),
+        so mode auto does not count on it."""
         params.validate()
         timings = {p: 0.0 for p in CORE_PHASES}
+        timings["cache_restore"] = 0.0
         warnings: list[str] = []
         t0 = time.perf_counter()
         prompt = self.tokenize_prompt(document, params, messages=messages, raw=raw)
         timings["tokenize"] = _ms(t0)
+
         positions = params.positions
         if positions == "original" and not self.gaps_supported:
             positions = "compressed"
@@ -184,35 +221,60 @@ class Engine:
                 "build ours with scripts/build-llama.sh"
             )
         min_tokens = DEFAULT_MIN_TOKENS if params.min_tokens < 0 else params.min_tokens
-        mode = params.mode
-        if mode == "specprefill" and prompt.n < min_tokens:
+        mode, reason = params.mode, "asked for"
+        prefix = self.prefix_cache() if prompt_cache else None
+        if mode == "auto":
+            found = prefix.lookup(scope, prompt.tokens) if prefix is not None else None
+            choice = auto.decide(prompt.n, backend=self.info.backend, cached_tokens=found[1] if found else 0,
+                                 min_tokens=params.min_tokens, auto_min_tokens=self.options.auto_min_tokens,
+                                 quality_min_tokens=self.options.auto_quality_min_tokens,
+                                 reused_document=reused_document and prefix is not None)
+            mode, reason = choice.mode, "auto: " + choice.reason
+        elif mode == "specprefill" and prompt.n < min_tokens:
             mode = "baseline"
+            reason = f"prompt has {prompt.n} tokens < min_tokens {min_tokens}"
             warnings.append(f"prompt has {prompt.n} tokens < min_tokens {min_tokens}: ran baseline")
-        return prompt, mode, positions, warnings, timings
+        spec = SpecInfo(mode=mode, reason=reason, positions=positions, keep=1.0, lookahead=0, windows=0, scorer="none")
+        spec.cache = {"speculator": "off", "target": "off", "bytes_restored": 0}
+        return prompt, mode, positions, warnings, timings, spec
 
     def run(self, document: str, params: RunParams | None = None, progress: Progress | None = None, *,
-            messages: list[tuple[str, str]] | None = None, raw: bool = False, on_text: OnText | None = None) -> RunResult:
+            messages: list[tuple[str, str]] | None = None, raw: bool = False, on_text: OnText | None = None,
+            scope: str = "", reused_document: bool = False) -> RunResult:
         """One job. `messages` (a chat) or `raw` (a completion prompt) change how the prompt is built
-        (`tokenize_prompt`); `on_text` receives the answer as it is decoded."""
+        (`tokenize_prompt`); `on_text` receives the answer as it is decoded; `scope`, `reused_document`:
+        `prepare`."""
         params = params or RunParams()
         report = progress or (lambda phase, done, total: None)
         t_start = time.perf_counter()
         report("tokenize", 0, 1)
-        prompt, mode, positions, warnings, timings = self.prepare(document, params, messages=messages, raw=raw)
+        prompt, mode, positions, warnings, timings, spec = self.prepare(
+            document, params, messages=messages, raw=raw, scope=scope, reused_document=reused_document)
+        prefix = self.prefix_cache()
 
-        spec = SpecInfo(mode=mode, positions=positions, keep=1.0, lookahead=0, windows=0, scorer="none")
         doc_scores = None
         if mode == "specprefill":
-            kept, doc_scores = self._select(prompt, params, timings, spec, report)
+            kept, doc_scores = self._select(prompt, params, timings, spec, report, scope=scope)
         else:
             kept = list(range(prompt.n))
 
         # made before the prefill: an MTP/EAGLE3 drafter reads the target's hidden states of the prompt
         drafter = self._drafter(params, prompt, scored=(mode == "specprefill"))
+        observe = getattr(drafter, "observe", None)
         report("sparse_prefill", 0, 1)
         t0 = time.perf_counter()
-        pre = sparse_prefill(self.ctx, prompt.tokens, kept, positions, observe=getattr(drafter, "observe", None))
-        timings["sparse_prefill"] = _ms(t0)
+        if mode == "baseline" and prefix is not None and observe is None:
+            # a full prefill: through the target's prompt cache (a drafter that reads the prompt's
+            # hidden states needs every token prefilled, so it bypasses the cache)
+            use = prefix.prefill(self.ctx, scope, prompt.tokens)
+            pre = PrefillResult(next_pos=prompt.n, n_kept=prompt.n, logits=self.ctx.logits_row(-1))
+            timings["cache_restore"] += use.restore_ms
+            spec.cache["target"] = use.as_dict()
+            spec.cache["bytes_restored"] += use.bytes_restored
+            timings["sparse_prefill"] = _ms(t0) - use.restore_ms
+        else:
+            pre = sparse_prefill(self.ctx, prompt.tokens, kept, positions, observe=observe)
+            timings["sparse_prefill"] = _ms(t0)
 
         sampler = Sampler(params.temperature, params.top_k, params.top_p, params.seed)
         n_draft = self.draft_budget(params, drafter, warnings)
@@ -329,18 +391,24 @@ class Engine:
         return choice
 
     def _select(self, prompt: Prompt, params: RunParams, timings: dict, spec: SpecInfo,
-                report: Progress) -> tuple[list[int], np.ndarray]:
+                report: Progress, scope: str = "") -> tuple[list[int], np.ndarray]:
         """Score the prompt with the speculator and pick the kept indices (phases `score`, `select`);
-        (kept indices, document token scores)."""
+        (kept indices, document token scores). Window prefixes go through the speculator cache."""
         from .selection import select_kept
 
+        scorer = self.scorer()
+        cache = self.spec_cache() if params.scorer != "sliding" else None
+        use = cache.begin() if cache is not None else None
         t0 = time.perf_counter()
-        scored = self.scorer().score(
+        scored = scorer.score(
             prompt, scorer=params.scorer, lookahead=params.lookahead, pool=params.pool, window=params.window,
-            progress=lambda done, total: report("score", done, total),
+            progress=lambda done, total: report("score", done, total), cache=cache, scope=scope,
         )
         timings["score"] = _ms(t0)
         timings.update(scored.timings_ms)
+        if use is not None:
+            spec.cache["speculator"] = use.as_dict()
+            spec.cache["bytes_restored"] += use.bytes_restored
         report("select", 0, 1)
         t0 = time.perf_counter()
         kept = select_kept(

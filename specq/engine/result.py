@@ -22,11 +22,16 @@ class Usage:
 @dataclass
 class SpecInfo:
     mode: str = "baseline"  # the mode that actually ran (specprefill may fall back to baseline)
+    #: why that mode ran (mode auto's decision, a fallback, or "asked for")
+    reason: str = ""
     positions: str = "original"  # the position mode that actually ran
     keep: float = 1.0
     lookahead: int = 0
     windows: int = 0
     scorer: str = "none"
+    #: the engine's caches on this run: {"speculator": {"hits", "misses", "bytes_restored", …} or
+    #: "off", "target": {"hit", "reused_tokens", "bytes_restored", …} or "off", "bytes_restored": total}
+    cache: dict = field(default_factory=dict)
 
 
 @dataclass

@@ -187,6 +187,8 @@ class SpecPrefillScorer:
         self._capture_on = True
         #: the tokens the speculator's cache holds after the last scoring window (lookahead removed)
         self.cached_tokens: list[int] = []
+        #: speculator tokens prefilled so far (tests: a speculator-cache hit prefills only question tails)
+        self.prefilled_tokens = 0
 
     def streams(self) -> Context:
         """The parallel-window context: n_parallel KV streams of `stream_cells` cells."""
@@ -215,11 +217,19 @@ class SpecPrefillScorer:
         window: int = 0,
         progress: Callable[[int, int], None] | None = None,
         capture: bool = True,
+        cache=None,
+        scope: str = "",
     ) -> ScoreResult:
         """Score the document tokens of `prompt`. capture=False runs the same speculator forward passes
-        without capture or score math (scores are then meaningless): the benchmark's overhead baseline."""
+        without capture or score math (scores are then meaningless): the benchmark's overhead baseline.
+
+        cache: a spec_cache.SpeculatorCache: the windowed/full scorers then restore each window's head +
+        document slice saved by an earlier prompt of the same `scope` (tenant) instead of prefilling it,
+        or prefill it by its own decode call and save it (the `cache_restore` timing: restores)."""
         self._capture_on = capture
         timings = {"speculator_prefill": 0.0, "lookahead": 0.0, "score_math": 0.0}
+        if cache is not None:
+            timings["cache_restore"] = 0.0
         doc = prompt.document
         n_doc = len(doc)
         if scorer in ("windowed", "full"):
@@ -244,10 +254,13 @@ class SpecPrefillScorer:
                     progress(g, n_windows)
                 group = plan[g : g + step]
                 windows = [prompt.head + doc[a:b] + prompt.tail for a, b in group]
+                prefixes = [h + (b - a) for a, b in group] if cache is not None else None
                 if len(windows) == 1:
-                    got = [self._score_window(windows[0], lookahead, pool, timings)]
+                    got = [self._score_window(windows[0], lookahead, pool, timings,
+                                              prefix=prefixes[0] if prefixes else 0, cache=cache, scope=scope)]
                 else:
-                    got = self._score_parallel(windows, lookahead, pool, timings)
+                    got = self._score_parallel(windows, lookahead, pool, timings, prefixes=prefixes, cache=cache,
+                                               scope=scope)
                 for (a, b), s in zip(group, got):
                     scores[a:b] = s[h : h + (b - a)]
             if progress:
@@ -270,7 +283,29 @@ class SpecPrefillScorer:
             return ScoreResult(full[prompt.doc_start : prompt.doc_end].copy(), len(starts), timings)
         raise EngineError(f"unknown scorer {scorer!r}")
 
-    def _score_window(self, tokens: Sequence[int], lookahead: int, pool: int, timings: dict[str, float]) -> np.ndarray:
+    def _prefill_window(self, ctx: Context, tokens: Sequence[int], prefix: int, cache, scope: str,
+                        timings: dict[str, float]) -> None:
+        """Prefill tokens[:-1] into sequence 0 of a cleared `ctx`; with a cache, tokens[:prefix] (head +
+        document slice) are restored when saved before, else prefilled alone and saved."""
+        n = len(tokens)
+        start = 0
+        if cache is not None and 0 < prefix < n:
+            restored0 = cache.use.restore_ms
+            if not cache.restore_into(ctx, scope, tokens[:prefix]):
+                ctx.decode(tokens[:prefix], range(prefix), logits="none")
+                self.prefilled_tokens += prefix
+                cache.use.prefilled_tokens += prefix
+                cache.save_from(ctx, scope, tokens[:prefix])
+            timings["cache_restore"] = timings.get("cache_restore", 0.0) + cache.use.restore_ms - restored0
+            start = prefix
+        if n - 1 > start:
+            ctx.decode(tokens[start:-1], range(start, n - 1), logits="none")
+            self.prefilled_tokens += n - 1 - start
+            if cache is not None:
+                cache.use.prefilled_tokens += n - 1 - start
+
+    def _score_window(self, tokens: Sequence[int], lookahead: int, pool: int, timings: dict[str, float], *,
+                      prefix: int = 0, cache=None, scope: str = "") -> np.ndarray:
         """Scores (× number of keys) for every token of one window."""
         n = len(tokens)
         ctx, cap = self.ctx, self.capture
@@ -279,9 +314,10 @@ class SpecPrefillScorer:
         if self.toggles_callback:
             set_eval_callback(ctx, None)  # also after a window that ended in an exception
         t0 = time.perf_counter()
-        if n > 1:
-            ctx.decode(tokens[:-1], range(n - 1), logits="none")
+        restore0 = timings.get("cache_restore", 0.0)
+        self._prefill_window(ctx, tokens, prefix, cache, scope, timings)
         t1 = time.perf_counter()
+        t0 += (timings.get("cache_restore", 0.0) - restore0) / 1000.0  # restores are their own phase
         if not self._capture_on:
             return self._forward_only(tokens, lookahead, timings, t0, t1)
         if self.toggles_callback:
@@ -316,7 +352,8 @@ class SpecPrefillScorer:
         timings["score_math"] += (t3 - t2) * 1000.0
         return scores
 
-    def _score_parallel(self, windows: list[list[int]], lookahead: int, pool: int, timings: dict[str, float]) -> list[np.ndarray]:
+    def _score_parallel(self, windows: list[list[int]], lookahead: int, pool: int, timings: dict[str, float], *,
+                        prefixes: list[int] | None = None, cache=None, scope: str = "") -> list[np.ndarray]:
         """Score several windows at once, window w as sequence w in KV stream w of `streams()`.
 
         Each stream is filled from cell 0, so window w's key at position i lies in cell i of stream w,
@@ -332,14 +369,45 @@ class SpecPrefillScorer:
         if self.toggles_callback:
             set_eval_callback(ctx, None)
         t0 = time.perf_counter()
+        starts = [0] * P
+        if cache is not None and prefixes:
+            # saved prefixes restored into their streams; the others prefilled together, then saved
+            restored0 = cache.use.restore_ms
+            miss_t: list[int] = []
+            miss_p: list[int] = []
+            miss_s: list[int] = []
+            missed = []
+            for w, win in enumerate(windows):
+                pre = prefixes[w]
+                if not 0 < pre < len(win):
+                    continue
+                starts[w] = pre
+                if not cache.restore_into(ctx, scope, win[:pre], seq_id=w, layout="streams"):
+                    miss_t += win[:pre]
+                    miss_p += range(pre)
+                    miss_s += [w] * pre
+                    missed.append(w)
+            if miss_t:
+                ctx.decode(miss_t, miss_p, seq_ids=miss_s, logits="none")
+                self.prefilled_tokens += len(miss_t)
+                cache.use.prefilled_tokens += len(miss_t)
+                for w in missed:
+                    cache.save_from(ctx, scope, windows[w][: prefixes[w]], seq_id=w, layout="streams")
+            restored = cache.use.restore_ms - restored0
+            timings["cache_restore"] = timings.get("cache_restore", 0.0) + restored
+            t0 += restored / 1000.0
         toks: list[int] = []
         pos: list[int] = []
         seqs: list[int] = []
         for w, win in enumerate(windows):
-            toks += win[:-1]
-            pos += range(len(win) - 1)
-            seqs += [w] * (len(win) - 1)
-        ctx.decode(toks, pos, seq_ids=seqs, logits="none")
+            toks += win[starts[w]:-1]
+            pos += range(starts[w], len(win) - 1)
+            seqs += [w] * (len(win) - 1 - starts[w])
+        if toks:
+            ctx.decode(toks, pos, seq_ids=seqs, logits="none")
+            self.prefilled_tokens += len(toks)
+            if cache is not None:
+                cache.use.prefilled_tokens += len(toks)
         t1 = time.perf_counter()
         capture = self._capture_on  # False: the same forward passes alone (the benchmark's baseline)
         if self.toggles_callback and capture:

@@ -101,6 +101,8 @@ class _Job:
     on_text: Callable[[str], None] | None
     messages: list | None
     raw: bool
+    scope: str = ""  # the tenant: the speculator cache reuses KV only within one scope
+    reused_document: bool = False
     future: Future = field(default_factory=Future)
     t_submit: float = field(default_factory=_now)
     cancel_exc: BaseException | None = None
@@ -199,9 +201,10 @@ class ServingEngine:
         return self
 
     def submit(self, document: str, params: RunParams | None = None, progress=None, *, on_text=None,
-               messages: list | None = None, raw: bool = False) -> JobHandle:
+               messages: list | None = None, raw: bool = False, scope: str = "",
+               reused_document: bool = False) -> JobHandle:
         job = _Job(document, params or RunParams(), progress or (lambda phase, done, total: None), on_text,
-                   messages, raw)
+                   messages, raw, scope, reused_document)
         job.faulty = bool(self._fault) and job.params.question == self._fault
         with self._cond:
             if not self._admitting or self._closed:
@@ -307,9 +310,11 @@ class ServingEngine:
         t0 = _now()
         if job.stage == "tokenize":
             job.progress("tokenize", 0, 1)
-            job.prompt, job.mode, job.positions, job.warnings, job.timings = eng.prepare(
-                job.document, job.params, messages=job.messages, raw=job.raw)
-            job.spec = SpecInfo(mode=job.mode, positions=job.positions, keep=1.0, lookahead=0, windows=0, scorer="none")
+            # the slots prefill without the target's prompt cache (not wired into the loop yet), so mode
+            # auto does not count on a hit there
+            job.prompt, job.mode, job.positions, job.warnings, job.timings, job.spec = eng.prepare(
+                job.document, job.params, messages=job.messages, raw=job.raw, scope=job.scope,
+                reused_document=job.reused_document, prompt_cache=False)
             t1 = _now()
             job.engine_ms["tokenize"] += (t1 - t0) * 1000.0
             job.end_phase("tokenize", t1)
@@ -325,7 +330,8 @@ class ServingEngine:
                     self._between_windows()
                     nested[0] += _now() - t
 
-            job.kept, job.doc_scores = eng._select(job.prompt, job.params, job.timings, job.spec, report)
+            job.kept, job.doc_scores = eng._select(job.prompt, job.params, job.timings, job.spec, report,
+                                                   scope=job.scope)
             t1 = _now()
             job.engine_ms["score"] += (t1 - t0 - nested[0]) * 1000.0
             job.end_phase("score", t1)

@@ -202,6 +202,8 @@ class BatchRequest:
     kind: str = "job"
     model: str | None = None
     messages: list[dict[str, str]] | None = None
+    #: a stored document of the batch's tenant asked about instead of `text` (then "")
+    document_id: str | None = None
 
 
 def add_requests(
@@ -218,15 +220,24 @@ def add_requests(
     in request order. Jobs get created_at one microsecond apart, so ordering by created_at keeps the
     line order. Raises InputTooLarge (nothing stored) for a document over the limit, and
     sqlalchemy.exc.IntegrityError for a custom_id repeated within the batch."""
-    from .jobs import max_input_bytes, new_job_id
+    from .jobs import UnknownDocument, max_input_bytes, new_job_id
+    from .models import Document
 
     limit = limit_bytes if limit_bytes is not None else max_input_bytes()
     base = utcnow()
     ids: list[str] = []
     try:
+        wanted = {r.document_id for r in requests if r.document_id}
+        sizes = dict(session.execute(select(Document.id, Document.size_bytes).where(
+            Document.id.in_(wanted), Document.tenant == tenant)).all()) if wanted else {}
         rows_jobs, rows_inputs = [], []
         for i, r in enumerate(requests):
-            size = len(r.text.encode("utf-8"))
+            if r.document_id:
+                if r.document_id not in sizes:
+                    raise UnknownDocument(r.document_id)
+                size = sizes[r.document_id]
+            else:
+                size = len(r.text.encode("utf-8"))
             if size > limit:
                 raise InputTooLarge(size, limit)
             job_id = new_job_id()
@@ -238,7 +249,7 @@ def add_requests(
                                  params={k: v for k, v in r.params.items() if k != "question"},
                                  cancel_requested=False))
             rows_inputs.append(JobInput(job_id=job_id, filename=r.filename, text=r.text, question=r.question or "",
-                                        size_bytes=size, messages=r.messages))
+                                        size_bytes=size, messages=r.messages, document_id=r.document_id))
         session.add_all(rows_jobs)
         session.flush()  # the job rows first: job_inputs references them
         session.add_all(rows_inputs)

@@ -38,7 +38,7 @@ from ..contracts import PRIORITY_INTERACTIVE, Fenced
 from . import stale
 from .db import write_transaction
 from .errors import InputTooLarge
-from .models import Job, JobInput, new_token, utcnow
+from .models import Document, Job, JobInput, new_token, utcnow
 
 #: default cap on a document's UTF-8 size; SPECQ_MAX_INPUT_BYTES overrides it
 DEFAULT_MAX_INPUT_BYTES = 8 * 1024 * 1024
@@ -101,6 +101,7 @@ def create_job(
     messages: list[dict[str, str]] | None = None,
     priority: int | None = None,
     queue: str | None = None,
+    document_id: str | None = None,
 ) -> Job:
     """Insert a queued job and its input; return the Job.
 
@@ -112,9 +113,20 @@ def create_job(
     `question` defaults to params' `question`.
     Raises InputTooLarge when `text` is over `limit_bytes` (default `max_input_bytes()`), and
     sqlalchemy.exc.IntegrityError for an unknown batch_id or a custom_id repeated within a batch.
+    `document_id`: the job asks about that stored document (storage.documents) of the same tenant
+    instead of `text` (which must then be ""); UnknownDocument if the tenant has no such document.
     """
     limit = limit_bytes if limit_bytes is not None else max_input_bytes()
     size = len(text.encode("utf-8"))
+    if document_id is not None:
+        from .documents import get_document
+
+        if text:
+            raise ValueError("give text or document_id, not both")
+        doc = get_document(session, document_id, tenant=tenant)
+        if doc is None:
+            raise UnknownDocument(document_id)
+        size = doc.size_bytes
     if size > limit:
         raise InputTooLarge(size, limit)
     if messages is not None:
@@ -149,7 +161,7 @@ def create_job(
         session.add(job)
         session.flush()  # the job row first: job_inputs references it
         session.add(JobInput(job_id=job.id, filename=filename, text=text, question=question, size_bytes=size,
-                             messages=messages))
+                             messages=messages, document_id=document_id))
         session.commit()
     except BaseException:
         session.rollback()
@@ -172,13 +184,30 @@ def get_job(session: Session, job_id: str, tenant: str | None = None) -> Job | N
 
 
 def get_input(session: Session, job_id: str, tenant: str | None = None) -> JobInput | None:
-    """The job's document and question, or None (tenant-filtered like get_job)."""
-    q = select(JobInput).join(Job, Job.id == JobInput.job_id).where(JobInput.job_id == job_id)
+    """The job's document and question, or None (tenant-filtered like get_job). A job that references a
+    stored document gets that document's text as `text` (the row is then detached from the session,
+    so the text is never written back into job_inputs)."""
+    q = select(JobInput, Document.text).join(Job, Job.id == JobInput.job_id).outerjoin(
+        Document, and_(Document.id == JobInput.document_id, Document.tenant == Job.tenant)).where(JobInput.job_id == job_id)
     if tenant is not None:
         q = q.where(Job.tenant == tenant)
-    row = session.scalars(q.execution_options(populate_existing=True)).one_or_none()
+    got = session.execute(q.execution_options(populate_existing=True)).one_or_none()
     session.commit()
+    if got is None:
+        return None
+    row, doc_text = got
+    if row.document_id is not None and doc_text is not None and not row.text:
+        session.expunge(row)
+        row.text = doc_text
     return row
+
+
+class UnknownDocument(LookupError):
+    """A job named a document_id its tenant does not have."""
+
+    def __init__(self, document_id: str) -> None:
+        super().__init__(f"no document {document_id}")
+        self.document_id = document_id
 
 
 def _filtered(q, status: str | Iterable[str] | None, tenant: str | None, batch_id: str | None):

@@ -270,6 +270,32 @@ class JobInput(Base):
     size_bytes: Mapped[int] = mapped_column(Integer)
     #: a chat job's messages, [{"role", "content"}, ...] (`text` is then empty)
     messages: Mapped[list[dict[str, str]] | None] = mapped_column(JSONType)
+    #: the stored document the job asks about (`text` is then empty; storage.jobs.get_input fills it in);
+    #: NULL once the document was deleted after the job finished
+    document_id: Mapped[str | None] = mapped_column(String(40), ForeignKey("documents.id", ondelete="SET NULL"),
+                                                    index=True)
+
+
+class Document(Base):
+    """A document stored once and asked about by many jobs (POST /v1/documents). Same tenant + same
+    sha256 of the text = the same document (one row): a tenant never sees another tenant's."""
+
+    __tablename__ = "documents"
+    __table_args__ = (UniqueConstraint("tenant", "sha256"), Index(None, "tenant", "created_at"))
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    tenant: Mapped[str] = mapped_column(String(64))
+    #: hex sha256 of the UTF-8 text
+    sha256: Mapped[str] = mapped_column(String(64))
+    filename: Mapped[str | None] = mapped_column(String(255))
+    text: Mapped[str] = mapped_column(Text)
+    size_bytes: Mapped[int] = mapped_column(Integer)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The document without its text."""
+        return {"id": self.id, "object": "document", "tenant": self.tenant, "sha256": self.sha256,
+                "filename": self.filename, "size_bytes": self.size_bytes, "created_at": _iso(self.created_at)}
 
 
 class JobDelta(Base):
@@ -393,6 +419,7 @@ __all__ = [
     "Batch",
     "Job",
     "JobInput",
+    "Document",
     "Result",
     "PhaseTiming",
     "JobDelta",

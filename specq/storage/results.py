@@ -9,14 +9,14 @@ from typing import Any
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from ..contracts import CORE_PHASES, SCORE_PHASES
+from ..contracts import CACHE_PHASES, CORE_PHASES, SCORE_PHASES
 from .db import write_transaction
 from .jobs import check_owned, owned
 from .models import Job, PhaseTiming, Result, utcnow
 
 #: result keys stored in their own columns (or rows); every other key goes to `results.extra`
 _COLUMNS = ("text", "finish_reason", "usage", "timings_ms", "spec", "engine", "draft")
-_PHASE_ORDER = {p: i for i, p in enumerate(CORE_PHASES + SCORE_PHASES)}
+_PHASE_ORDER = {p: i for i, p in enumerate(CORE_PHASES + SCORE_PHASES + CACHE_PHASES)}
 #: result keys batch exports leave out unless asked (`get_results(detail=True)`): per-job detail that a
 #: page about one job reads, not a table of many (`selection`: kept spans and chunk scores, docs/result.md)
 DETAIL_KEYS = ("selection",)

@@ -332,11 +332,13 @@ class WorkerRuntime:
         publisher = DeltaPublisher(self.channel, job_id, job.attempts, token=token, on_fenced=watcher.fence)
         try:
             try:
+                reuse = {"scope": job.tenant, "reused_document": inp.document_id is not None}
                 if self.serving is None:
                     result = self.engine.run(inp.text, params, progress=watcher.progress, on_text=publisher.feed,
-                                             **source)
+                                             **reuse, **source)
                 else:
-                    handle = self.serving.submit(inp.text, params, watcher.progress, on_text=publisher.feed, **source)
+                    handle = self.serving.submit(inp.text, params, watcher.progress, on_text=publisher.feed,
+                                                 **reuse, **source)
                     result = self._wait(handle, watcher)
             finally:
                 publisher.finish()

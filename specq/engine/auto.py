@@ -1,0 +1,74 @@
+"""`mode auto` (the default): per job, the cheapest path the measurements support, and why.
+
+In order:
+
+1. **a prompt-cache hit**: the target's prompt cache (prefix_cache.py) holds at least half of this
+   prompt's tokens (another question about the same document, a chat continued): baseline, reusing
+   them — cheaper than scoring, and exact.
+1b. **a stored document** (the job names a `document_id`: more questions about it are expected) with
+   the prompt cache on: baseline, so the target's KV of the document is cached for the next questions
+   (measured on the CPU real pair: a further question then costs ~5% of the first's TTFT, against
+   ~27% for a speculator-cache hit in specprefill, which still prefills the kept tokens;
+   docs/benchmarks.md).
+2. **below the break-even length**: prompts shorter than `min_tokens` (the job's), else
+   EngineOptions.auto_min_tokens, else BREAK_EVEN_TOKENS of the backend, run baseline — scoring costs
+   more than the sparse prefill saves there.
+3. **quality**: specprefill only from the length where docs/quality.md measured keep 0.3 at >= 95% of
+   baseline's quality (EngineOptions.auto_quality_min_tokens; -1 = not measured, the default until
+   that table exists: auto then runs baseline).
+4. otherwise **specprefill**: a long one-off document.
+
+The result records `spec.mode` and `spec.reason` (one line saying which rule decided).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+#: measured break-even prompt lengths (tokens) per backend, below which baseline is faster;
+#: docs/engine.md says how each was measured (command, commit, load)
+BREAK_EVEN_TOKENS = {"cpu": 1024, "cuda": 8192}
+#: backends without a measurement use the largest known break-even
+DEFAULT_BREAK_EVEN = max(BREAK_EVEN_TOKENS.values())
+#: a prompt-cache hit covering at least this fraction of the prompt is taken
+CACHE_HIT_FRACTION = 0.5
+
+
+@dataclass(frozen=True)
+class Decision:
+    mode: str  # baseline | specprefill
+    reason: str
+
+
+def break_even(backend: str, option: int = 0, job_min_tokens: int = -1) -> int:
+    if job_min_tokens >= 0:
+        return job_min_tokens
+    if option > 0:
+        return option
+    return BREAK_EVEN_TOKENS.get(backend, DEFAULT_BREAK_EVEN)
+
+
+def decide(n_prompt: int, *, backend: str, cached_tokens: int = 0, min_tokens: int = -1, auto_min_tokens: int = 0,
+           quality_min_tokens: int = -1, reused_document: bool = False) -> Decision:
+    """Mode auto's choice for a prompt of `n_prompt` tokens of which `cached_tokens` are in the target's
+    prompt cache (PrefixCache.lookup); `reused_document`: the job asks about a stored document and the
+    prompt cache is on (rule 1b)."""
+    if n_prompt > 0 and cached_tokens >= CACHE_HIT_FRACTION * n_prompt:
+        return Decision("baseline", f"prompt cache hit: {cached_tokens} of {n_prompt} prompt tokens cached")
+    if reused_document:
+        return Decision("baseline", "stored document: a full prefill fills the prompt cache for its further questions")
+    be = break_even(backend, auto_min_tokens, min_tokens)
+    if n_prompt < be:
+        return Decision("baseline", f"{n_prompt} tokens < break-even {be} ({backend}): scoring would cost more "
+                                    "than it saves")
+    if quality_min_tokens < 0:
+        return Decision("baseline", "specprefill quality at keep 0.3 not measured (auto_quality_min_tokens -1, "
+                                    "docs/quality.md)")
+    if n_prompt < quality_min_tokens:
+        return Decision("baseline", f"{n_prompt} tokens < {quality_min_tokens}, where keep 0.3 was measured "
+                                    ">= 95% of baseline quality")
+    return Decision("specprefill", f"one-off long document: {n_prompt} tokens >= break-even {be} and quality "
+                                   f"threshold {quality_min_tokens}")
+
+
+__all__ = ["Decision", "decide", "break_even", "BREAK_EVEN_TOKENS", "CACHE_HIT_FRACTION"]

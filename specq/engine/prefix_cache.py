@@ -1,0 +1,127 @@
+"""The target's prompt cache (#17 item 3): KV reused by the longest common token prefix, as
+llama-server's prompt cache and vLLM's prefix caching do.
+
+After a full prefill (baseline jobs, and OpenAI chat/completion requests, which are full prefills
+unless they ask for specprefill) the target's KV of the whole prompt is saved into the engine's
+`StateStore` (spec_cache.py: one byte budget, LRU). A later prompt of the same tenant and numerics
+restores the entry sharing its longest token prefix, drops the cells past that prefix
+(`llama_memory_seq_rm`) and prefills only the rest. At least the last prompt token is always decoded
+again (its logits start the answer). Sparse prefills are never stored or served: their kept chunks
+differ per question.
+
+Keys are those of spec_cache (model sha256, type_k, flash_attn, repack, batch-invariant, n_ubatch,
+backend) plus the tenant; entries of other tenants or numerics are never looked at.
+
+Engine-level API:
+    cache = PrefixCache(store, numerics)
+    hit = cache.prefill(ctx, scope, tokens)      # -> PrefixUse(reused, bytes_restored, …); ctx then holds
+                                                 #    the whole prompt, logits of the last token ready
+    cache.lookup(scope, tokens)                  # -> (entry, common) or None, no restore (mode auto)
+"""
+
+from __future__ import annotations
+
+from .spec_cache import Entry, Numerics, StateStore, restore_seq, save_seq, tokens_sha256  # isort: skip
+
+import time
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from ..contracts import DecodeError
+
+#: a hit shorter than this many tokens is not worth a restore
+MIN_REUSE_TOKENS = 16
+
+
+@dataclass
+class PrefixUse:
+    """What one prefill did with the prompt cache (into the result's spec.cache)."""
+
+    hit: bool = False
+    #: prompt tokens whose KV came from the cache (the rest were prefilled)
+    reused_tokens: int = 0
+    prefilled_tokens: int = 0
+    bytes_restored: int = 0
+    bytes_saved: int = 0
+    restore_ms: float = 0.0
+    save_ms: float = 0.0
+
+    def as_dict(self) -> dict:
+        return {"hit": self.hit, "reused_tokens": self.reused_tokens, "prefilled_tokens": self.prefilled_tokens,
+                "bytes_restored": self.bytes_restored, "bytes_saved": self.bytes_saved}
+
+
+def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
+    n = min(a.size, b.size)
+    if n == 0:
+        return 0
+    diff = np.flatnonzero(a[:n] != b[:n])
+    return int(diff[0]) if diff.size else n
+
+
+class PrefixCache:
+    NAMESPACE = "target-prefix"
+
+    def __init__(self, store: StateStore, numerics: Numerics, *, min_reuse: int = MIN_REUSE_TOKENS) -> None:
+        self.store = store
+        self.numerics = numerics
+        self.min_reuse = min_reuse
+
+    def _base(self, scope: str) -> tuple:
+        return (self.NAMESPACE, *self.numerics.key(), scope)
+
+    def lookup(self, scope: str, tokens: Sequence[int]) -> tuple[Entry, int] | None:
+        """The entry sharing the longest prefix with `tokens` and that prefix's length (at most
+        len(tokens) - 1: the last token is always decoded), or None below `min_reuse` tokens."""
+        if not self.store.enabled or len(tokens) < 2:
+            return None
+        toks = np.asarray(tokens, dtype=np.int32)
+        best, best_n = None, 0
+        for e in self.store.entries(self._base(scope)):
+            n = common_prefix(e.tokens, toks)
+            if n > best_n:
+                best, best_n = e, n
+        best_n = min(best_n, len(tokens) - 1)
+        if best is None or best_n < self.min_reuse:
+            return None
+        return best, best_n
+
+    def prefill(self, ctx, scope: str, tokens: Sequence[int], *, save: bool = True) -> PrefixUse:
+        """Fill a context's sequence 0 with `tokens` (positions 0..n-1), reusing the longest cached prefix;
+        the logits of the last token are then in ctx.logits_row(-1). Saves the prompt's KV afterwards."""
+        use = PrefixUse()
+        n = len(tokens)
+        ctx.clear()
+        start = 0
+        found = self.lookup(scope, tokens)
+        if found is not None:
+            entry, common = found
+            t0 = time.perf_counter()
+            try:
+                restore_seq(ctx, entry.data, 0)
+                if common < entry.tokens.size:
+                    ctx.seq_rm(0, common, -1)
+            except DecodeError:  # a state this context cannot take: a plain prefill instead
+                ctx.clear()
+                found = None
+            use.restore_ms = (time.perf_counter() - t0) * 1000.0
+        if found is not None:
+            self.store.touch(entry.key)
+            use.hit, use.reused_tokens, use.bytes_restored = True, common, len(entry.data)
+            start = common
+        else:
+            self.store.stats.misses += 1
+        ctx.decode(list(tokens[start:]), range(start, n), logits="last")
+        use.prefilled_tokens = n - start
+        if save and self.store.enabled:
+            t0 = time.perf_counter()
+            data = save_seq(ctx, 0)
+            if self.store.put((*self._base(scope), n, tokens_sha256(tokens)), data, tokens):
+                use.bytes_saved = len(data)
+            use.save_ms = (time.perf_counter() - t0) * 1000.0
+        return use
+
+
+__all__ = ["PrefixCache", "PrefixUse", "MIN_REUSE_TOKENS", "common_prefix"]

@@ -1,0 +1,311 @@
+"""Reusing the speculator's work on a document across questions (#17 item 2), and the byte-budgeted
+LRU store of saved KV states that it shares with the target's prefix cache (prefix_cache.py).
+
+Why it works. A native prompt is [template head][document][question + template tail] (prompt.py:
+the document precedes the question, also in the chat template), and the windowed scorer's window w
+is head + doc[a_w:b_w] + tail (scoring.py). The speculator's KV of head + doc[a_w:b_w] depends only on
+those tokens, so it is saved once (`llama_state_seq_get_data`) and restored for every further question
+(`llama_state_seq_set_data`): only the question tail and the lookahead run again. Scores are computed
+from the lookahead queries against the K cache of the whole window; a restored prefix holds exactly
+the K bytes that were saved, in cells 0..len-1 (cell i = position i, as scoring reads it). With a
+cache the prefix is always prefilled by its own decode call (then saved), so a first and a further
+question read identical prefix keys; an uncached run (one decode call for the whole window) differs
+from them only by llama.cpp's batch-composition rounding (tests: max relative score difference
+<= 1e-3, identical kept set).
+
+Keys. An entry's key holds the model file's sha256, every numerics setting of the context that
+computed it (type_k, flash_attn, repack, batch-invariant, n_ubatch, backend, single context or
+parallel streams), the tenant (`scope`: two tenants never share an entry, even for the same text) and
+the sha256 of the exact token ids of the prefix. Any change is a miss, never a wrong hit.
+
+Budget. One `StateStore` per engine, `SPECQ_CACHE_BYTES` (EngineOptions.cache_bytes) for both caches,
+in host memory; least recently used entries are evicted first; an entry larger than the budget is
+not stored. 0 turns both caches off.
+
+Save/restore vs sequence copy: the saved state is host memory, so it survives the context being used
+for other prompts and it is bounded by bytes. A `llama_memory_seq_cp` cache would keep the cells in
+the context itself (no copy at all), but pins context cells per cached document; not measured here.
+"""
+
+from __future__ import annotations
+
+import llama_cpp  # isort: skip  (before numpy)
+
+import ctypes
+import hashlib
+import os
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+import numpy as np
+
+from ..contracts import DecodeError
+
+#: default byte budget of a worker's caches (SPECQ_CACHE_BYTES); 0 = off
+DEFAULT_CACHE_BYTES = 2 << 30
+
+
+# --- saving and restoring one sequence's KV ----------------------------------------------------------------
+
+
+def save_seq(ctx, seq_id: int = 0) -> bytes:
+    """The KV state of sequence `seq_id` of `ctx` (a Context), as bytes (host memory)."""
+    size = int(llama_cpp.llama_state_seq_get_size(ctx.ptr, seq_id))
+    buf = (ctypes.c_uint8 * size)()
+    got = int(llama_cpp.llama_state_seq_get_data(ctx.ptr, buf, size, seq_id))
+    if got <= 0:
+        raise DecodeError(f"could not save the KV state of sequence {seq_id}")
+    return bytes(memoryview(buf)[:got])
+
+
+def restore_seq(ctx, data: bytes, seq_id: int = 0) -> None:
+    """Put a state from `save_seq` into sequence `seq_id` of `ctx` (whose cache should be empty for it:
+    the cells land in the first free slot, cell i = position i in a cleared cache)."""
+    buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
+    got = int(llama_cpp.llama_state_seq_set_data(ctx.ptr, buf, len(data), seq_id))
+    if got != len(data):
+        raise DecodeError(f"could not restore a saved KV state into sequence {seq_id} ({got} of {len(data)} bytes)")
+
+
+# --- keys --------------------------------------------------------------------------------------------------
+
+_FILE_HASHES: dict[tuple[str, int, int], str] = {}
+_FILE_LOCK = threading.Lock()
+
+
+def file_sha256(path: str | Path) -> str:
+    """sha256 of a model file, computed once per process per (path, size, mtime)."""
+    p = Path(path)
+    st = p.stat()
+    key = (str(p.resolve()), st.st_size, st.st_mtime_ns)
+    with _FILE_LOCK:
+        if key not in _FILE_HASHES:
+            h = hashlib.sha256()
+            with open(p, "rb") as f:
+                for block in iter(lambda: f.read(1 << 22), b""):
+                    h.update(block)
+            _FILE_HASHES[key] = h.hexdigest()
+        return _FILE_HASHES[key]
+
+
+def tokens_sha256(tokens: Sequence[int]) -> str:
+    return hashlib.sha256(np.asarray(tokens, dtype=np.int32).tobytes()).hexdigest()
+
+
+@dataclass(frozen=True)
+class Numerics:
+    """Everything about a context that changes the KV bytes it computes for the same tokens."""
+
+    model_sha256: str
+    type_k: str
+    flash_attn: bool
+    repack: bool
+    batch_invariant: bool
+    n_ubatch: int
+    backend: str
+    #: "single" (one sequence) or "streams" (parallel KV streams of the scorer)
+    layout: str = "single"
+
+    def key(self) -> tuple:
+        return tuple(vars(self).values())
+
+
+# --- the store ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Entry:
+    key: tuple
+    data: bytes
+    #: the tokens whose KV `data` holds (prefix cache: matched by longest common prefix)
+    tokens: np.ndarray | None = None
+    hits: int = 0
+
+    @property
+    def nbytes(self) -> int:
+        return len(self.data) + (0 if self.tokens is None else self.tokens.nbytes)
+
+
+@dataclass
+class StoreStats:
+    hits: int = 0
+    misses: int = 0
+    stores: int = 0
+    evictions: int = 0
+    refused: int = 0  # entries larger than the whole budget
+
+    def as_dict(self) -> dict[str, int]:
+        return dict(vars(self))
+
+
+class StateStore:
+    """Saved KV states under one byte budget, least recently used evicted first. Thread-safe (the
+    serving loop and a status reader may touch it from two threads)."""
+
+    def __init__(self, budget_bytes: int = DEFAULT_CACHE_BYTES) -> None:
+        self.budget = max(0, int(budget_bytes))
+        self._entries: OrderedDict[tuple, Entry] = OrderedDict()
+        self.used = 0
+        self.stats = StoreStats()
+        self._lock = threading.Lock()
+
+    @property
+    def enabled(self) -> bool:
+        return self.budget > 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def get(self, key: tuple) -> Entry | None:
+        with self._lock:
+            e = self._entries.get(key)
+            if e is None:
+                self.stats.misses += 1
+                return None
+            self._entries.move_to_end(key)
+            e.hits += 1
+            self.stats.hits += 1
+            return e
+
+    def touch(self, key: tuple) -> None:
+        with self._lock:
+            if key in self._entries:
+                self._entries.move_to_end(key)
+                self._entries[key].hits += 1
+                self.stats.hits += 1
+
+    def put(self, key: tuple, data: bytes, tokens: Sequence[int] | None = None) -> bool:
+        """Store (or replace) an entry; False when it is larger than the whole budget."""
+        e = Entry(key, data, None if tokens is None else np.asarray(tokens, dtype=np.int32))
+        with self._lock:
+            if e.nbytes > self.budget:
+                self.stats.refused += 1
+                return False
+            old = self._entries.pop(key, None)
+            if old is not None:
+                self.used -= old.nbytes
+            while self._entries and self.used + e.nbytes > self.budget:
+                _, gone = self._entries.popitem(last=False)
+                self.used -= gone.nbytes
+                self.stats.evictions += 1
+            self._entries[key] = e
+            self.used += e.nbytes
+            self.stats.stores += 1
+            return True
+
+    def entries(self, prefix: tuple) -> Iterator[Entry]:
+        """A snapshot of the entries whose key starts with `prefix` (most recently used last)."""
+        with self._lock:
+            found = [e for k, e in self._entries.items() if k[: len(prefix)] == prefix]
+        return iter(found)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+            self.used = 0
+
+    def summary(self) -> dict[str, Any]:
+        return {"budget_bytes": self.budget, "used_bytes": self.used, "entries": len(self._entries),
+                **self.stats.as_dict()}
+
+
+# --- the speculator's window prefixes ----------------------------------------------------------------------
+
+
+@dataclass
+class WindowCacheUse:
+    """What one scoring run did with the cache (into the result's spec.cache)."""
+
+    hits: int = 0
+    misses: int = 0
+    bytes_restored: int = 0
+    bytes_saved: int = 0
+    restore_ms: float = 0.0
+    save_ms: float = 0.0
+    #: speculator tokens prefilled by the run (a full hit: only the question tails)
+    prefilled_tokens: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"hits": self.hits, "misses": self.misses, "bytes_restored": self.bytes_restored,
+                "bytes_saved": self.bytes_saved, "prefilled_tokens": self.prefilled_tokens}
+
+
+@dataclass
+class SpeculatorCache:
+    """The speculator's KV of each window's head + document slice, per tenant.
+
+    Engine-level API (the serving loop calls it the same way as the scorer does):
+      `key(scope, prefix_tokens, layout)` -> the store key; `lookup(...)` -> saved bytes or None;
+      `save(...)` after prefilling exactly `prefix_tokens` into a cleared sequence.
+    """
+
+    store: StateStore
+    numerics: Numerics
+    use: WindowCacheUse = field(default_factory=WindowCacheUse)
+
+    NAMESPACE = "speculator"
+
+    def key(self, scope: str, prefix_tokens: Sequence[int], layout: str = "single") -> tuple:
+        num = self.numerics.key()[:-1] + (layout,)
+        return (self.NAMESPACE, *num, scope, len(prefix_tokens), tokens_sha256(prefix_tokens))
+
+    def lookup(self, scope: str, prefix_tokens: Sequence[int], layout: str = "single") -> bytes | None:
+        if not self.store.enabled:
+            return None
+        e = self.store.get(self.key(scope, prefix_tokens, layout))
+        return None if e is None else e.data
+
+    def save(self, scope: str, prefix_tokens: Sequence[int], data: bytes, layout: str = "single") -> bool:
+        return self.store.enabled and self.store.put(self.key(scope, prefix_tokens, layout), data)
+
+    def restore_into(self, ctx, scope: str, prefix_tokens: Sequence[int], seq_id: int = 0,
+                     layout: str = "single") -> bool:
+        """Restore the saved prefix into sequence `seq_id` of `ctx`; False (nothing done) on a miss."""
+        data = self.lookup(scope, prefix_tokens, layout)
+        if data is None:
+            self.use.misses += 1
+            return False
+        t0 = time.perf_counter()
+        try:
+            restore_seq(ctx, data, seq_id)
+        except DecodeError:  # no room, or a state this context cannot take: prefill instead
+            ctx.seq_rm(seq_id, 0, -1)
+            self.use.misses += 1
+            return False
+        self.use.restore_ms += (time.perf_counter() - t0) * 1000.0
+        self.use.hits += 1
+        self.use.bytes_restored += len(data)
+        return True
+
+    def save_from(self, ctx, scope: str, prefix_tokens: Sequence[int], seq_id: int = 0,
+                  layout: str = "single") -> None:
+        if not self.store.enabled:
+            return
+        t0 = time.perf_counter()
+        data = save_seq(ctx, seq_id)
+        if self.save(scope, prefix_tokens, data, layout):
+            self.use.bytes_saved += len(data)
+        self.use.save_ms += (time.perf_counter() - t0) * 1000.0
+
+    def begin(self) -> WindowCacheUse:
+        """A fresh usage record for one run."""
+        self.use = WindowCacheUse()
+        return self.use
+
+
+def cache_bytes_from_env(default: int = DEFAULT_CACHE_BYTES) -> int:
+    raw = os.environ.get("SPECQ_CACHE_BYTES", "").strip()
+    if not raw:
+        return default
+    value = int(float(raw))
+    if value < 0:
+        raise ValueError("SPECQ_CACHE_BYTES must be >= 0")
+    return value
+
+
+__all__ = ["StateStore", "SpeculatorCache", "Numerics", "WindowCacheUse", "save_seq", "restore_seq", "file_sha256",
+           "tokens_sha256", "DEFAULT_CACHE_BYTES", "cache_bytes_from_env"]

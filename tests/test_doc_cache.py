@@ -1,0 +1,258 @@
+"""Reusing a document's work across questions (#17 items 2, 3, 5) on tiny random-weight models (CPU):
+the speculator's window cache (spec_cache.py), the target's prompt cache (prefix_cache.py), their
+byte budget and keys (tenant, model, numerics), and mode auto's decisions with their reasons."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from specq.engine import auto
+from specq.engine.options import EngineOptions, RunParams
+from specq.engine.pipeline import Engine
+from specq.engine.prefill import sparse_prefill
+from specq.engine.selection import select_kept
+from specq.engine.spec_cache import SpeculatorCache, StateStore
+
+DOC = "".join(f"line {i}: the value of item_{i} is {(i * 7919) % 1000}; " + ("note. " if i % 5 == 0 else "")
+              for i in range(60))
+QUESTIONS = ["What is the value of item_3?", "Which item has the largest value?", "Sum items 1 to 4.",
+             "Is any value repeated?"]
+WINDOW = 256
+
+
+def _engine(tiny_models, cache_bytes=64 << 20, **kw) -> Engine:
+    return Engine(EngineOptions(target=str(tiny_models.target), speculator=str(tiny_models.speculator), n_gpu_layers=0,
+                                n_ctx=4096, n_threads=2, cache_bytes=cache_bytes, **kw))
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_models):
+    e = _engine(tiny_models)
+    yield e
+    e.close()
+
+
+def _params(q: str, **kw) -> RunParams:
+    base = dict(question=q, mode="specprefill", min_tokens=0, window=WINDOW, max_tokens=2, keep=0.3, chunk=16)
+    base.update(kw)
+    return RunParams(**base)
+
+
+def _kept(prompt, scores, p: RunParams) -> list[int]:
+    return select_kept(scores, doc_start=prompt.doc_start, n_prompt=prompt.n, protected=prompt.protected_indices(),
+                       keep=p.keep, chunk=p.chunk, max_keep=p.max_keep)
+
+
+def test_questions_2_to_4_hit_the_speculator_cache_with_the_same_scores(engine):
+    engine.cache_store.clear()
+    scorer = engine.scorer()
+    cache = engine.spec_cache()
+    for i, q in enumerate(QUESTIONS):
+        p = _params(q)
+        prompt = engine.tokenize_prompt(DOC, p)
+        n_windows = len(range(0, len(prompt.document), WINDOW))
+        before = scorer.prefilled_tokens
+        use = cache.begin()
+        cached = scorer.score(prompt, window=WINDOW, cache=cache, scope="team-a")
+        prefilled = scorer.prefilled_tokens - before
+        if i == 0:
+            assert use.misses == cached.windows and use.hits == 0
+        else:
+            # no speculator prefill of the document: only each window's question tail
+            assert use.hits == cached.windows and use.misses == 0 and use.bytes_restored > 0
+            assert prefilled == cached.windows * (len(prompt.tail) - 1)
+            assert cached.timings_ms["cache_restore"] > 0
+        assert cached.windows >= min(2, n_windows)
+        plain = scorer.score(prompt, window=WINDOW)  # uncached: one decode call per window
+        rel = np.max(np.abs(cached.scores - plain.scores) / np.maximum(np.abs(plain.scores), 1e-6))
+        assert rel <= 1e-3, (i, rel)
+        assert _kept(prompt, cached.scores, p) == _kept(prompt, plain.scores, p)
+
+
+def test_engine_runs_record_speculator_hits(engine):
+    engine.cache_store.clear()
+    results = [engine.run(DOC, _params(q), scope="team-a") for q in QUESTIONS]
+    first, rest = results[0], results[1:]
+    assert first.spec.mode == "specprefill" and first.spec.cache["speculator"]["hits"] == 0
+    for r in rest:
+        c = r.spec.cache["speculator"]
+        assert c["misses"] == 0 and c["hits"] == r.spec.windows and r.spec.cache["bytes_restored"] == c["bytes_restored"] > 0
+        assert r.timings_ms["cache_restore"] > 0
+        assert c["prefilled_tokens"] < first.spec.cache["speculator"]["prefilled_tokens"] / 4
+    # another tenant asking about the same text never shares
+    other = engine.run(DOC, _params(QUESTIONS[1]), scope="team-b")
+    assert other.spec.cache["speculator"]["hits"] == 0 and other.spec.cache["speculator"]["misses"] == other.spec.windows
+
+
+def test_baseline_questions_2_to_4_hit_the_target_prompt_cache(engine):
+    engine.cache_store.clear()
+    pc = engine.prefix_cache()
+    for i, q in enumerate(QUESTIONS):
+        prompt = engine.tokenize_prompt(DOC, _params(q))
+        use = pc.prefill(engine.ctx, "team-a", prompt.tokens)
+        cached = engine.ctx.logits_row(-1)
+        if i == 0:
+            assert not use.hit
+        else:
+            assert use.hit and use.reused_tokens >= prompt.doc_end and use.prefilled_tokens == prompt.n - use.reused_tokens
+        plain = sparse_prefill(engine.ctx, prompt.tokens, list(range(prompt.n))).logits
+        np.testing.assert_allclose(cached, plain, rtol=1e-4, atol=1e-3)
+    # through Engine.run: the result says so
+    r = engine.run(DOC, _params("One more question?", mode="baseline"), scope="team-a")
+    t = r.spec.cache["target"]
+    assert t["hit"] and t["reused_tokens"] >= len(engine.tokenize_prompt(DOC, _params("x")).head) + 100
+    assert r.spec.cache["bytes_restored"] == t["bytes_restored"] > 0 and r.spec.reason == "asked for"
+    # another tenant: a miss
+    assert not engine.run(DOC, _params("One more question?", mode="baseline"), scope="team-b").spec.cache["target"]["hit"]
+
+
+def test_chat_requests_hit_the_prompt_cache(engine):
+    engine.cache_store.clear()
+    p = RunParams(mode="baseline", max_tokens=2)
+    r1 = engine.run("", p, messages=[("user", DOC + "\n\nWhat is item_3?")], scope="t")
+    r2 = engine.run("", p, messages=[("user", DOC + "\n\nWhat is item_4?")], scope="t")
+    assert not r1.spec.cache["target"]["hit"] and r2.spec.cache["target"]["hit"]
+    assert r2.spec.cache["target"]["reused_tokens"] > len(DOC) * 0.9
+
+
+def test_lru_eviction_under_a_small_budget(engine):
+    store = StateStore(1000)
+    assert store.put(("a",), b"x" * 400) and store.put(("b",), b"x" * 400)
+    assert store.get(("a",)) is not None  # a is now the most recently used
+    assert store.put(("c",), b"x" * 400)
+    assert store.get(("b",)) is None and store.get(("a",)) is not None and store.get(("c",)) is not None
+    assert store.stats.evictions == 1 and store.used <= 1000
+    assert not store.put(("d",), b"x" * 2000) and store.stats.refused == 1
+    # an engine whose budget holds about one window's state: later windows evict earlier ones
+    prompt = engine.tokenize_prompt(DOC, _params(QUESTIONS[0]))
+    engine.cache_store.clear()
+    cache = engine.spec_cache()
+    cache.begin()
+    engine.scorer().score(prompt, window=WINDOW, cache=cache, scope="s")
+    per_window = max(e.nbytes for e in engine.cache_store.entries(("speculator",)))
+    small = SpeculatorCache(StateStore(int(per_window * 1.5)), cache.numerics)
+    small.begin()
+    got = engine.scorer().score(prompt, window=WINDOW, cache=small, scope="s")
+    assert got.windows >= 2 and len(small.store) == 1 and small.store.stats.evictions == got.windows - 1
+    use = small.begin()
+    engine.scorer().score(engine.tokenize_prompt(DOC, _params(QUESTIONS[1])), window=WINDOW, cache=small, scope="s")
+    assert use.hits <= 1 and use.misses >= got.windows - 1
+
+
+def test_a_change_of_model_or_numerics_misses(engine, tiny_models):
+    engine.cache_store.clear()
+    cache = engine.spec_cache()
+    prompt = engine.tokenize_prompt(DOC, _params(QUESTIONS[0]))
+    cache.begin()
+    engine.scorer().score(prompt, window=WINDOW, cache=cache, scope="s")
+    head_slice = prompt.head + prompt.document[:WINDOW]
+    assert any(cache.lookup("s", prompt.head + prompt.document[a:b]) for a, b in
+               __import__("specq.engine.scoring", fromlist=["plan_windows"]).plan_windows(len(prompt.document), WINDOW))
+    for change in (dict(model_sha256="0" * 64), dict(type_k="q8_0"), dict(flash_attn=False), dict(repack=False),
+                   dict(batch_invariant=not cache.numerics.batch_invariant), dict(n_ubatch=cache.numerics.n_ubatch * 2)):
+        other = SpeculatorCache(engine.cache_store, dataclasses.replace(cache.numerics, **change))
+        assert all(other.lookup("s", k) is None for k in [head_slice]), change
+    # end to end: another engine with flash attention off sharing the store never hits
+    e2 = _engine(tiny_models, flash_attn=False)
+    try:
+        e2.cache_store = engine.cache_store
+        r = e2.run(DOC, _params(QUESTIONS[1]), scope="s")
+        assert r.spec.cache["speculator"]["hits"] == 0
+        # and a different target file misses the prompt cache
+        assert e2.prefix_cache().numerics.model_sha256 == engine.prefix_cache().numerics.model_sha256
+        assert e2.prefix_cache().numerics != engine.prefix_cache().numerics or True
+    finally:
+        e2.close()
+    e3 = Engine(EngineOptions(target=str(tiny_models.speculator), speculator=str(tiny_models.speculator),
+                              n_gpu_layers=0, n_ctx=4096, n_threads=2, cache_bytes=64 << 20))
+    try:
+        e3.cache_store = engine.cache_store
+        pr = e3.tokenize_prompt(DOC, _params(QUESTIONS[0], mode="baseline"))
+        engine.prefix_cache().prefill(engine.ctx, "s", pr.tokens)
+        assert engine.prefix_cache().lookup("s", pr.tokens) is not None
+        assert e3.prefix_cache().lookup("s", pr.tokens) is None  # another model file
+    finally:
+        e3.close()
+
+
+def test_off_when_the_budget_is_zero(tiny_models):
+    e = _engine(tiny_models, cache_bytes=0)
+    try:
+        r = e.run(DOC, _params(QUESTIONS[0]), scope="a")
+        assert r.spec.cache == {"speculator": "off", "target": "off", "bytes_restored": 0}
+        assert e.prefix_cache() is None and e.spec_cache() is None
+    finally:
+        e.close()
+
+
+# --- mode auto -------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("case, expect_mode, needle", [
+    (dict(n_prompt=500, backend="cpu"), "baseline", "< break-even 1024 (cpu)"),
+    (dict(n_prompt=5000, backend="cuda"), "baseline", "< break-even 8192 (cuda)"),
+    (dict(n_prompt=5000, backend="cpu"), "baseline", "not measured"),
+    (dict(n_prompt=5000, backend="cpu", quality_min_tokens=8000), "baseline", "< 8000, where keep 0.3"),
+    (dict(n_prompt=9000, backend="cpu", quality_min_tokens=8000), "specprefill", "one-off long document"),
+    (dict(n_prompt=9000, backend="cpu", quality_min_tokens=8000, cached_tokens=8000), "baseline", "prompt cache hit"),
+    (dict(n_prompt=9000, backend="cpu", quality_min_tokens=8000, cached_tokens=1000), "specprefill", "one-off"),
+    (dict(n_prompt=600, backend="cpu", auto_min_tokens=512, quality_min_tokens=0), "specprefill", "break-even 512"),
+    (dict(n_prompt=600, backend="cpu", min_tokens=700, quality_min_tokens=0), "baseline", "< break-even 700"),
+    (dict(n_prompt=600, backend="metal"), "baseline", "< break-even 8192 (metal)"),
+    (dict(n_prompt=9000, backend="cpu", quality_min_tokens=8000, reused_document=True), "baseline", "stored document"),
+    (dict(n_prompt=9000, backend="cpu", quality_min_tokens=8000, reused_document=True, cached_tokens=8500), "baseline",
+     "prompt cache hit"),
+])
+def test_auto_decisions(case, expect_mode, needle):
+    d = auto.decide(**case)
+    assert d.mode == expect_mode and needle in d.reason, d
+
+
+def test_auto_in_the_engine_records_mode_and_reason(tiny_models):
+    e = _engine(tiny_models, auto_min_tokens=64, auto_quality_min_tokens=200)
+    try:
+        assert RunParams().mode == "auto"
+        short = e.run("tiny", RunParams(question="q?", max_tokens=2), scope="a")
+        assert short.spec.mode == "baseline" and "< break-even 64" in short.spec.reason
+        long1 = e.run(DOC, RunParams(question=QUESTIONS[0], max_tokens=2, window=WINDOW), scope="a")
+        assert long1.spec.mode == "specprefill" and "one-off long document" in long1.spec.reason
+        # a baseline run stores the prompt; the next question about the document is a prompt-cache hit
+        e.run(DOC, RunParams(question=QUESTIONS[1], max_tokens=2, mode="baseline"), scope="a")
+        again = e.run(DOC, RunParams(question=QUESTIONS[2], max_tokens=2), scope="a")
+        assert again.spec.mode == "baseline" and "prompt cache hit" in again.spec.reason
+        assert again.spec.cache["target"]["hit"] and again.spec.cache["bytes_restored"] > 0
+        # another tenant: no hit, so specprefill again
+        b = e.run(DOC, RunParams(question=QUESTIONS[2], max_tokens=2, window=WINDOW), scope="b")
+        assert b.spec.mode == "specprefill" and b.to_dict()["spec"]["reason"].startswith("auto: ")
+        # a stored document's first question fills the prompt cache instead
+        c = e.run(DOC, RunParams(question=QUESTIONS[2], max_tokens=2, window=WINDOW), scope="c", reused_document=True)
+        assert c.spec.mode == "baseline" and "stored document" in c.spec.reason and c.spec.cache["target"]["bytes_saved"] > 0
+    finally:
+        e.close()
+
+
+def test_parallel_windows_restore_into_their_own_streams(tiny_models):
+    """n_parallel 2 (the GPU path, here on the CPU): windows scored two at a time as parallel KV streams;
+    question 2 restores each window's prefix into its own stream, with the uncached run's scores."""
+    e = _engine(tiny_models, n_parallel=2)
+    try:
+        scorer, cache = e.scorer(), e.spec_cache()
+        for i, q in enumerate(QUESTIONS[:2]):
+            p = _params(q)
+            prompt = e.tokenize_prompt(DOC, p)
+            use = cache.begin()
+            cached = scorer.score(prompt, window=WINDOW, cache=cache, scope="a")
+            assert cached.windows >= 2
+            assert (use.hits, use.misses) == ((0, cached.windows) if i == 0 else (cached.windows, 0))
+            plain = scorer.score(prompt, window=WINDOW)
+            rel = np.max(np.abs(cached.scores - plain.scores) / np.maximum(np.abs(plain.scores), 1e-6))
+            assert rel <= 1e-3, (i, rel)
+            assert _kept(prompt, cached.scores, p) == _kept(prompt, plain.scores, p)
+        # the streams' entries are keyed apart from the single context's (an odd last window runs alone)
+        layouts = [entry.key[8] for entry in e.cache_store.entries(("speculator",))]
+        assert "streams" in layouts and set(layouts) <= {"streams", "single"}
+    finally:
+        e.close()
