@@ -1,7 +1,7 @@
 """documents: stored once, asked about by many jobs
 
 Revision ID: 0006
-Revises: 0004 (the lead re-chains it after fence's 0005 at merge)
+Revises: 0005
 Create Date: 2026-12-02
 
 * documents: id, tenant, sha256 of the text (unique per tenant: the same text of one tenant is one

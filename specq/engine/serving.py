@@ -55,7 +55,7 @@ from .decode import SeqDecoder
 from .invariance import MAX_INVARIANT_BATCH
 from .options import RunParams
 from .prefill import prefill_plan
-from .result import RunResult, SpecInfo
+from .result import RunResult
 from .sampling import Sampler
 
 log = logging.getLogger("specq.engine")
