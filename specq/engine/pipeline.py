@@ -57,7 +57,10 @@ class Engine:
         #: the target's numerics: batch-invariant mode or as the options say (invariance.py)
         self.numerics = num = invariance.resolve(opts, backend)
         # MTP layers load with the trunk when the file has them (a model without any is unaffected)
-        self.target = Model(self.target_path, n_gpu_layers=opts.n_gpu_layers, repack=num.repack, load_mtp=True)
+        # --speculator-gpu: each model whole on its own device; otherwise llama.cpp places the target
+        pinned = opts.speculator_gpu >= 0
+        self.target = Model(self.target_path, n_gpu_layers=opts.n_gpu_layers, repack=num.repack, load_mtp=True,
+                            main_gpu=opts.main_gpu if pinned else -1)
         self.n_ctx = opts.n_ctx or min(self.target.n_ctx_train or MAX_DEFAULT_CTX, MAX_DEFAULT_CTX)
         self.n_ubatch = opts.n_ubatch or (2048 if backend != "cpu" else 512)
         self.ctx = Context(
@@ -93,6 +96,8 @@ class Engine:
         self._mtp_ctx: Context | None = None
         self._eagle3: tuple[Model, Context, list[int]] | None = None
         self._eagle3_why: str | None = None
+        #: the last pipelined run's stages and their times (pipelined.PipelineTrace; None otherwise)
+        self.last_trace = None
 
     # -- models ------------------------------------------------------------------------------------
     @property
@@ -102,7 +107,7 @@ class Engine:
             from .models import resolve_model
 
             path = Path(resolve_model(self.options.speculator, progress=self._pull_progress))
-            spec = Model(path, n_gpu_layers=self.options.n_gpu_layers)
+            spec = Model(path, n_gpu_layers=self.options.n_gpu_layers, main_gpu=self.options.speculator_gpu)
             if spec.n_vocab != self.target.n_vocab or spec.vocab_signature() != self.target.vocab_signature():
                 spec.close()
                 raise ModelError(
@@ -168,17 +173,28 @@ class Engine:
 
         spec = SpecInfo(mode=mode, positions=positions, keep=1.0, lookahead=0, windows=0, scorer="none")
         doc_scores = None
-        if mode == "specprefill":
-            kept, doc_scores = self._select(prompt, params, timings, spec, report)
+        self.last_trace = None
+        if mode == "specprefill" and params.pipelined:
+            # scoring and the target's prefill interleave (pipelined.py): an MTP/EAGLE3 drafter, which
+            # reads the target's hidden states, is made first; any other after scoring, as below
+            early = params.draft in ("mtp", "eagle3", "auto")
+            drafter = self._drafter(params, prompt, scored=False) if early else None
+            kept, doc_scores, pre = self._pipelined(prompt, params, positions, timings, spec, report,
+                                                    observe=getattr(drafter, "observe", None))
+            if not early:
+                drafter = self._drafter(params, prompt, scored=True)
         else:
-            kept = list(range(prompt.n))
+            if mode == "specprefill":
+                kept, doc_scores = self._select(prompt, params, timings, spec, report)
+            else:
+                kept = list(range(prompt.n))
 
-        # made before the prefill: an MTP/EAGLE3 drafter reads the target's hidden states of the prompt
-        drafter = self._drafter(params, prompt, scored=(mode == "specprefill"))
-        report("sparse_prefill", 0, 1)
-        t0 = time.perf_counter()
-        pre = sparse_prefill(self.ctx, prompt.tokens, kept, positions, observe=getattr(drafter, "observe", None))
-        timings["sparse_prefill"] = _ms(t0)
+            # made before the prefill: an MTP/EAGLE3 drafter reads the target's hidden states of the prompt
+            drafter = self._drafter(params, prompt, scored=(mode == "specprefill"))
+            report("sparse_prefill", 0, 1)
+            t0 = time.perf_counter()
+            pre = sparse_prefill(self.ctx, prompt.tokens, kept, positions, observe=getattr(drafter, "observe", None))
+            timings["sparse_prefill"] = _ms(t0)
 
         sampler = Sampler(params.temperature, params.top_k, params.top_p, params.seed)
         n_draft = params.n_draft
@@ -257,7 +273,7 @@ class Engine:
                 spec, n_ctx=n_ctx, n_batch=opts.n_batch, n_ubatch=self.n_ubatch,
                 n_threads=opts.resolved_threads(), flash_attn=opts.flash_attn,
                 n_parallel=opts.n_parallel or (8 if self.info.backend != "cpu" else 1),
-                score_math=self.info.score_math,
+                score_math=self.info.score_math, device=max(0, spec.main_gpu),
             )
         return self._scorer
 
@@ -279,7 +295,7 @@ class Engine:
                 report: Progress) -> tuple[list[int], np.ndarray]:
         """Score the prompt with the speculator and pick the kept indices (phases `score`, `select`);
         (kept indices, document token scores)."""
-        from .selection import select_kept
+        from .selection import select_kept, select_kept_per_window
 
         t0 = time.perf_counter()
         scored = self.scorer().score(
@@ -290,13 +306,49 @@ class Engine:
         timings.update(scored.timings_ms)
         report("select", 0, 1)
         t0 = time.perf_counter()
-        kept = select_kept(
-            scored.scores, doc_start=prompt.doc_start, n_prompt=prompt.n, protected=prompt.protected_indices(),
-            keep=params.keep, chunk=params.chunk, max_keep=params.max_keep,
-        )
+        if params.selection == "per-window":
+            kept = select_kept_per_window(
+                scored.scores, scored.plan, doc_start=prompt.doc_start, n_prompt=prompt.n,
+                protected=prompt.protected_indices(), keep=params.keep, chunk=params.chunk, max_keep=params.max_keep,
+            )
+        else:
+            kept = select_kept(
+                scored.scores, doc_start=prompt.doc_start, n_prompt=prompt.n, protected=prompt.protected_indices(),
+                keep=params.keep, chunk=params.chunk, max_keep=params.max_keep,
+            )
         timings["select"] = _ms(t0)
         spec.keep, spec.lookahead, spec.windows, spec.scorer = params.keep, params.lookahead, scored.windows, params.scorer
+        spec.selection = params.selection
         return kept, scored.scores
+
+    def _pipelined(self, prompt: Prompt, params: RunParams, positions: str, timings: dict, spec: SpecInfo,
+                   report: Progress, *, observe=None, threaded: bool = True):
+        """Scoring and sparse prefill as one pipeline (pipelined.py): per-window selection, window i's
+        chunks prefilled while window i+1 is scored. Phases: `score` (the speculator's wall time),
+        `select` (summed over windows), `sparse_prefill` (the target's time after scoring ended: what
+        the overlap did not hide), `prefill_overlapped` (target decoding while scoring ran).
+        (kept indices, document scores, PrefillResult); the stages' times are in `last_trace`."""
+        from .pipelined import pipelined_prefill
+
+        scorer = self.scorer()
+        # bit-identical micro-batches to a single sparse_prefill where the numerics are batch-invariant
+        c = self.ctx
+        align = (c.n_ubatch if c.n_batch % c.n_ubatch == 0 else c.n_batch) if self.numerics.batch_invariant else 1
+        kept, scored, pre, trace = pipelined_prefill(
+            scorer, self.ctx, prompt, keep=params.keep, chunk=params.chunk, max_keep=params.max_keep, positions=positions,
+            score_kwargs=dict(scorer=params.scorer, lookahead=params.lookahead, pool=params.pool, window=params.window),
+            threaded=threaded, align=align, observe=observe, progress=lambda done, total: report("score", done, total),
+        )
+        timings["score"] = trace.score_end_s * 1000.0
+        timings.update(scored.timings_ms)
+        timings["select"] = sum(s.select_ms for s in trace.stages)
+        timings["sparse_prefill"] = (trace.end_s - trace.score_end_s) * 1000.0
+        overlapped = sum(max(0.0, min(s.prefill_end_s, trace.score_end_s) - s.prefill_start_s) for s in trace.stages)
+        timings["prefill_overlapped"] = overlapped * 1000.0
+        spec.keep, spec.lookahead, spec.windows, spec.scorer = params.keep, params.lookahead, scored.windows, params.scorer
+        spec.selection, spec.pipelined = params.selection, True
+        self.last_trace = trace
+        return sorted(kept), scored.scores, pre
 
     def _drafter(self, params: RunParams, prompt: Prompt, *, scored: bool = False):
         """The run's drafter (drafters.py); `model` drafts on the scorer's speculator context and, when

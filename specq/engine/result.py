@@ -27,6 +27,10 @@ class SpecInfo:
     lookahead: int = 0
     windows: int = 0
     scorer: str = "none"
+    #: how the keep budget was spent: global (over the whole document) or per-window (per scoring window)
+    selection: str = "global"
+    #: the target prefilled each window's chunks as the window was scored (RunParams.pipelined)
+    pipelined: bool = False
 
 
 @dataclass

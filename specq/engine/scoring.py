@@ -54,6 +54,8 @@ class ScoreResult:
     windows: int
     timings_ms: dict[str, float] = field(default_factory=dict)
     capture_calls: int = 0
+    #: the document slices [a, b) scored as windows (windowed/full; sliding: the whole document)
+    plan: list[tuple[int, int]] = field(default_factory=list)
 
 
 def avg_pool(x: np.ndarray, kernel: int) -> np.ndarray:
@@ -164,13 +166,15 @@ class SpecPrefillScorer:
 
     def __init__(
         self, model: Model, *, n_ctx: int, n_batch: int, n_ubatch: int, n_threads: int, flash_attn: bool, n_parallel: int = 1,
-        score_math: str = "numpy",
+        score_math: str = "numpy", device: int = 0,
     ) -> None:
         if score_math not in ("numpy", "torch"):
             raise EngineError(f"unknown score_math {score_math!r} (numpy or torch)")
         self.model = model
         #: numpy: K copied to the host at lookahead step 0; torch: K read in place (score_torch.py)
         self.score_math = score_math
+        #: the speculator's GPU (an index among the visible devices): where torch score math runs
+        self.device = int(device)
         self.capture = QKCapture()
         #: windows scored together as parallel sequences (one KV stream each, see _score_parallel)
         self.n_parallel = max(1, int(n_parallel))
@@ -214,9 +218,13 @@ class SpecPrefillScorer:
         window: int = 0,
         progress: Callable[[int, int], None] | None = None,
         capture: bool = True,
+        on_window: Callable[[int, int, np.ndarray], None] | None = None,
     ) -> ScoreResult:
         """Score the document tokens of `prompt`. capture=False runs the same speculator forward passes
-        without capture or score math (scores are then meaningless): the benchmark's overhead baseline."""
+        without capture or score math (scores are then meaningless): the benchmark's overhead baseline.
+        on_window(a, b, scores) (windowed and full scorers) is called as soon as the window holding
+        document slice [a, b) is scored, in document order (a group of parallel windows together),
+        with that slice's final scores: the pipelined prefill starts on them (pipelined.py)."""
         self._capture_on = capture
         timings = {"speculator_prefill": 0.0, "lookahead": 0.0, "score_math": 0.0}
         calls0 = self.capture.calls
@@ -250,9 +258,12 @@ class SpecPrefillScorer:
                     got = self._score_parallel(windows, lookahead, pool, timings)
                 for (a, b), s in zip(group, got):
                     scores[a:b] = s[h : h + (b - a)]
+                if on_window:
+                    for a, b in group:
+                        on_window(a, b, scores[a:b])
             if progress:
                 progress(n_windows, n_windows)
-            return ScoreResult(scores, n_windows, timings, self.capture.calls - calls0)
+            return ScoreResult(scores, n_windows, timings, self.capture.calls - calls0, plan)
         if scorer == "sliding":
             tokens = prompt.tokens
             n = len(tokens)
@@ -267,7 +278,8 @@ class SpecPrefillScorer:
             full = merge_central(n, per_window)
             if progress:
                 progress(len(starts), len(starts))
-            return ScoreResult(full[prompt.doc_start : prompt.doc_end].copy(), len(starts), timings, self.capture.calls - calls0)
+            return ScoreResult(full[prompt.doc_start : prompt.doc_end].copy(), len(starts), timings, self.capture.calls - calls0,
+                               [(0, n_doc)])
         raise EngineError(f"unknown scorer {scorer!r}")
 
     def _score_window(self, tokens: Sequence[int], lookahead: int, pool: int, timings: dict[str, float]) -> np.ndarray:
@@ -397,7 +409,7 @@ class SpecPrefillScorer:
             from . import score_torch
 
             (ctx or self.ctx).synchronize()  # the K cache is read where llama.cpp wrote it
-            return score_torch.attention_scores(rows, k, n_keys, pool, stream)
+            return score_torch.attention_scores(rows, k, n_keys, pool, stream, device=self.device)
         return attention_scores(rows, {il: kk[stream] for il, kk in k.items()}, n_keys, pool)
 
     def _check_capture(self, k: dict) -> None:
