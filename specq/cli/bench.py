@@ -261,3 +261,25 @@ def bench_prefill(
     typer.echo(f"  gapped ({r['kept_tokens']} tokens) {r['gapped_s']:8.3f} s  {r['gapped_tok_s']:8.1f} tok/s  (original positions)")
     typer.echo(f"  compressed (same)   {r['compressed_s']:8.3f} s  {r['compressed_tok_s']:8.1f} tok/s  -> gapped/compressed {r['gapped_vs_compressed']:.3f}")
     typer.echo(f"  decode              {r['decode_tok_s']:8.2f} tok/s")
+
+
+@bench_app.command("selection")
+def bench_selection(
+    lengths: str = typer.Option("8192,16384", help="Comma-separated prompt lengths in tokens."),
+    keep: float = typer.Option(0.3, help="Fraction of the document's chunks kept (both rules)."),
+    window: int = typer.Option(0, help="Document tokens per scoring window (0 = 4096)."),
+    tasks: int = typer.Option(5, help="The first N of the planted-fact tasks."),
+    threads: int = typer.Option(0, help="CPU threads (0 = all cores)."),
+    speculator: str = typer.Option(None, help="Speculator model: registry name or GGUF path."),
+    out: Path = typer.Option(None, "--out", help="Write the JSON report here (rows as they finish)."),
+) -> None:
+    """Answer-chunk recall of global vs per-window selection from the same speculator scores."""
+    from ..bench.selection import main
+
+    argv = ["--lengths", lengths, "--keep", str(keep), "--window", str(window), "--tasks", str(tasks),
+            "--threads", str(threads)]
+    if speculator:
+        argv += ["--speculator", speculator]
+    if out:
+        argv += ["--json", str(out)]
+    main(argv)
