@@ -105,11 +105,11 @@ def main() -> None:
                 set_parallel(engine, X)
                 res = engine.run(doc, params)
                 kept[m] = res.kept_indices
+                row["windows"] = res.spec.windows
                 if r:
                     row["ttft_ms"][m].append(round(res.timings_ms["ttft"], 1))
                     if m.startswith("pipelined"):
                         row.setdefault("pipelined_phases_ms", {})[m] = {k: round(v, 1) for k, v in res.timings_ms.items()}
-                    row["windows"] = res.spec.windows
             if time.time() - t_start > budget:
                 print(f"length {n}: stopped after round {r} (budget)", flush=True)
                 break
