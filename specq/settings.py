@@ -82,6 +82,11 @@ class ServiceSettings:
     # --- worker -------------------------------------------------------------------------------------
     #: GPU index this worker uses (sets CUDA_VISIBLE_DEVICES before llama.cpp loads); empty = leave as is
     gpu: str = ""
+    #: GPU index for the speculator, when it gets a device of its own (`--speculator-gpu`): the worker
+    #: then sees both (CUDA_VISIBLE_DEVICES=gpu,speculator_gpu), each model whole on its device (split
+    #: mode none) and the torch score math on the speculator's; empty = the speculator shares the
+    #: target's device. For pipelined jobs (params.pipelined); not measured on two GPUs yet
+    speculator_gpu: str = ""
     #: processes per worker, each with its own copy of the models (1 = Celery's solo pool: one job at
     #: a time, models loaded in the worker process; >1 = prefork, models loaded after the fork)
     concurrency: int = 1
@@ -213,6 +218,8 @@ class ServiceSettings:
             (self.slots is None or 1 <= self.slots <= 256, "SPECQ_SLOTS must be in [1, 256]"),
             (self.prefill_chunk >= 0, "SPECQ_PREFILL_CHUNK must be >= 0 (0 = n_ubatch)"),
             (self.drain_grace >= 0, "SPECQ_DRAIN_GRACE must be >= 0 seconds"),
+            (self.speculator_gpu == "" or (self.speculator_gpu.isdigit() and (self.gpu == "" or self.gpu.isdigit())),
+             "SPECQ_SPECULATOR_GPU must be one GPU index (and SPECQ_GPU, with it, one index too)"),
             (self.progress_interval > 0, "SPECQ_PROGRESS_INTERVAL must be > 0"),
             (self.stale_after > self.progress_interval * 4, "SPECQ_STALE_AFTER must be well above SPECQ_PROGRESS_INTERVAL"),
             (self.reconcile_interval >= 0, "SPECQ_RECONCILE_INTERVAL must be >= 0 (0 = off)"),
@@ -316,6 +323,11 @@ class ServiceSettings:
             opts.score_math = self.score_math
         if self.batch_invariant:
             opts.batch_invariant = self.batch_invariant
+        if self.speculator_gpu != "":
+            # devices as the worker made them visible (visible_devices): the target first
+            opts.main_gpu, opts.speculator_gpu = (0, 1) if self.speculator_gpu != self.gpu else (0, 0)
+            if self.gpu == "":
+                opts.speculator_gpu = int(self.speculator_gpu)
         for mine, theirs in (("n_gpu_layers", "n_gpu_layers"), ("n_ctx", "n_ctx"), ("n_batch", "n_batch"),
                              ("n_ubatch", "n_ubatch"), ("threads", "n_threads"), ("flash_attn", "flash_attn"),
                              ("n_parallel", "n_parallel"), ("cache_bytes", "cache_bytes"),
@@ -325,6 +337,15 @@ class ServiceSettings:
             if value is not None:
                 setattr(opts, theirs, value)
         return opts
+
+    def visible_devices(self) -> str | None:
+        """CUDA_VISIBLE_DEVICES for the worker: `gpu`, then `speculator_gpu` when it differs; None =
+        leave the environment as it is (no --gpu)."""
+        if self.gpu == "":
+            return None
+        if self.speculator_gpu not in ("", self.gpu):
+            return f"{self.gpu},{self.speculator_gpu}"
+        return self.gpu
 
     def backoff(self, attempt: int, jitter: float = 0.0) -> float:
         """Seconds to wait before retrying after failed attempt number `attempt` (1-based);

@@ -1,6 +1,7 @@
 """`specq bench …`: benchmarks that print ratios measured side by side in one run (not timed tests).
 
-ttft (baseline vs specprefill), decode (drafters side by side), prefill (sparse prefill cost);
+ttft (baseline vs specprefill), decode (drafters side by side), prefill (sparse prefill cost),
+selection (answer-chunk recall of global vs per-window selection);
 each writes JSON with the settings and code version it ran with.
 """
 

@@ -344,3 +344,25 @@ def bench_serve(
         typer.echo(f"wrote {plot}")
     if s["succeeded"] < s["jobs"]:
         raise typer.Exit(1)
+
+
+@bench_app.command("selection")
+def bench_selection(
+    lengths: str = typer.Option("8192,16384", help="Comma-separated prompt lengths in tokens."),
+    keep: float = typer.Option(0.3, help="Fraction of the document's chunks kept (both rules)."),
+    window: int = typer.Option(0, help="Document tokens per scoring window (0 = 4096)."),
+    tasks: int = typer.Option(5, help="The first N of the planted-fact tasks."),
+    threads: int = typer.Option(0, help="CPU threads (0 = all cores)."),
+    speculator: str = typer.Option(None, help="Speculator model: registry name or GGUF path."),
+    out: Path = typer.Option(None, "--out", help="Write the JSON report here (rows as they finish)."),
+) -> None:
+    """Answer-chunk recall of global vs per-window selection from the same speculator scores."""
+    from ..bench.selection import main
+
+    argv = ["--lengths", lengths, "--keep", str(keep), "--window", str(window), "--tasks", str(tasks),
+            "--threads", str(threads)]
+    if speculator:
+        argv += ["--speculator", speculator]
+    if out:
+        argv += ["--json", str(out)]
+    main(argv)

@@ -13,6 +13,7 @@ from .common import fail, service_ready_db, service_settings
 @app.command("worker")
 def worker_cmd(
     gpu: str = typer.Option(None, help="GPU index to run on (sets CUDA_VISIBLE_DEVICES). [env SPECQ_GPU]"),
+    speculator_gpu: str = typer.Option(None, help="GPU index for the speculator alone (both GPUs visible, each model whole on its own; for pipelined jobs; not yet measured on two GPUs). [env SPECQ_SPECULATOR_GPU]"),
     queue: str = typer.Option(None, "--queue", "-Q", help="Queue to consume (default specq). [env SPECQ_QUEUE]"),
     concurrency: int = typer.Option(None, help="Processes, each with its own models (default 1; >1 = one slot each). [env SPECQ_CONCURRENCY]"),
     slots: int = typer.Option(None, help="Jobs run at once on one copy of the models (default 8 on a GPU, 1 on the CPU). [env SPECQ_SLOTS]"),
@@ -28,7 +29,7 @@ def worker_cmd(
     """Run a worker: load the models once on one GPU, then run up to --slots jobs from the queue at once."""
     from ..contracts import EngineError
 
-    settings = service_settings(gpu=gpu, queue=queue, concurrency=concurrency, target=target, speculator=speculator,
+    settings = service_settings(gpu=gpu, speculator_gpu=speculator_gpu, queue=queue, concurrency=concurrency, target=target, speculator=speculator,
                                  n_gpu_layers=n_gpu_layers, n_ctx=n_ctx, threads=threads, flash_attn=flash_attn,
                                  warm_up=warm_up, slots=slots)
     service_ready_db(upgrade=False)

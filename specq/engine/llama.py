@@ -85,11 +85,15 @@ def library_version() -> str:
 class Model:
     """A loaded GGUF model and its vocabulary."""
 
-    def __init__(self, path: str | Path, *, n_gpu_layers: int = -1, repack: bool = True, load_mtp: bool = False) -> None:
+    def __init__(self, path: str | Path, *, n_gpu_layers: int = -1, repack: bool = True, load_mtp: bool = False,
+                 main_gpu: int = -1) -> None:
         """repack: let llama.cpp repack weights into its CPU-specific layouts (extra buffer types). Their
         kernels differ by batch size (gemv below 4 tokens, gemm above), so logits of one token depend
         on how many tokens were decoded with it (see EngineOptions.repack). load_mtp: also load the
-        model's multi-token-prediction (NextN) blocks, if it has any (llama_ext.py, drafters_mtp.py)."""
+        model's multi-token-prediction (NextN) blocks, if it has any (llama_ext.py, drafters_mtp.py).
+        main_gpu >= 0: the whole model (and its contexts' KV caches) on that visible device (split mode
+        none); -1: llama.cpp's default placement (layers split over the visible devices). Ignored by a
+        CPU-only build."""
         init_backend()
         self.path = Path(path)
         if not self.path.is_file():
@@ -99,6 +103,11 @@ class Model:
         params.use_extra_bufts = bool(repack)
         self.repack = bool(repack)
         params.load_mtp = bool(load_mtp)
+        #: the device the model is pinned to (-1: not pinned)
+        self.main_gpu = int(main_gpu) if main_gpu >= 0 and llama_cpp.llama_supports_gpu_offload() else -1
+        if self.main_gpu >= 0:
+            params.split_mode = llama_cpp.LLAMA_SPLIT_MODE_NONE
+            params.main_gpu = self.main_gpu
         self.load_mtp = bool(load_mtp)
         self.n_gpu_layers = n_gpu_layers if llama_cpp.llama_supports_gpu_offload() else 0
         clear_log()

@@ -21,6 +21,7 @@ Mode = Literal["auto", "baseline", "specprefill"]
 Positions = Literal["original", "compressed"]
 Scorer = Literal["windowed", "sliding", "full"]
 Draft = Literal["none", "ngram", "model", "mtp", "eagle3", "auto"]
+Selection = Literal["global", "per-window"]
 
 
 @dataclass
@@ -88,6 +89,15 @@ class EngineOptions:
     #: (docs/quality.md); specprefill runs only from there on. -1 = not measured: auto never picks
     #: specprefill
     auto_quality_min_tokens: int = -1
+    #: the target's GPU: an index among the visible devices (llama.cpp's main_gpu); used with
+    #: speculator_gpu, when both models are each placed whole on one device (split mode none)
+    main_gpu: int = 0
+    #: the speculator's own GPU, an index among the visible devices; -1 = wherever the target is
+    #: (the default: llama.cpp's placement, layers split over the visible devices). >= 0: each model
+    #: whole on its device (split mode none, main_gpu), and the torch score math runs on the
+    #: speculator's device. No effect on a CPU build. `specq worker --gpu N --speculator-gpu M` makes
+    #: both devices visible (CUDA_VISIBLE_DEVICES=N,M) and sets main_gpu 0, speculator_gpu 1.
+    speculator_gpu: int = -1
 
     def resolved_threads(self) -> int:
         return self.n_threads or (os.cpu_count() or 1)
@@ -123,6 +133,14 @@ class RunParams:
     scorer: Scorer = "windowed"
     #: document tokens per scoring window; 0 = sized from the speculator's context
     window: int = 0
+    #: how specprefill spends the keep budget: global (the top `keep` share of the whole document's
+    #: chunks) or per-window (the top `keep` share of each scoring window's chunks, chunks cut from the
+    #: window's start; needs the windowed or full scorer). docs/quality.md compares the two
+    selection: Selection = "global"
+    #: specprefill with per-window selection: the target prefills each window's chunks while the
+    #: speculator scores the next one (two threads; the same kept set and answer as the serial run
+    #: with per-window selection). Pays off with the speculator on its own GPU (--speculator-gpu)
+    pipelined: bool = False
     #: tokens to generate at most
     max_tokens: int = 256
     #: keep generating past end-of-generation tokens (benchmarks: exactly max_tokens output tokens,
@@ -196,6 +214,11 @@ class RunParams:
         checks: list[tuple[bool, str]] = [
             (self.pool % 2 == 1, "pool must be an odd number >= 1"),
             (self.window == 0 or self.window >= 64, "window must be 0 (auto) or >= 64 tokens"),
+            (isinstance(self.pipelined, bool), "pipelined must be true or false"),
+            (not self.pipelined or self.selection == "per-window",
+             "pipelined needs selection per-window (a window's chunks are chosen as soon as it is scored)"),
+            (self.selection != "per-window" or self.scorer in ("windowed", "full"),
+             "selection per-window needs the windowed or full scorer (sliding windows overlap)"),
         ]
         for ok, message in checks:
             if not ok:
@@ -287,6 +310,7 @@ PARAM_CHOICES: dict[str, tuple[str, ...]] = {
     "positions": typing.get_args(Positions),
     "scorer": typing.get_args(Scorer),
     "draft": typing.get_args(Draft),
+    "selection": typing.get_args(Selection),
 }
 
 

@@ -61,7 +61,10 @@ class Engine:
         #: the target's numerics: batch-invariant mode or as the options say (invariance.py)
         self.numerics = num = invariance.resolve(opts, backend)
         # MTP layers load with the trunk when the file has them (a model without any is unaffected)
-        self.target = Model(self.target_path, n_gpu_layers=opts.n_gpu_layers, repack=num.repack, load_mtp=True)
+        # --speculator-gpu: each model whole on its own device; otherwise llama.cpp places the target
+        pinned = opts.speculator_gpu >= 0
+        self.target = Model(self.target_path, n_gpu_layers=opts.n_gpu_layers, repack=num.repack, load_mtp=True,
+                            main_gpu=opts.main_gpu if pinned else -1)
         train = self.target.n_ctx_train
         if opts.n_ctx:
             self.n_ctx = min(opts.n_ctx, train) if train > 0 else opts.n_ctx
@@ -136,6 +139,8 @@ class Engine:
                 file_sha256(self.speculator.path), "f16", self.options.flash_attn, True,
                 self.numerics.batch_invariant, self.n_ubatch, self.info.backend))
         return self._spec_cache
+        #: the last pipelined run's stages and their times (pipelined.PipelineTrace; None otherwise)
+        self.last_trace = None
 
     # -- models ------------------------------------------------------------------------------------
     @property
@@ -145,7 +150,7 @@ class Engine:
             from .models import resolve_model
 
             path = Path(resolve_model(self.options.speculator, progress=self._pull_progress))
-            spec = Model(path, n_gpu_layers=self.options.n_gpu_layers)
+            spec = Model(path, n_gpu_layers=self.options.n_gpu_layers, main_gpu=self.options.speculator_gpu)
             if spec.n_vocab != self.target.n_vocab or spec.vocab_signature() != self.target.vocab_signature():
                 spec.close()
                 raise ModelError(
@@ -253,28 +258,39 @@ class Engine:
         prefix = self.prefix_cache()
 
         doc_scores = None
-        if mode == "specprefill":
-            kept, doc_scores = self._select(prompt, params, timings, spec, report, scope=scope)
+        self.last_trace = None
+        if mode == "specprefill" and params.pipelined:
+            # scoring and the target's prefill interleave (pipelined.py): an MTP/EAGLE3 drafter, which
+            # reads the target's hidden states, is made first; any other after scoring, as below
+            early = params.draft in ("mtp", "eagle3", "auto")
+            drafter = self._drafter(params, prompt, scored=False) if early else None
+            kept, doc_scores, pre = self._pipelined(prompt, params, positions, timings, spec, report,
+                                                    observe=getattr(drafter, "observe", None))
+            if not early:
+                drafter = self._drafter(params, prompt, scored=True)
         else:
-            kept = list(range(prompt.n))
+            if mode == "specprefill":
+                kept, doc_scores = self._select(prompt, params, timings, spec, report, scope=scope)
+            else:
+                kept = list(range(prompt.n))
 
-        # made before the prefill: an MTP/EAGLE3 drafter reads the target's hidden states of the prompt
-        drafter = self._drafter(params, prompt, scored=(mode == "specprefill"))
-        observe = getattr(drafter, "observe", None)
-        report("sparse_prefill", 0, 1)
-        t0 = time.perf_counter()
-        if mode == "baseline" and prefix is not None and observe is None:
-            # a full prefill: through the target's prompt cache (a drafter that reads the prompt's
-            # hidden states needs every token prefilled, so it bypasses the cache)
-            use = prefix.prefill(self.ctx, scope, prompt.tokens)
-            pre = PrefillResult(next_pos=prompt.n, n_kept=prompt.n, logits=self.ctx.logits_row(-1))
-            timings["cache_restore"] += use.restore_ms
-            spec.cache["target"] = use.as_dict()
-            spec.cache["bytes_restored"] += use.bytes_restored
-            timings["sparse_prefill"] = _ms(t0) - use.restore_ms
-        else:
-            pre = sparse_prefill(self.ctx, prompt.tokens, kept, positions, observe=observe)
-            timings["sparse_prefill"] = _ms(t0)
+            # made before the prefill: an MTP/EAGLE3 drafter reads the target's hidden states of the prompt
+            drafter = self._drafter(params, prompt, scored=(mode == "specprefill"))
+            observe = getattr(drafter, "observe", None)
+            report("sparse_prefill", 0, 1)
+            t0 = time.perf_counter()
+            if mode == "baseline" and prefix is not None and observe is None:
+                # a full prefill: through the target's prompt cache (a drafter that reads the prompt's
+                # hidden states needs every token prefilled, so it bypasses the cache)
+                use = prefix.prefill(self.ctx, scope, prompt.tokens)
+                pre = PrefillResult(next_pos=prompt.n, n_kept=prompt.n, logits=self.ctx.logits_row(-1))
+                timings["cache_restore"] += use.restore_ms
+                spec.cache["target"] = use.as_dict()
+                spec.cache["bytes_restored"] += use.bytes_restored
+                timings["sparse_prefill"] = _ms(t0) - use.restore_ms
+            else:
+                pre = sparse_prefill(self.ctx, prompt.tokens, kept, positions, observe=observe)
+                timings["sparse_prefill"] = _ms(t0)
 
         sampler = Sampler(params.temperature, params.top_k, params.top_p, params.seed)
         n_draft = self.draft_budget(params, drafter, warnings)
@@ -372,7 +388,7 @@ class Engine:
                 spec, n_ctx=n_ctx, n_batch=opts.n_batch, n_ubatch=self.n_ubatch,
                 n_threads=opts.resolved_threads(), flash_attn=opts.flash_attn,
                 n_parallel=opts.n_parallel or (8 if self.info.backend != "cpu" else 1),
-                score_math=self.info.score_math,
+                score_math=self.info.score_math, device=max(0, spec.main_gpu),
             )
         return self._scorer
 
@@ -394,7 +410,7 @@ class Engine:
                 report: Progress, scope: str = "") -> tuple[list[int], np.ndarray]:
         """Score the prompt with the speculator and pick the kept indices (phases `score`, `select`);
         (kept indices, document token scores). Window prefixes go through the speculator cache."""
-        from .selection import select_kept
+        from .selection import select_kept, select_kept_per_window
 
         scorer = self.scorer()
         cache = self.spec_cache() if params.scorer != "sliding" else None
@@ -411,13 +427,49 @@ class Engine:
             spec.cache["bytes_restored"] += use.bytes_restored
         report("select", 0, 1)
         t0 = time.perf_counter()
-        kept = select_kept(
-            scored.scores, doc_start=prompt.doc_start, n_prompt=prompt.n, protected=prompt.protected_indices(),
-            keep=params.keep, chunk=params.chunk, max_keep=params.max_keep,
-        )
+        if params.selection == "per-window":
+            kept = select_kept_per_window(
+                scored.scores, scored.plan, doc_start=prompt.doc_start, n_prompt=prompt.n,
+                protected=prompt.protected_indices(), keep=params.keep, chunk=params.chunk, max_keep=params.max_keep,
+            )
+        else:
+            kept = select_kept(
+                scored.scores, doc_start=prompt.doc_start, n_prompt=prompt.n, protected=prompt.protected_indices(),
+                keep=params.keep, chunk=params.chunk, max_keep=params.max_keep,
+            )
         timings["select"] = _ms(t0)
         spec.keep, spec.lookahead, spec.windows, spec.scorer = params.keep, params.lookahead, scored.windows, params.scorer
+        spec.selection = params.selection
         return kept, scored.scores
+
+    def _pipelined(self, prompt: Prompt, params: RunParams, positions: str, timings: dict, spec: SpecInfo,
+                   report: Progress, *, observe=None, threaded: bool = True):
+        """Scoring and sparse prefill as one pipeline (pipelined.py): per-window selection, window i's
+        chunks prefilled while window i+1 is scored. Phases: `score` (the speculator's wall time),
+        `select` (summed over windows), `sparse_prefill` (the target's time after scoring ended: what
+        the overlap did not hide), `prefill_overlapped` (target decoding while scoring ran).
+        (kept indices, document scores, PrefillResult); the stages' times are in `last_trace`."""
+        from .pipelined import pipelined_prefill
+
+        scorer = self.scorer()
+        # bit-identical micro-batches to a single sparse_prefill where the numerics are batch-invariant
+        c = self.ctx
+        align = (c.n_ubatch if c.n_batch % c.n_ubatch == 0 else c.n_batch) if self.numerics.batch_invariant else 1
+        kept, scored, pre, trace = pipelined_prefill(
+            scorer, self.ctx, prompt, keep=params.keep, chunk=params.chunk, max_keep=params.max_keep, positions=positions,
+            score_kwargs=dict(scorer=params.scorer, lookahead=params.lookahead, pool=params.pool, window=params.window),
+            threaded=threaded, align=align, observe=observe, progress=lambda done, total: report("score", done, total),
+        )
+        timings["score"] = trace.score_end_s * 1000.0
+        timings.update(scored.timings_ms)
+        timings["select"] = sum(s.select_ms for s in trace.stages)
+        timings["sparse_prefill"] = (trace.end_s - trace.score_end_s) * 1000.0
+        overlapped = sum(max(0.0, min(s.prefill_end_s, trace.score_end_s) - s.prefill_start_s) for s in trace.stages)
+        timings["prefill_overlapped"] = overlapped * 1000.0
+        spec.keep, spec.lookahead, spec.windows, spec.scorer = params.keep, params.lookahead, scored.windows, params.scorer
+        spec.selection, spec.pipelined = params.selection, True
+        self.last_trace = trace
+        return sorted(kept), scored.scores, pre
 
     def _drafter(self, params: RunParams, prompt: Prompt, *, scored: bool = False, seq: int = 0):
         """The run's drafter (drafters.py); `model` drafts on the scorer's speculator context and, when

@@ -32,6 +32,10 @@ class SpecInfo:
     #: the engine's caches on this run: {"speculator": {"hits", "misses", "bytes_restored", …} or
     #: "off", "target": {"hit", "reused_tokens", "bytes_restored", …} or "off", "bytes_restored": total}
     cache: dict = field(default_factory=dict)
+    #: how the keep budget was spent: global (over the whole document) or per-window (per scoring window)
+    selection: str = "global"
+    #: the target prefilled each window's chunks as the window was scored (RunParams.pipelined)
+    pipelined: bool = False
 
 
 @dataclass

@@ -68,13 +68,13 @@ class _CudaArray:
         }
 
 
-def as_tensor(ref: TensorRef):
-    """A torch view of the referenced memory (no copy)."""
+def as_tensor(ref: TensorRef, device: int = 0):
+    """A torch view of the referenced memory (no copy); `device`: the CUDA device holding it."""
     import torch
 
     if ref.host:
         return torch.from_numpy(ref.numpy())
-    return torch.as_tensor(_CudaArray(ref), device="cuda")
+    return torch.as_tensor(_CudaArray(ref), device=f"cuda:{device}")
 
 
 def avg_pool(x, kernel: int):
@@ -89,20 +89,22 @@ def avg_pool(x, kernel: int):
 
 
 def attention_scores(
-    q_rows: Sequence[dict[int, np.ndarray]], k: dict[int, TensorRef], n_keys: int, pool: int, stream: int = 0
+    q_rows: Sequence[dict[int, np.ndarray]], k: dict[int, TensorRef], n_keys: int, pool: int, stream: int = 0,
+    device: int = 0,
 ) -> np.ndarray:
     """Token importance over n_keys keys, like scoring.attention_scores.
 
     q_rows[s][il]: (n_head, head_dim) query of lookahead row s in layer il (host arrays).
     k[il]: TensorRef of layer il's K-cache view, shape (n_stream, n_kv, n_head_kv, head_dim).
     stream: the KV stream holding the keys, at cells 0..n_keys-1.
+    device: the CUDA device the K cache lies on (the speculator's, EngineOptions.speculator_gpu).
     """
     import torch
 
     layers = sorted(k)
     if not layers or not q_rows:
         raise EngineError("scoring captured no attention tensors from the speculator")
-    K0 = as_tensor(k[layers[0]])
+    K0 = as_tensor(k[layers[0]], device)
     dev = K0.device
     if dev.type == "cpu" and torch.get_num_threads() > 1:
         # on the host, torch's spinning OpenMP workers would steal the cores llama.cpp's threads use
@@ -119,7 +121,7 @@ def attention_scores(
     with torch.no_grad():
         for c0 in range(0, L, per_chunk):
             chunk = layers[c0 : c0 + per_chunk]
-            Ks = [(K0 if il == layers[0] else as_tensor(k[il]))[stream, :n_keys] for il in chunk]  # (n, g, d) each
+            Ks = [(K0 if il == layers[0] else as_tensor(k[il], device))[stream, :n_keys] for il in chunk]  # (n, g, d) each
             Kc = torch.stack(Ks).to(torch.float32).permute(0, 2, 3, 1)  # (l, g, d, n)
             Qc = Q[c0 : c0 + len(chunk)].reshape(-1, S, g, r, d).permute(0, 2, 1, 3, 4).reshape(-1, g, S * r, d)
             probs = torch.softmax(torch.matmul(Qc, Kc) * (1.0 / math.sqrt(d)), dim=-1)  # (l, g, S*r, n)

@@ -55,6 +55,8 @@ class ScoreResult:
     scores: np.ndarray  # one score per document token
     windows: int
     timings_ms: dict[str, float] = field(default_factory=dict)
+    #: the document slices [a, b) scored as windows (windowed/full; sliding: the whole document)
+    plan: list[tuple[int, int]] = field(default_factory=list)
 
 
 def avg_pool(x: np.ndarray, kernel: int) -> np.ndarray:
@@ -165,13 +167,15 @@ class SpecPrefillScorer:
 
     def __init__(
         self, model: Model, *, n_ctx: int, n_batch: int, n_ubatch: int, n_threads: int, flash_attn: bool, n_parallel: int = 1,
-        score_math: str = "numpy",
+        score_math: str = "numpy", device: int = 0,
     ) -> None:
         if score_math not in ("numpy", "torch"):
             raise EngineError(f"unknown score_math {score_math!r} (numpy or torch)")
         self.model = model
         #: numpy: K copied to the host at lookahead step 0; torch: K read in place (score_torch.py)
         self.score_math = score_math
+        #: the speculator's GPU (an index among the visible devices): where torch score math runs
+        self.device = int(device)
         self.capture = QKCapture()
         #: windows scored together as parallel sequences (one KV stream each, see _score_parallel)
         self.n_parallel = max(1, int(n_parallel))
@@ -219,13 +223,17 @@ class SpecPrefillScorer:
         capture: bool = True,
         cache=None,
         scope: str = "",
+        on_window: Callable[[int, int, np.ndarray], None] | None = None,
     ) -> ScoreResult:
         """Score the document tokens of `prompt`. capture=False runs the same speculator forward passes
         without capture or score math (scores are then meaningless): the benchmark's overhead baseline.
 
         cache: a spec_cache.SpeculatorCache: the windowed/full scorers then restore each window's head +
         document slice saved by an earlier prompt of the same `scope` (tenant) instead of prefilling it,
-        or prefill it by its own decode call and save it (the `cache_restore` timing: restores)."""
+        or prefill it by its own decode call and save it (the `cache_restore` timing: restores).
+        on_window(a, b, scores) (windowed and full scorers) is called as soon as the window holding
+        document slice [a, b) is scored, in document order (a group of parallel windows together),
+        with that slice's final scores: the pipelined prefill starts on them (pipelined.py)."""
         self._capture_on = capture
         timings = {"speculator_prefill": 0.0, "lookahead": 0.0, "score_math": 0.0}
         if cache is not None:
@@ -263,9 +271,12 @@ class SpecPrefillScorer:
                                                scope=scope)
                 for (a, b), s in zip(group, got):
                     scores[a:b] = s[h : h + (b - a)]
+                if on_window:
+                    for a, b in group:
+                        on_window(a, b, scores[a:b])
             if progress:
                 progress(n_windows, n_windows)
-            return ScoreResult(scores, n_windows, timings)
+            return ScoreResult(scores, n_windows, timings, plan=plan)
         if scorer == "sliding":
             tokens = prompt.tokens
             n = len(tokens)
@@ -280,7 +291,7 @@ class SpecPrefillScorer:
             full = merge_central(n, per_window)
             if progress:
                 progress(len(starts), len(starts))
-            return ScoreResult(full[prompt.doc_start : prompt.doc_end].copy(), len(starts), timings)
+            return ScoreResult(full[prompt.doc_start : prompt.doc_end].copy(), len(starts), timings, plan=[(0, n_doc)])
         raise EngineError(f"unknown scorer {scorer!r}")
 
     def _prefill_window(self, ctx: Context, tokens: Sequence[int], prefix: int, cache, scope: str,
@@ -465,7 +476,7 @@ class SpecPrefillScorer:
             from . import score_torch
 
             (ctx or self.ctx).synchronize()  # the K cache is read where llama.cpp wrote it
-            return score_torch.attention_scores(rows, k, n_keys, pool, stream)
+            return score_torch.attention_scores(rows, k, n_keys, pool, stream, device=self.device)
         return attention_scores(rows, {il: kk[stream] for il, kk in k.items()}, n_keys, pool)
 
     def _check_capture(self, k: dict) -> None:

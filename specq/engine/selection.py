@@ -49,3 +49,74 @@ def select_kept(
             start = doc_start + int(c) * chunk
             kept.update(range(start, min(start + chunk, doc_start + n_doc)))
     return sorted(i for i in kept if 0 <= i < n_prompt)
+
+
+#: how the keep budget is spent across scoring windows
+SELECTIONS = ("global", "per-window")
+
+
+def window_budget(n_chunks: int, keep: float) -> int:
+    """Chunks kept out of `n_chunks`: ceil(n_chunks * keep), the rule select_kept uses."""
+    return min(n_chunks, math.ceil(n_chunks * keep - 1e-9))
+
+
+def select_window(
+    win_scores: np.ndarray,
+    *,
+    start: int,
+    keep: float,
+    chunk: int = 32,
+    max_keep: int = 0,
+) -> list[int]:
+    """The per-window rule for one scoring window: sorted prompt indices of its kept chunks.
+
+    `win_scores` are the scores of the window's document slice, which begins at prompt index `start`.
+    The slice is cut into `chunk`-token chunks from its own start (a chunk never straddles two
+    windows, so a window's choice needs no other window's scores) and the top ceil(n_chunks * keep)
+    are kept, ties to the earlier chunk. `max_keep` here is this window's share of the cap. Protected
+    indices are not this function's business (the caller adds them).
+    """
+    n = int(win_scores.shape[0])
+    if not n:
+        return []
+    means = chunk_scores(win_scores, chunk)
+    order = np.argsort(-means, kind="stable")[: window_budget(means.shape[0], keep)]
+    if max_keep > 0:
+        sizes = np.minimum(chunk, n - order * chunk)
+        while order.size and int(sizes.sum()) > max_keep:
+            order, sizes = order[:-1], sizes[:-1]
+    kept: list[int] = []
+    for c in sorted(int(c) for c in order):
+        a = start + c * chunk
+        kept.extend(range(a, min(a + chunk, start + n)))
+    return kept
+
+
+def window_cap(max_keep: int, n_win: int, n_doc: int) -> int:
+    """A window's share of the `max_keep` cap, in proportion to its size (0 = no cap). The shares sum
+    to at most max_keep (at least 1 token each, so a cap below the number of windows keeps nothing)."""
+    if max_keep <= 0 or n_doc <= 0:
+        return 0
+    return max(1, (max_keep * n_win) // n_doc)
+
+
+def select_kept_per_window(
+    doc_scores: np.ndarray,
+    windows: Sequence[tuple[int, int]],
+    *,
+    doc_start: int,
+    n_prompt: int,
+    protected: Sequence[int],
+    keep: float,
+    chunk: int = 32,
+    max_keep: int = 0,
+) -> list[int]:
+    """select_kept with the keep ratio applied per scoring window (`windows`: document slices [a, b)
+    tiling the document, as scoring.plan_windows makes them): the union of select_window over the
+    windows, plus the protected indices. What the pipelined prefill keeps, computed at once."""
+    n_doc = int(doc_scores.shape[0])
+    kept = set(int(i) for i in protected)
+    for a, b in windows:
+        kept.update(select_window(doc_scores[a:b], start=doc_start + a, keep=keep, chunk=chunk,
+                                  max_keep=window_cap(max_keep, b - a, n_doc)))
+    return sorted(i for i in kept if 0 <= i < n_prompt)

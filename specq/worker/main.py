@@ -31,8 +31,9 @@ def setup_logging(level: str = "INFO") -> None:
 def run_worker(settings: ServiceSettings, *, queue: str | None = None, loglevel: str = "INFO") -> None:
     """Start a worker in the foreground (returns when it is stopped)."""
     setup_logging(loglevel)
-    if settings.gpu != "":
-        os.environ["CUDA_VISIBLE_DEVICES"] = settings.gpu
+    visible = settings.visible_devices()  # --gpu N (and --speculator-gpu M: "N,M")
+    if visible is not None:
+        os.environ["CUDA_VISIBLE_DEVICES"] = visible
     from ..engine import llama  # noqa: F401  llama.cpp before numpy, after CUDA_VISIBLE_DEVICES
 
     from ..storage.ready import ensure_schema
