@@ -9,7 +9,7 @@ Two halves, both over the tasks of quality_tasks.py (real text, answer once, dep
   default), `full` (one window: only run where the document spans more than one window — at one
   window it is the same pass), `sliding`; and, from the windowed pass at no extra cost, two other
   ways of merging window scores (`windowed-max`: each window's scores over its maximum;
-  `windowed-rank`: each token's rank within its window) to compare with the engine's merge.
+  `windowed-z`: each window's scores standardised, (s − mean) / std) to compare with the engine's merge.
 * `answer` (target, expensive): closed-book first (the question without the document); tasks answered
   right closed-book are recorded and not run further (left out of the ratio); the others run
   `baseline` and `specprefill` (windowed, keep 0.3 by default) through `Engine.run`, greedy.
@@ -173,7 +173,8 @@ def _kept_chunks(scores: np.ndarray, prompt, keep: float, chunk: int) -> set[int
 
 def renormalise(scores: np.ndarray, plan: list[tuple[int, int]], how: str) -> np.ndarray:
     """Window scores merged another way than the engine's (× number of keys): `max` divides each
-    window's scores by their maximum; `rank` replaces them by their rank within the window in [0, 1]."""
+    window's scores by their maximum; `z` standardises them, (s − mean) / std. Both are linear within a
+    window, so on a one-window document they select what the engine's merge selects."""
     out = np.array(scores, dtype=np.float64)
     for a, b in plan:
         s = out[a:b]
@@ -181,8 +182,8 @@ def renormalise(scores: np.ndarray, plan: list[tuple[int, int]], how: str) -> np
             continue
         if how == "max":
             out[a:b] = s / max(float(s.max()), 1e-30)
-        elif how == "rank":
-            out[a:b] = np.argsort(np.argsort(s, kind="stable"), kind="stable") / max(1, b - a - 1)
+        elif how == "z":
+            out[a:b] = (s - s.mean()) / max(float(s.std()), 1e-30)
         else:
             raise ValueError(how)
     return out
@@ -232,7 +233,7 @@ def run_recall(engine, settings: QualitySettings, journal: Journal, say: Say = p
                 variants = {name: res.scores}
                 if name == "windowed":
                     variants["windowed-max"] = renormalise(res.scores, plan, "max")
-                    variants["windowed-rank"] = renormalise(res.scores, plan, "rank")
+                    variants["windowed-z"] = renormalise(res.scores, plan, "z")
                 for vname, sc in variants.items():
                     rec["kept"][vname] = {str(k): all(c in _kept_chunks(sc, prompt, k, settings.chunk) for c in ev) for k in settings.keeps}
                     rec["rank"][vname] = round(_worst_rank(sc, settings.chunk, ev), 4)

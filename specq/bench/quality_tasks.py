@@ -309,8 +309,10 @@ MAKERS = {"needle": make_needle, "multikey": make_multikey, "raises": make_raise
 
 
 def task_plan(index: int, kinds: Sequence[str] = KINDS) -> tuple[str, float]:
-    """Task `index`'s kind and depth: kinds rotate fastest, then the nine depths."""
-    return kinds[index % len(kinds)], DEPTHS[(index // len(kinds)) % len(DEPTHS)]
+    """Task `index`'s kind and depth: kinds rotate, depths step by 4 of the nine (0.1, 0.5, 0.9, 0.4, …) so
+    that a few tasks already spread over the depths; with four kinds every 36 tasks hold each (kind,
+    depth) pair once (4 and 9 are coprime)."""
+    return kinds[index % len(kinds)], DEPTHS[(index * 4) % len(DEPTHS)]
 
 
 def make_task(index: int, length: int, count: Count, *, seed: int = 0, kinds: Sequence[str] = KINDS) -> Task:
