@@ -75,10 +75,14 @@ class QualitySettings:
 
 
 def git_describe() -> str:
+    """`git describe --always --dirty`, except that changes under bench/results (this run's own
+    journal and log, once committed) do not make the code dirty."""
+    root = Path(__file__).resolve().parents[2]
     try:
-        out = subprocess.run(["git", "describe", "--always", "--dirty"], capture_output=True, text=True, timeout=10,
-                             cwd=Path(__file__).resolve().parents[2])
-        return out.stdout.strip() or "unknown"
+        out = subprocess.run(["git", "describe", "--always"], capture_output=True, text=True, timeout=10, cwd=root)
+        name = out.stdout.strip() or "unknown"
+        diff = subprocess.run(["git", "diff", "--quiet", "HEAD", "--", ".", ":(exclude)bench/results"], cwd=root, timeout=10)
+        return name + ("-dirty" if diff.returncode == 1 else "")
     except (OSError, subprocess.SubprocessError):
         return "unknown"
 
