@@ -115,6 +115,7 @@ def aggregate(records: list[dict], conf: float = 0.9) -> dict[str, Any]:
     recall: dict[tuple, list] = defaultdict(list)
     rand: dict[tuple, list] = defaultdict(list)
     score_ms: dict[tuple, list] = defaultdict(list)
+    own_pass: dict[tuple, bool] = defaultdict(bool)  # the scorer ran its own pass on some task
     kinds: dict[tuple, dict] = defaultdict(lambda: defaultdict(lambda: [0, 0]))
     loads: list[float] = []
     for r in records:
@@ -130,6 +131,7 @@ def aggregate(records: list[dict], conf: float = 0.9) -> dict[str, Any]:
                 k[1] += 1
             if scorer in r.get("score_ms", {}):
                 score_ms[(L, scorer)].append(r["score_ms"][scorer])
+            own_pass[(L, scorer)] |= scorer in r.get("score_ms", {}) or "-" in scorer
         for keep, p in r["random"].items():
             rand[(L, keep)].append(p)
     recall_rows = []
@@ -141,6 +143,8 @@ def aggregate(records: list[dict], conf: float = 0.9) -> dict[str, Any]:
             "random_recall": sum(rr) / len(rr) if rr else None,
             "by_kind": {kk: {"kept": v[0], "n": v[1]} for kk, v in sorted(kinds[(L, scorer, keep)].items())},
             "score_ms_median": statistics.median(score_ms[(L, scorer)]) if score_ms.get((L, scorer)) else None,
+            # full on one-window documents is the windowed pass itself (not run twice)
+            "same_pass_as_windowed": scorer == "full" and not own_pass[(L, scorer)],
         })
     # windowed vs full, paired on the same tasks
     pair_rows = []
@@ -206,7 +210,8 @@ def table_markdown(agg: dict[str, Any]) -> str:
             bk = r["by_kind"]
             kinds = [f"{bk[k]['kept']}/{bk[k]['n']}" if k in bk else "–" for k in ("needle", "multikey", "raises", "const")]
             sm = r["score_ms_median"]
-            lines.append(f"| {r['length']:,} | {r['scorer']} | {r['keep']:.1f} | {r['n']} | {r['recall']:.3f} | {r['recall_lower']:.3f} | "
+            name = r["scorer"] + (" (= windowed: one window)" if r.get("same_pass_as_windowed") else "")
+            lines.append(f"| {r['length']:,} | {name} | {r['keep']:.1f} | {r['n']} | {r['recall']:.3f} | {r['recall_lower']:.3f} | "
                          f"{_f(r['random_recall'])} | " + " | ".join(kinds) + f" | {_f(None if sm is None else sm / 1000, '{:.1f}')} |")
         lines.append("")
     if agg["recall_full_vs_windowed"]:
