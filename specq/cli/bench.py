@@ -366,3 +366,82 @@ def bench_selection(
     if out:
         argv += ["--json", str(out)]
     main(argv)
+
+
+@bench_app.command("quality")
+def bench_quality(
+    half: str = typer.Argument(..., help="recall (speculator only: every scorer and keep), answer (target: baseline vs specprefill) or report."),
+    journal: list[Path] = typer.Option(..., help="JSONL journal: results are appended per task and a rerun skips done tasks (report: one or more)."),
+    lengths: str = typer.Option("4000,8000,16000", help="Comma-separated document lengths in tokens."),
+    n: int = typer.Option(200, help="Tasks per length."),
+    start: int = typer.Option(0, help="First task index (tasks are numbered per length)."),
+    seed: int = typer.Option(0, help="Task seed."),
+    kinds: str = typer.Option("needle,multikey,raises,const", help="Task kinds, rotated: needle, multikey (planted), raises, const (not planted)."),
+    scorers: str = typer.Option("windowed,full", help="recall: scorers (windowed, full, sliding); windowed also yields windowed-max / windowed-z."),
+    keeps: str = typer.Option("0.2,0.3,0.5", help="recall: keep levels (all from one scoring pass)."),
+    keep: float = typer.Option(0.3, help="answer: keep of the specprefill runs."),
+    scorer: str = typer.Option("windowed", help="answer: scorer of the specprefill runs."),
+    window: int = typer.Option(0, help="Document tokens per scoring window (0 = the default)."),
+    max_tokens: int = typer.Option(24, help="answer: tokens generated per run."),
+    threads: int = typer.Option(2, help="CPU threads."),
+    n_gpu_layers: int = typer.Option(0, help="Layers offloaded to the GPU."),
+    target: str = typer.Option(None, help="Target model: registry name or GGUF path."),
+    speculator: str = typer.Option(None, help="Speculator model: registry name or GGUF path."),
+    out: Path = typer.Option(None, help="Write the aggregated report (JSON, with provenance) here."),
+    table: Path = typer.Option(None, help="Write the table (Markdown) here."),
+    plot: Path = typer.Option(None, help="Write a PNG plot here (needs matplotlib)."),
+) -> None:
+    """Quality of SpecPrefill on real text: answer-chunk recall (cheap) and answer accuracy (expensive), resumable."""
+    from ..contracts import EngineError
+    from ..engine.options import EngineOptions
+
+    if half not in ("recall", "answer", "report"):
+        raise fail(f"half must be recall, answer or report, not {half!r}")
+    try:
+        sizes = [int(x.replace("_", "")) for x in lengths.split(",") if x.strip()]
+        keep_list = [float(x) for x in keeps.split(",") if x.strip()]
+    except ValueError:
+        raise fail("--lengths must be token counts and --keeps numbers") from None
+    from ..bench import quality as q
+    from ..bench.quality_report import plot as draw, table_markdown
+    from ..bench.quality_tasks import KINDS
+
+    kind_list = [k.strip() for k in kinds.split(",") if k.strip()]
+    if any(k not in KINDS for k in kind_list):
+        raise fail(f"--kinds: known kinds are {', '.join(KINDS)}")
+    settings = q.QualitySettings(lengths=sizes, n=n, start=start, seed=seed, kinds=kind_list,
+                                 scorers=[s.strip() for s in scorers.split(",") if s.strip()], keeps=keep_list, keep=keep,
+                                 scorer=scorer, window=window, max_tokens=max_tokens)
+    engine = None
+    if half != "report":
+        if len(journal) != 1:
+            raise fail("recall and answer write one --journal")
+        opts = with_models(EngineOptions(n_gpu_layers=n_gpu_layers, n_threads=threads, n_ctx=max(sizes) + 1024),
+                           target=target, speculator=speculator)
+        try:
+            from ..engine.pipeline import Engine
+
+            engine = Engine(opts)
+            jr = q.Journal(journal[0], settings)
+            say = lambda m: typer.echo(m, err=True)  # noqa: E731
+            say(f"provenance: {q.provenance(engine, settings)}")
+            (q.run_recall if half == "recall" else q.run_answer)(engine, settings, jr, say=say)
+        except EngineError as e:
+            raise fail(str(e)) from None
+        except KeyboardInterrupt:
+            raise fail("interrupted (the journal keeps what finished: rerun to resume)") from None
+    import json
+
+    report = q.build_report(list(journal), engine, settings if half != "report" else None)
+    text = table_markdown(report)
+    typer.echo(text)
+    if out:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(report, indent=2), encoding="utf-8")
+        typer.echo(f"wrote {out}")
+    if table:
+        table.parent.mkdir(parents=True, exist_ok=True)
+        table.write_text(text, encoding="utf-8")
+    if plot:
+        draw(report, plot, title=f"{report['provenance']['git_describe']} · {report['provenance']['cpu']} · {report['provenance']['date_utc']} UTC")
+        typer.echo(f"wrote {plot}")

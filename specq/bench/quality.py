@@ -1,0 +1,307 @@
+"""`specq bench quality`: does SpecPrefill keep (and answer from) what matters, on real weights?
+
+Two halves, both over the tasks of quality_tasks.py (real text, answer once, depths 0.1–0.9):
+
+* `recall` (speculator only, cheap): per task and scorer, one scoring pass (the engine's own
+  `SpecPrefillScorer.score`), then `select_kept` at every keep level; a task's evidence is kept when
+  every chunk holding an evidence token is. The random control at the same budget is exact: the
+  probability that k chunks drawn at random hold all m evidence chunks. Scorers: `windowed` (the
+  default), `full` (one window: only run where the document spans more than one window — at one
+  window it is the same pass), `sliding`; and, from the windowed pass at no extra cost, two other
+  ways of merging window scores (`windowed-max`: each window's scores over its maximum;
+  `windowed-z`: each window's scores standardised, (s − mean) / std) to compare with the engine's merge.
+* `answer` (target, expensive): closed-book first (the question without the document); tasks answered
+  right closed-book are recorded and not run further (left out of the ratio); the others run
+  `baseline` and `specprefill` (windowed, keep 0.3 by default) through `Engine.run`, greedy.
+
+Each task's result is one JSON line appended (and fsync'd) to the journal; a rerun with the same
+journal skips the tasks it holds for the same settings, so a run of hours can stop and resume.
+`report` aggregates journals into the JSON report, the table and the plot (quality_report.py).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import subprocess
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from ..engine.kept_spans import token_char_bounds
+from ..engine.options import RunParams
+from ..engine.scoring import plan_windows
+from ..engine.selection import chunk_scores, select_kept
+from . import quality_tasks as qt
+from .quality_report import aggregate, read_journal
+
+Say = Callable[[str], None]
+
+
+@dataclass
+class QualitySettings:
+    lengths: list[int] = field(default_factory=lambda: [4000])
+    n: int = 200
+    start: int = 0
+    seed: int = 0
+    kinds: list[str] = field(default_factory=lambda: list(qt.KINDS))
+    scorers: list[str] = field(default_factory=lambda: ["windowed", "full"])
+    keeps: list[float] = field(default_factory=lambda: [0.2, 0.3, 0.5])
+    keep: float = 0.3  #: the answer half's keep
+    scorer: str = "windowed"  #: the answer half's scorer
+    chunk: int = 32
+    lookahead: int = 8
+    pool: int = 13
+    window: int = 0
+    max_tokens: int = 24
+
+    def key(self, half: str) -> str:
+        """What a journal record must match to count as done (not n/start/lengths: they pick tasks)."""
+        if half == "recall":
+            d = {"seed": self.seed, "kinds": self.kinds, "scorers": self.scorers, "keeps": self.keeps, "chunk": self.chunk,
+                 "lookahead": self.lookahead, "pool": self.pool, "window": self.window}
+        else:
+            d = {"seed": self.seed, "kinds": self.kinds, "keep": self.keep, "scorer": self.scorer, "chunk": self.chunk,
+                 "lookahead": self.lookahead, "pool": self.pool, "window": self.window, "max_tokens": self.max_tokens}
+        return hashlib.sha1(json.dumps(d, sort_keys=True).encode()).hexdigest()[:10]
+
+
+# ----------------------------------------------------------------------------------------- provenance
+
+
+def git_describe() -> str:
+    """`git describe --always --dirty`, except that changes under bench/results (this run's own
+    journal and log, once committed) do not make the code dirty."""
+    root = Path(__file__).resolve().parents[2]
+    try:
+        out = subprocess.run(["git", "describe", "--always"], capture_output=True, text=True, timeout=10, cwd=root)
+        name = out.stdout.strip() or "unknown"
+        diff = subprocess.run(["git", "diff", "--quiet", "HEAD", "--", ".", ":(exclude)bench/results"], cwd=root, timeout=10)
+        return name + ("-dirty" if diff.returncode == 1 else "")
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def provenance(engine=None, settings: QualitySettings | None = None) -> dict[str, Any]:
+    import llama_cpp
+
+    out = {
+        "date_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
+        "git_describe": git_describe(),
+        "cpu": cpu_model(),
+        "cores": os.cpu_count(),
+        "load_average": list(os.getloadavg()),
+        "python": platform.python_version(),
+        "llama_cpp_python": getattr(llama_cpp, "__version__", "?"),
+        "corpus": qt.corpus_fingerprint(),
+    }
+    if engine is not None:
+        out["engine"] = vars(engine.info)
+        out["n_ctx"] = engine.n_ctx
+        out["threads"] = engine.options.resolved_threads()
+    if settings is not None:
+        out["settings"] = asdict(settings)
+    return out
+
+
+# ----------------------------------------------------------------------------------------- journal
+
+
+class Journal:
+    """Append-only JSONL; `done(half, task)` for records with this run's settings key."""
+
+    def __init__(self, path: Path, settings: QualitySettings) -> None:
+        self.path = path
+        self.settings = settings
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._done = {(r.get("half"), r.get("task"), r.get("settings_key")) for r in read_journal(path)}
+        self._repair()
+
+    def _repair(self) -> None:
+        """A run killed mid-line leaves a torn last line: end it so the next record starts clean."""
+        if self.path.exists() and self.path.stat().st_size:
+            with self.path.open("rb") as f:
+                f.seek(-1, os.SEEK_END)
+                last = f.read(1)
+            if last != b"\n":
+                with self.path.open("ab") as f:
+                    f.write(b"\n")
+
+    def done(self, half: str, task_id: str) -> bool:
+        return (half, task_id, self.settings.key(half)) in self._done
+
+    def append(self, half: str, record: dict) -> None:
+        record = {"half": half, "settings_key": self.settings.key(half), **record}
+        line = json.dumps(record, separators=(",", ":")) + "\n"
+        with self.path.open("a", encoding="utf-8") as f:
+            f.write(line)
+            f.flush()
+            os.fsync(f.fileno())
+        self._done.add((half, record["task"], record["settings_key"]))
+
+
+# ----------------------------------------------------------------------------------------- helpers
+
+
+def _count(engine) -> Callable[[str], int]:
+    return lambda s: len(engine.target.tokenize(s, add_special=False, parse_special=False))
+
+
+def task_prompt(engine, task: qt.Task, params: RunParams):
+    """(prompt, evidence chunk indices) for a task under the engine's template."""
+    prompt = engine.tokenize_prompt(task.document, params)
+    bounds, _ = token_char_bounds([engine.target.token_bytes(t) for t in prompt.document], task.document)
+    return prompt, qt.evidence_chunks(bounds, task.evidence, params.chunk)
+
+
+def _kept_chunks(scores: np.ndarray, prompt, keep: float, chunk: int) -> set[int]:
+    kept = select_kept(scores, doc_start=prompt.doc_start, n_prompt=prompt.n, protected=[], keep=keep, chunk=chunk)
+    return {(i - prompt.doc_start) // chunk for i in kept if prompt.doc_start <= i < prompt.doc_end}
+
+
+def renormalise(scores: np.ndarray, plan: list[tuple[int, int]], how: str) -> np.ndarray:
+    """Window scores merged another way than the engine's (× number of keys): `max` divides each
+    window's scores by their maximum; `z` standardises them, (s − mean) / std. Both are linear within a
+    window, so on a one-window document they select what the engine's merge selects."""
+    out = np.array(scores, dtype=np.float64)
+    for a, b in plan:
+        s = out[a:b]
+        if b <= a:
+            continue
+        if how == "max":
+            out[a:b] = s / max(float(s.max()), 1e-30)
+        elif how == "z":
+            out[a:b] = (s - s.mean()) / max(float(s.std()), 1e-30)
+        else:
+            raise ValueError(how)
+    return out
+
+
+def _worst_rank(scores: np.ndarray, chunk: int, ev: list[int]) -> float:
+    """The evidence chunk ranked lowest, as a fraction of all chunks (0 = best): the keep it needs."""
+    means = chunk_scores(scores, chunk)
+    order = np.argsort(-means, kind="stable")
+    rank = np.empty_like(order)
+    rank[order] = np.arange(len(order))
+    return float(max(rank[c] for c in ev) + 1) / len(means)
+
+
+# ----------------------------------------------------------------------------------------- halves
+
+
+def run_recall(engine, settings: QualitySettings, journal: Journal, say: Say = print) -> None:
+    count = _count(engine)
+    scorer = engine.scorer()
+    for L in settings.lengths:
+        for i in range(settings.start, settings.start + settings.n):
+            task = qt.make_task(i, L, count, seed=settings.seed, kinds=settings.kinds)
+            if journal.done("recall", task.id):
+                continue
+            params = RunParams(question=task.question, chunk=settings.chunk)
+            prompt, ev = task_prompt(engine, task, params)
+            n_doc = len(prompt.document)
+            n_chunks = -(-n_doc // settings.chunk)
+            rec: dict[str, Any] = {"task": task.id, "kind": task.kind, "planted": task.planted, "length": L, "depth": task.depth,
+                                   "actual_depth": round(task.actual_depth, 4), "doc_tokens": n_doc, "n_chunks": n_chunks,
+                                   "evidence_chunks": ev, "answer": task.answer, "source": task.source,
+                                   "kept": {}, "rank": {}, "windows": {}, "score_ms": {}}
+            size = scorer.window_tokens(prompt, settings.lookahead, settings.window)
+            plan = plan_windows(n_doc, size)
+            for name in settings.scorers:
+                if name == "full" and len(plan) == 1 and "windowed" in rec["kept"]:
+                    # one window: the full scorer is the same pass
+                    rec["kept"]["full"] = dict(rec["kept"]["windowed"])
+                    rec["rank"]["full"] = rec["rank"]["windowed"]
+                    rec["windows"]["full"] = 1
+                    continue
+                t0 = time.perf_counter()
+                res = scorer.score(prompt, scorer=name, lookahead=settings.lookahead, pool=settings.pool, window=settings.window)
+                rec["score_ms"][name] = round((time.perf_counter() - t0) * 1000.0, 1)
+                rec["windows"][name] = res.windows
+                variants = {name: res.scores}
+                if name == "windowed":
+                    variants["windowed-max"] = renormalise(res.scores, plan, "max")
+                    variants["windowed-z"] = renormalise(res.scores, plan, "z")
+                for vname, sc in variants.items():
+                    rec["kept"][vname] = {str(k): all(c in _kept_chunks(sc, prompt, k, settings.chunk) for c in ev) for k in settings.keeps}
+                    rec["rank"][vname] = round(_worst_rank(sc, settings.chunk, ev), 4)
+            rec["random"] = {str(k): qt.random_recall(n_chunks, min(n_chunks, int(np.ceil(n_chunks * k - 1e-9))), len(ev))
+                             for k in settings.keeps}
+            rec["load1"] = round(os.getloadavg()[0], 2)
+            rec["t"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+            journal.append("recall", rec)
+            kept = " ".join(f"{s}:{''.join('1' if v else '0' for v in rec['kept'][s].values())}" for s in rec["kept"])
+            say(f"recall {task.id} depth {task.depth} ev {ev} windows {rec['windows']} {kept} "
+                f"score {rec['score_ms']} load {rec['load1']}")
+
+
+def closed_book_question(task: qt.Task) -> str:
+    return task.question.replace("In the code above, ", "In the Python standard library's source code, ")
+
+
+def run_answer(engine, settings: QualitySettings, journal: Journal, say: Say = print) -> None:
+    count = _count(engine)
+    for L in settings.lengths:
+        for i in range(settings.start, settings.start + settings.n):
+            task = qt.make_task(i, L, count, seed=settings.seed, kinds=settings.kinds)
+            if journal.done("answer", task.id):
+                continue
+            rec: dict[str, Any] = {"task": task.id, "kind": task.kind, "planted": task.planted, "length": L, "depth": task.depth,
+                                   "answer": task.answer, "source": task.source,
+                                   "settings": {"keep": settings.keep, "scorer": settings.scorer}}
+            cb = engine.run("", RunParams(question=closed_book_question(task), mode="baseline", max_tokens=settings.max_tokens))
+            rec["closed_book"] = {"text": cb.text, "correct": qt.is_correct(task, cb.text)}
+            if not rec["closed_book"]["correct"]:
+                base = RunParams(question=task.question, mode="baseline", max_tokens=settings.max_tokens)
+                spec = RunParams(question=task.question, mode="specprefill", keep=settings.keep, scorer=settings.scorer,
+                                 lookahead=settings.lookahead, pool=settings.pool, window=settings.window, chunk=settings.chunk,
+                                 min_tokens=0, max_tokens=settings.max_tokens)
+                prompt, ev = task_prompt(engine, task, spec)
+                rb = engine.run(task.document, base)
+                rs = engine.run(task.document, spec)
+                kept = set(rs.kept_indices)
+                ev_tokens = [prompt.doc_start + c * settings.chunk for c in ev]
+                rec["doc_tokens"] = len(prompt.document)
+                rec["baseline"] = {"text": rb.text, "correct": qt.is_correct(task, rb.text), "ttft_ms": round(rb.timings_ms["ttft"], 1)}
+                rec["specprefill"] = {"text": rs.text, "correct": qt.is_correct(task, rs.text), "ttft_ms": round(rs.timings_ms["ttft"], 1),
+                                      "evidence_kept": all(t in kept for t in ev_tokens), "kept_tokens": rs.usage.kept_tokens,
+                                      "windows": rs.spec.windows}
+            rec["load1"] = round(os.getloadavg()[0], 2)
+            rec["t"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+            journal.append("answer", rec)
+            if "baseline" in rec:
+                b, s = rec["baseline"], rec["specprefill"]
+                say(f"answer {task.id}: closed-book no; baseline {b['correct']} ({b['text'].strip()[:30]!r}, {b['ttft_ms'] / 1000:.1f} s) "
+                    f"specprefill {s['correct']} ({s['text'].strip()[:30]!r}, {s['ttft_ms'] / 1000:.1f} s, evidence kept {s['evidence_kept']}) "
+                    f"load {rec['load1']}")
+            else:
+                say(f"answer {task.id}: closed-book right ({cb.text.strip()[:30]!r}): left out; load {rec['load1']}")
+
+
+def build_report(journals: list[Path], engine=None, settings: QualitySettings | None = None) -> dict[str, Any]:
+    records = [r for p in journals for r in read_journal(p)]
+    report = {"benchmark": "quality", "journals": [str(p) for p in journals], "records": len(records),
+              "provenance": provenance(engine, settings), **aggregate(records)}
+    loads = [r["load1"] for r in records if "load1" in r]
+    if loads:
+        report["load1_range"] = [min(loads), max(loads)]
+    ts = sorted(r["t"] for r in records if "t" in r)
+    if ts:
+        report["records_span_utc"] = [ts[0], ts[-1]]
+    return report

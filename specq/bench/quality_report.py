@@ -1,0 +1,273 @@
+"""`specq bench quality`: statistics, the aggregated report, its table and its plot.
+
+Statistics (no SciPy needed):
+
+* `cp_lower(k, n, conf)`: exact (Clopper–Pearson) one-sided lower confidence bound of a binomial
+  proportion — used for recall.
+* `paired(...)`: baseline vs specprefill on the same tasks. Counts a (both right), b (baseline only),
+  c (specprefill only), d (both wrong). The accuracy ratio is (a + c) / (a + b). Its lower bound is
+  exact conditional on the concordant count a and the number of discordant pairs b + c (as in the
+  exact McNemar test): c | b + c ~ Binomial(b + c, θ); the Clopper–Pearson lower bound θ_lo at the
+  given confidence gives ratio_lo = (a + θ_lo·m) / (a + m − θ_lo·m) with m = b + c, which is
+  increasing in θ. Tasks answered closed-book (without the document) are counted apart and left out.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from collections import defaultdict
+from pathlib import Path
+from typing import Any, Iterable
+
+
+def _binom_sf(k: int, n: int, p: float) -> float:
+    """P(X >= k), X ~ Binomial(n, p)."""
+    if k <= 0:
+        return 1.0
+    if k > n:
+        return 0.0
+    if p <= 0.0:
+        return 0.0
+    if p >= 1.0:
+        return 1.0
+    lp, lq = math.log(p), math.log1p(-p)
+    total = 0.0
+    for i in range(k, n + 1):
+        total += math.exp(math.lgamma(n + 1) - math.lgamma(i + 1) - math.lgamma(n - i + 1) + i * lp + (n - i) * lq)
+    return min(1.0, total)
+
+
+def cp_lower(k: int, n: int, conf: float = 0.9) -> float:
+    """Exact one-sided lower bound: the p with P(X >= k | p) = 1 - conf (0 when k = 0)."""
+    if n <= 0 or k <= 0:
+        return 0.0
+    alpha = 1.0 - conf
+    lo, hi = 0.0, k / n
+    for _ in range(80):
+        mid = (lo + hi) / 2
+        if _binom_sf(k, n, mid) < alpha:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def paired(pairs: Iterable[tuple[bool, bool]], conf: float = 0.9) -> dict[str, Any]:
+    """pairs: (baseline right, specprefill right) per task. Discordant counts, accuracies, the
+    accuracy ratio and its exact conditional one-sided lower bound."""
+    a = b = c = d = 0
+    for base, spec in pairs:
+        if base and spec:
+            a += 1
+        elif base:
+            b += 1
+        elif spec:
+            c += 1
+        else:
+            d += 1
+    n = a + b + c + d
+    m = b + c
+    out: dict[str, Any] = {"n": n, "both_right": a, "baseline_only": b, "specprefill_only": c, "both_wrong": d}
+    out["baseline_acc"] = (a + b) / n if n else None
+    out["specprefill_acc"] = (a + c) / n if n else None
+    out["ratio"] = (a + c) / (a + b) if a + b else None
+    if a + b:
+        th = cp_lower(c, m, conf) if m else 0.0
+        out["ratio_lower"] = (a + th * m) / (a + m - th * m) if m else 1.0 if a else None
+    else:
+        out["ratio_lower"] = None
+    out["conf"] = conf
+    return out
+
+
+# ----------------------------------------------------------------------------------------- journals
+
+
+def read_journal(path: Path) -> list[dict]:
+    """The records of a JSONL journal; a torn last line (a run killed mid-write) is skipped."""
+    out = []
+    if not path.exists():
+        return out
+    with path.open(encoding="utf-8") as f:
+        for line in f:
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+    return out
+
+
+def _dedup(records: list[dict]) -> list[dict]:
+    seen: dict[tuple, dict] = {}
+    for r in records:
+        seen[(r.get("half"), r.get("task"), r.get("settings_key"))] = r
+    return list(seen.values())
+
+
+def aggregate(records: list[dict], conf: float = 0.9) -> dict[str, Any]:
+    """Cells of the table from journal records (recall and answer halves)."""
+    records = _dedup(records)
+    recall: dict[tuple, list] = defaultdict(list)
+    rand: dict[tuple, list] = defaultdict(list)
+    score_ms: dict[tuple, list] = defaultdict(list)
+    own_pass: dict[tuple, bool] = defaultdict(bool)  # the scorer ran its own pass on some task
+    kinds: dict[tuple, dict] = defaultdict(lambda: defaultdict(lambda: [0, 0]))
+    loads: list[float] = []
+    for r in records:
+        if r.get("half") != "recall":
+            continue
+        L = r["length"]
+        loads.append(r.get("load1", 0.0))
+        for scorer, by_keep in r["kept"].items():
+            for keep, hit in by_keep.items():
+                recall[(L, scorer, keep)].append(bool(hit))
+                k = kinds[(L, scorer, keep)][r["kind"]]
+                k[0] += bool(hit)
+                k[1] += 1
+            if scorer in r.get("score_ms", {}):
+                score_ms[(L, scorer)].append(r["score_ms"][scorer])
+            own_pass[(L, scorer)] |= scorer in r.get("score_ms", {}) or "-" in scorer
+        for keep, p in r["random"].items():
+            rand[(L, keep)].append(p)
+    recall_rows = []
+    for (L, scorer, keep), hits in sorted(recall.items()):
+        k, n = sum(hits), len(hits)
+        rr = rand.get((L, keep), [])
+        recall_rows.append({
+            "length": L, "scorer": scorer, "keep": float(keep), "n": n, "recall": k / n, "recall_lower": cp_lower(k, n, conf),
+            "random_recall": sum(rr) / len(rr) if rr else None,
+            "by_kind": {kk: {"kept": v[0], "n": v[1]} for kk, v in sorted(kinds[(L, scorer, keep)].items())},
+            "score_ms_median": statistics.median(score_ms[(L, scorer)]) if score_ms.get((L, scorer)) else None,
+            # full on one-window documents is the windowed pass itself (not run twice)
+            "same_pass_as_windowed": scorer == "full" and not own_pass[(L, scorer)],
+        })
+    # windowed vs full, paired on the same tasks
+    pair_rows = []
+    by_task: dict[tuple, dict] = defaultdict(dict)
+    for r in records:
+        if r.get("half") == "recall":
+            for scorer, by_keep in r["kept"].items():
+                for keep, hit in by_keep.items():
+                    by_task[(r["length"], keep)].setdefault(r["task"], {})[scorer] = bool(hit)
+    for (L, keep), tasks in sorted(by_task.items()):
+        both = [(t["full"], t["windowed"]) for t in tasks.values() if "full" in t and "windowed" in t]
+        if both:
+            p = paired(both, conf)
+            pair_rows.append({"length": L, "keep": float(keep), "n": p["n"], "full_only": p["baseline_only"],
+                              "windowed_only": p["specprefill_only"], "both": p["both_right"], "neither": p["both_wrong"]})
+    answer_rows = []
+    groups: dict[int, list] = defaultdict(list)
+    for r in records:
+        if r.get("half") == "answer":
+            groups[r["length"]].append(r)
+    for L, rs in sorted(groups.items()):
+        closed = [r for r in rs if r["closed_book"]["correct"]]
+        open_ = [r for r in rs if not r["closed_book"]["correct"] and "baseline" in r and "specprefill" in r]
+        p = paired([(r["baseline"]["correct"], r["specprefill"]["correct"]) for r in open_], conf)
+        ev = [r["specprefill"].get("evidence_kept") for r in open_ if r["specprefill"].get("evidence_kept") is not None]
+        med = lambda xs: statistics.median(xs) if xs else None  # noqa: E731
+        answer_rows.append({
+            "length": L, "keep": rs[0]["settings"]["keep"], "scorer": rs[0]["settings"]["scorer"], "tasks": len(rs),
+            "closed_book_right": len(closed), **p,
+            "evidence_kept": (sum(ev) / len(ev)) if ev else None,
+            "baseline_ttft_ms_median": med([r["baseline"]["ttft_ms"] for r in open_]),
+            "specprefill_ttft_ms_median": med([r["specprefill"]["ttft_ms"] for r in open_]),
+            "by_kind": _answer_by_kind(open_),
+        })
+    return {"recall": recall_rows, "recall_full_vs_windowed": pair_rows, "answer": answer_rows,
+            "load1_median": statistics.median(loads) if loads else None}
+
+
+def _answer_by_kind(rs: list[dict]) -> dict:
+    out: dict[str, dict] = {}
+    for r in rs:
+        k = out.setdefault(r["kind"], {"n": 0, "baseline": 0, "specprefill": 0})
+        k["n"] += 1
+        k["baseline"] += bool(r["baseline"]["correct"])
+        k["specprefill"] += bool(r["specprefill"]["correct"])
+    return out
+
+
+# ----------------------------------------------------------------------------------------- table, plot
+
+
+def _f(x, fmt="{:.3f}") -> str:
+    return "–" if x is None else fmt.format(x)
+
+
+def table_markdown(agg: dict[str, Any]) -> str:
+    lines = []
+    if agg["recall"]:
+        lines += ["Answer-chunk recall (speculator only; all evidence chunks kept), random control at the same budget:", "",
+                  "| doc tokens | scorer | keep | n | recall | 90% lower | random | needle | multikey | raises | const | score s (median) |",
+                  "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        for r in agg["recall"]:
+            bk = r["by_kind"]
+            kinds = [f"{bk[k]['kept']}/{bk[k]['n']}" if k in bk else "–" for k in ("needle", "multikey", "raises", "const")]
+            sm = r["score_ms_median"]
+            name = r["scorer"] + (" (= windowed: one window)" if r.get("same_pass_as_windowed") else "")
+            lines.append(f"| {r['length']:,} | {name} | {r['keep']:.1f} | {r['n']} | {r['recall']:.3f} | {r['recall_lower']:.3f} | "
+                         f"{_f(r['random_recall'])} | " + " | ".join(kinds) + f" | {_f(None if sm is None else sm / 1000, '{:.1f}')} |")
+        lines.append("")
+    if agg["recall_full_vs_windowed"]:
+        lines += ["Windowed vs full scorer on the same tasks (recall discordant pairs):", "",
+                  "| doc tokens | keep | n | both kept | full only | windowed only | neither |", "|---:|---:|---:|---:|---:|---:|---:|"]
+        for r in agg["recall_full_vs_windowed"]:
+            lines.append(f"| {r['length']:,} | {r['keep']:.1f} | {r['n']} | {r['both']} | {r['full_only']} | {r['windowed_only']} | {r['neither']} |")
+        lines.append("")
+    if agg["answer"]:
+        lines += ["Answer right (target), baseline vs specprefill, paired; closed-book-right tasks left out:", "",
+                  "| doc tokens | scorer, keep | tasks | closed-book right | n | baseline acc | specprefill acc | ratio | 90% lower | "
+                  "baseline only | specprefill only | evidence kept | TTFT s base / spec |",
+                  "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        for r in agg["answer"]:
+            tt = (f"{r['baseline_ttft_ms_median'] / 1000:.1f} / {r['specprefill_ttft_ms_median'] / 1000:.1f}"
+                  if r["baseline_ttft_ms_median"] else "–")
+            lines.append(f"| {r['length']:,} | {r['scorer']} {r['keep']} | {r['tasks']} | {r['closed_book_right']} | {r['n']} | "
+                         f"{_f(r['baseline_acc'])} | {_f(r['specprefill_acc'])} | {_f(r['ratio'])} | {_f(r['ratio_lower'])} | "
+                         f"{r['baseline_only']} | {r['specprefill_only']} | {_f(r['evidence_kept'])} | {tt} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def plot(agg: dict[str, Any], path: Path, title: str = "") -> None:
+    """Recall vs keep per length and scorer (with the random control), and accuracy per length."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    lengths = sorted({r["length"] for r in agg["recall"]})
+    fig, axes = plt.subplots(1, max(1, len(lengths)) + 1, figsize=(4.2 * (len(lengths) + 1), 4), squeeze=False)
+    for ax, L in zip(axes[0], lengths):
+        rows = [r for r in agg["recall"] if r["length"] == L]
+        for scorer in sorted({r["scorer"] for r in rows}):
+            rs = sorted((r for r in rows if r["scorer"] == scorer), key=lambda r: r["keep"])
+            ax.plot([r["keep"] for r in rs], [r["recall"] for r in rs], "o-", label=f"{scorer} (n={rs[0]['n']})")
+        rs = sorted({r["keep"]: r for r in rows}.values(), key=lambda r: r["keep"])
+        ax.plot([r["keep"] for r in rs], [r["random_recall"] for r in rs], "k--", label="random")
+        ax.set_title(f"{L:,} doc tokens: answer-chunk recall")
+        ax.set_xlabel("keep")
+        ax.set_ylim(0, 1.02)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    ax = axes[0][-1]
+    ans = agg["answer"]
+    if ans:
+        xs = range(len(ans))
+        ax.bar([x - 0.2 for x in xs], [r["baseline_acc"] or 0 for r in ans], 0.4, label="baseline")
+        ax.bar([x + 0.2 for x in xs], [r["specprefill_acc"] or 0 for r in ans], 0.4, label="specprefill")
+        ax.set_xticks(list(xs), [f"{r['length']:,}\n{r['scorer']} {r['keep']}\nn={r['n']}" for r in ans], fontsize=7)
+        ax.set_ylim(0, 1.02)
+        ax.legend(fontsize=7)
+    ax.set_title("answer right (closed-book-right left out)")
+    fig.suptitle(title, fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

@@ -1,0 +1,161 @@
+"""specq bench quality: the task generator (answer once, depth), the statistics, the journal; and a
+small real-model run of both halves (marked real_models)."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+
+import numpy as np
+import pytest
+
+from specq.bench import quality_tasks as qt
+from specq.bench.quality_report import aggregate, cp_lower, paired, read_journal
+
+
+def count(s: str) -> int:  # a crude tokenizer stand-in: ~3.6 characters per token
+    return int(len(s) / 3.6)
+
+
+@pytest.mark.parametrize("index", range(8))
+@pytest.mark.parametrize("length", [4000, 16000])
+def test_task_answer_once_and_depth(index, length):
+    t = qt.make_task(index, length, count)
+    kind, depth = qt.task_plan(index)
+    assert t.kind == kind and t.depth == depth
+    assert count(t.document) <= length
+    assert count(t.document) >= 0.9 * length
+    assert abs(t.actual_depth - depth) <= 0.06
+    doc = t.document
+    ev = [doc[s:e] for s, e in t.evidence]
+    if kind in ("needle", "multikey"):
+        assert doc.count(t.answer) == 1
+        assert t.answer in ev[0]
+        if kind == "multikey":  # the distractors: the same vault word, other numbers
+            vault = re.search(r"vault '([a-z]+)-\d+'", t.question).group(1)
+            assert len(re.findall(rf"vault '{vault}-\d+' is \d+", doc)) == 6
+    elif kind == "raises":
+        msg = re.search(r'message "(.*)"\?', t.question).group(1)
+        assert doc.count(msg) == 1 and ev[1] == msg
+        assert len(re.findall(rf"\bdef {t.answer}\(", doc)) == 1 and ev[0] == f"def {t.answer}"
+        assert t.answer.lower() not in msg.lower()
+    else:
+        name = re.search(r"constant (\w+) assigned", t.question).group(1)
+        assert len(re.findall(rf"\b{name}\b", doc)) == 1
+        assert ev[0].startswith(f"{name} = ") and t.answer in ev[0]
+
+
+def test_tasks_are_deterministic():
+    a, b = qt.make_task(5, 4000, count), qt.make_task(5, 4000, count)
+    assert a.document == b.document and a.question == b.question and a.id == b.id
+    assert qt.make_task(5, 4000, count, seed=1).document != a.document
+
+
+def test_depths_cover_the_range():
+    assert sorted(qt.task_plan(i)[1] for i in range(9)) == [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9]
+    assert len({qt.task_plan(i) for i in range(36)}) == 36  # every (kind, depth) pair once
+
+
+def test_grading():
+    t = qt.make_task(0, 4000, count)  # needle
+    assert qt.is_correct(t, f"The code is {t.answer}.")
+    assert not qt.is_correct(t, f"{t.answer}9")
+    r = qt.make_task(2, 4000, count)  # raises
+    assert qt.is_correct(r, f"`{r.answer}`") and not qt.is_correct(r, f"{r.answer}_x")
+
+
+def test_evidence_chunks_and_random_control():
+    bounds = list(range(0, 101))  # 100 one-character tokens
+    assert qt.evidence_chunks(bounds, [(31, 33)], 32) == [0, 1]
+    assert qt.evidence_chunks(bounds, [(40, 41), (99, 100)], 32) == [1, 3]
+    assert qt.random_recall(10, 3, 1) == pytest.approx(0.3)
+    assert qt.random_recall(10, 3, 2) == pytest.approx(3 / 45)
+    assert qt.random_recall(10, 1, 2) == 0.0
+
+
+def test_clopper_pearson_lower():
+    assert cp_lower(10, 10, 0.9) == pytest.approx(0.1 ** (1 / 10), abs=1e-9)
+    assert cp_lower(0, 10) == 0.0
+    # P(X >= k | p_lo) = 0.1 at the bound
+    lo = cp_lower(37, 50, 0.9)
+    tail = sum(math.comb(50, i) * lo**i * (1 - lo) ** (50 - i) for i in range(37, 51))
+    assert tail == pytest.approx(0.1, abs=1e-6)
+    assert lo < 37 / 50
+
+
+def test_paired_ratio_and_bound():
+    p = paired([(True, True)] * 10)
+    assert p["ratio"] == 1.0 and p["ratio_lower"] == 1.0 and p["baseline_only"] == 0
+    p = paired([(True, True)] * 8 + [(True, False)] * 2)
+    assert p["ratio"] == pytest.approx(0.8) and p["ratio_lower"] == pytest.approx(0.8)  # c = 0: theta_lo = 0
+    p = paired([(True, True)] * 30 + [(True, False)] * 2 + [(False, True)] * 3 + [(False, False)] * 5)
+    assert (p["both_right"], p["baseline_only"], p["specprefill_only"], p["both_wrong"]) == (30, 2, 3, 5)
+    assert p["ratio"] == pytest.approx(33 / 32)
+    th = cp_lower(3, 5, 0.9)
+    assert p["ratio_lower"] == pytest.approx((30 + 5 * th) / (30 + 5 - 5 * th))
+    assert p["ratio_lower"] < p["ratio"]
+
+
+def test_journal_resumes_and_survives_a_torn_line(tmp_path):
+    from specq.bench.quality import Journal, QualitySettings
+
+    path = tmp_path / "j.jsonl"
+    s = QualitySettings()
+    j = Journal(path, s)
+    rec = {"task": "t1", "length": 4000, "kind": "needle", "kept": {"windowed": {"0.3": True}}, "random": {"0.3": 0.3}}
+    j.append("recall", rec)
+    with path.open("a") as f:
+        f.write('{"half": "recall", "task": "t2", "kep')  # killed mid-write
+    j2 = Journal(path, s)
+    assert j2.done("recall", "t1") and not j2.done("recall", "t2")
+    assert not Journal(path, QualitySettings(keeps=[0.3])).done("recall", "t1")  # other settings: not done
+    j2.append("recall", {**rec, "task": "t3"})
+    assert [r["task"] for r in read_journal(path)] == ["t1", "t3"]
+    agg = aggregate(read_journal(path))
+    assert agg["recall"][0]["n"] == 2 and agg["recall"][0]["recall"] == 1.0
+    json.dumps(agg)
+
+
+def test_renormalise():
+    from specq.bench.quality import renormalise
+
+    s = np.array([1.0, 2.0, 4.0, 10.0, 20.0, 5.0])
+    m = renormalise(s, [(0, 3), (3, 6)], "max")
+    assert m.tolist() == [0.25, 0.5, 1.0, 0.5, 1.0, 0.25]
+    z = renormalise(s, [(0, 3), (3, 6)], "z")
+    assert z[:3].mean() == pytest.approx(0) and z[3:].std() == pytest.approx(1)
+    assert np.argsort(z[:3]).tolist() == np.argsort(s[:3]).tolist()
+
+
+@pytest.mark.real_models
+@pytest.mark.timeout(1800)
+def test_quality_runner_on_the_real_pair(real_engine, tmp_path):
+    """Both halves on a handful of 1.2K-token tasks (windows of 600 tokens, so two), a rerun skips
+    them, and the report aggregates them."""
+    from specq.bench.quality import Journal, QualitySettings, build_report, run_answer, run_recall
+
+    s = QualitySettings(lengths=[1200], n=2, scorers=["windowed", "full"], window=600, max_tokens=12)
+    a = QualitySettings(lengths=[1200], n=1, window=600, max_tokens=12)
+    path = tmp_path / "q.jsonl"
+    run_recall(real_engine, s, Journal(path, s))
+    run_answer(real_engine, a, Journal(path, a))
+    recs = read_journal(path)
+    assert sum(r["half"] == "recall" for r in recs) == 2 and sum(r["half"] == "answer" for r in recs) == 1
+    lines = path.read_text().count("\n")
+    run_recall(real_engine, s, Journal(path, s))  # resumed: nothing to do
+    run_answer(real_engine, a, Journal(path, a))
+    assert path.read_text().count("\n") == lines
+    rec = [r for r in recs if r["half"] == "recall"]
+    assert [r["kind"] for r in rec] == ["needle", "multikey"]
+    assert all(r["windows"]["windowed"] == 2 and r["windows"]["full"] == 1 for r in rec)
+    assert all(set(r["kept"]) == {"windowed", "full", "windowed-max", "windowed-z"} for r in rec)
+    assert all(0 < p < 1 for r in rec for p in r["random"].values())
+    rep = build_report([path], real_engine, s)
+    assert {r["scorer"] for r in rep["recall"]} >= {"windowed", "full"}
+    assert rep["answer"][0]["tasks"] == 1 and rep["provenance"]["git_describe"]
+    ans = [r for r in recs if r["half"] == "answer"][0]
+    assert ans["closed_book"]["correct"] is False  # a random 7-digit code is not known without the document
+    assert ans["baseline"]["correct"]  # the 1.5B target finds a planted code in 1.2K tokens
+    # the planted needle is kept by the speculator at keep 0.5 (at random: about a quarter of the time)
+    assert rec[0]["kept"]["full"]["0.5"]
