@@ -157,7 +157,7 @@ def mtp_engine(hidden_models):
     from specq.engine.pipeline import Engine
 
     eng = Engine(EngineOptions(target=str(hidden_models.mtp_target), speculator=str(hidden_models.qwen2),
-                               n_gpu_layers=0, n_ctx=4096, n_threads=1))
+                               n_gpu_layers=0, n_ctx=4096, n_threads=1, batch_invariant="on"))
     yield eng
     eng.close()
 
@@ -168,7 +168,8 @@ def eagle3_engine(hidden_models):
     from specq.engine.pipeline import Engine
 
     eng = Engine(EngineOptions(target=str(hidden_models.qwen3_target), speculator=str(hidden_models.qwen2),
-                               drafter=str(hidden_models.eagle3_head), n_gpu_layers=0, n_ctx=4096, n_threads=1))
+                               drafter=str(hidden_models.eagle3_head), n_gpu_layers=0, n_ctx=4096, n_threads=1,
+                               batch_invariant="on"))
     yield eng
     eng.close()
 
@@ -495,7 +496,7 @@ def test_bench_drafters_runs_and_forces_the_rate(hidden_models):
     from specq.engine.options import EngineOptions
 
     opts = EngineOptions(target=str(hidden_models.mtp_target), speculator=str(hidden_models.qwen2), n_gpu_layers=0,
-                         n_ctx=1024, n_threads=1)
+                         n_ctx=1024, n_threads=1, batch_invariant="on")
     report = run_drafters_bench(opts, methods=("ngram", "model", "mtp"), rates=(0.0, 1.0), n_draft=3, max_tokens=16,
                                 prompt_tokens=200, reps=1, say=lambda m: None)
     units = report["unit_ms"]

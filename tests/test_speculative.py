@@ -156,8 +156,8 @@ def engine(varied: Varied):
     from specq.engine.pipeline import Engine
 
     eng = Engine(EngineOptions(target=str(varied.target), speculator=str(varied.speculator), n_gpu_layers=0,
-                               n_ctx=4096, n_threads=2))
-    assert eng.info.batch_invariant  # the CPU default
+                               n_ctx=4096, n_threads=2, batch_invariant="on"))
+    assert eng.info.batch_invariant  # on: the identity guarantee these tests check (off by default)
     yield eng
     eng.close()
 
@@ -233,13 +233,15 @@ def test_batch_invariant_mode_resolution() -> None:
     from specq.engine.invariance import INVARIANT_TYPE_K, MAX_INVARIANT_BATCH, draft_warning, resolve
     from specq.engine.options import EngineOptions
 
-    cpu = resolve(EngineOptions(), "cpu")
+    assert not resolve(EngineOptions(), "cpu").batch_invariant  # the default is off, on the CPU too (issue 14)
+    cpu = resolve(EngineOptions(batch_invariant="on"), "cpu")
     assert cpu.batch_invariant and not cpu.repack and cpu.flash_attn and cpu.type_k == INVARIANT_TYPE_K == "q8_0"
     assert cpu.max_draft == MAX_INVARIANT_BATCH - 1 == 6 and cpu.note == ""
     # a GPU build with everything offloaded: off by default (the CPU settings do not cover its kernels)
     gpu = resolve(EngineOptions(flash_attn=False), "cuda")
     assert not gpu.batch_invariant and gpu.repack and not gpu.flash_attn and gpu.type_k == "f16" and gpu.max_draft == 0
-    assert resolve(EngineOptions(n_gpu_layers=0), "cuda").batch_invariant  # CPU kernels on a CUDA build
+    on_cpu_kernels = resolve(EngineOptions(n_gpu_layers=0, batch_invariant="on"), "cuda")
+    assert on_cpu_kernels.batch_invariant and on_cpu_kernels.note == ""  # CPU kernels on a CUDA build: covered
     assert resolve(EngineOptions(batch_invariant="on"), "cuda").note  # forced on a GPU: said so
     off = resolve(EngineOptions(batch_invariant="off", repack=True, flash_attn=False), "cpu")
     assert not off.batch_invariant and off.repack and not off.flash_attn and off.type_k == "f16"
@@ -317,7 +319,7 @@ def test_greedy_lossless_tiny_models(tiny_models) -> None:
     from specq.engine.pipeline import Engine
 
     eng = Engine(EngineOptions(target=str(tiny_models.target), speculator=str(tiny_models.speculator),
-                               n_gpu_layers=0, n_ctx=4096, n_threads=2))
+                               n_gpu_layers=0, n_ctx=4096, n_threads=2, batch_invariant="on"))
     try:
         ref = eng.run(DOC, _params(draft="none", max_tokens=60))
         for draft in ("ngram", "model"):
@@ -568,7 +570,8 @@ def test_real_pair_greedy_identical() -> None:
     target, spec = _real_pair()
     text = (ROOT / "examples" / "textwrap.py").read_text(encoding="utf-8")
     doc = text[text.index("def wrap(text") : text.index("def fill(text")]
-    eng = Engine(EngineOptions(target=str(target), speculator=str(spec), n_gpu_layers=0, n_ctx=1024, n_threads=2))
+    eng = Engine(EngineOptions(target=str(target), speculator=str(spec), n_gpu_layers=0, n_ctx=1024, n_threads=2,
+                               batch_invariant="on"))
     try:
         assert eng.info.batch_invariant
         q = "Return this function with the parameter width renamed to columns. Output only the code."
@@ -589,14 +592,15 @@ class LongPrefill(NamedTuple):
 
 @pytest.fixture(scope="module")
 def long_prefill():
-    """The real target in default settings, 2 threads, with a 2.2K-token prompt prefilled once (each
+    """The real target in batch-invariant mode, 2 threads, with a 2.2K-token prompt prefilled once (each
     test removes what it decoded after it)."""
     from specq.engine.options import EngineOptions
     from specq.engine.pipeline import Engine
     from specq.engine.prompt import build_prompt
 
     target, spec = _real_pair()
-    eng = Engine(EngineOptions(target=str(target), speculator=str(spec), n_gpu_layers=0, n_ctx=4096, n_threads=2))
+    eng = Engine(EngineOptions(target=str(target), speculator=str(spec), n_gpu_layers=0, n_ctx=4096, n_threads=2,
+                               batch_invariant="on"))
     text = (ROOT / "examples" / "textwrap.py").read_text(encoding="utf-8")
     prompt = build_prompt(eng.target, text[:8600], "Explain what this module does, function by function.").tokens
     assert 2048 <= len(prompt) <= 2600, len(prompt)

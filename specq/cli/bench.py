@@ -29,7 +29,7 @@ def bench_decode(
     speculator: str = typer.Option(None, help="Speculator/drafter model: registry name or GGUF path."),
     n_gpu_layers: int = typer.Option(-1, help="Layers offloaded to the GPU (-1 = all)."),
     threads: int = typer.Option(0, help="CPU threads (0 = all cores)."),
-    batch_invariant: str = typer.Option("auto", help="Batch-invariant target numerics: auto (on for a CPU target), on, off."),
+    batch_invariant: str = typer.Option("auto", help="Batch-invariant target numerics: auto (= off), on, off."),
     repack: bool = typer.Option(True, "--repack/--no-repack", help="CPU weight repacking for the target (with --batch-invariant off)."),
     as_json: bool = typer.Option(False, "--json", help="Print the report (rows and provenance) as JSON."),
     out: Path = typer.Option(None, help="Write the report (rows and provenance) as JSON here."),
@@ -100,7 +100,7 @@ def bench_drafters(
     n_gpu_layers: int = typer.Option(-1, help="Layers offloaded to the GPU (-1 = all)."),
     n_ctx: int = typer.Option(0, help="Target context (0 = prompt + generated tokens, rounded up)."),
     threads: int = typer.Option(0, help="CPU threads (0 = all cores)."),
-    batch_invariant: str = typer.Option("auto", help="Batch-invariant target numerics: auto (on for a CPU target), on, off."),
+    batch_invariant: str = typer.Option("auto", help="Batch-invariant target numerics: auto (= off), on, off."),
     out: Path = typer.Option(None, help="Write the report as JSON here."),
 ) -> None:
     """Cost of each drafter's step and of verification vs a single decode, and decode speed-up as a function
@@ -156,7 +156,7 @@ def bench_ttft(
     n_parallel: int = typer.Option(0, help="Scoring windows run together (0 = 8 on GPU, 1 on CPU)."),
     score_math: str = typer.Option("auto", help="Where score math runs: auto, numpy (host) or torch (on the speculator's device)."),
     batch_invariant: str = typer.Option("both", help="Batch-invariant target numerics: both (on, then off: the headline "
-                                        "compares with the fastest baseline), auto, on, off."),
+                                        "compares with the fastest baseline), auto (= off), on, off."),
     out: Path = typer.Option(None, help="Write the report as JSON here."),
     plot: Path = typer.Option(None, help="Write a PNG plot here (needs matplotlib: pip install 'specq[bench]')."),
 ) -> None:

@@ -44,7 +44,7 @@ def run_cmd(
     n_ctx: int = typer.Option(0, help="Target context size (0 = model's, capped at 32768)."),
     flash_attn: bool = typer.Option(True, "--flash-attn/--no-flash-attn", help="Flash attention."),
     threads: int = typer.Option(0, help="CPU threads (0 = all cores)."),
-    batch_invariant: str = typer.Option("auto", help="Batch-invariant target numerics (greedy output identical with every drafter): auto (on for a CPU target), on, off."),
+    batch_invariant: str = typer.Option("auto", help="Batch-invariant target numerics (greedy output identical with every drafter): auto (= off), on (greedy output identical with every drafter on the CPU, at a prefill cost), off."),
     as_json: bool = typer.Option(False, "--json", help="Print the run result object as JSON."),
 ) -> None:
     """Answer QUESTION about FILE in this process (no service needed) and print the phase timings.

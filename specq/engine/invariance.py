@@ -51,13 +51,16 @@ def on_cpu(options: EngineOptions, backend: str) -> bool:
 
 
 def resolve(options: EngineOptions, backend: str) -> Numerics:
-    """auto = on when the target runs on the CPU (every job may ask for a drafter, and the mode must
-    hold for `--draft none` too for the two to agree), off on a GPU; on/off force it."""
+    """auto (the default) = off, on the CPU too: the mode costs prefill time that grows with the
+    prompt (−19% tok/s at 4.4K tokens, −33% at 7.8K on the real pair; several-fold on the tiny test
+    models: docs/speculative-decoding.md) and buys something only for jobs that draft — specq's
+    default is `draft none`. `on` gives drafting jobs tokens identical to `--draft none` on the CPU
+    (for a whole worker: numerics are fixed when the model loads); `off` forces it off."""
     choice = options.batch_invariant
     if choice not in ("auto", "on", "off"):
         raise InputError(f"batch_invariant must be auto, on or off, not {choice!r}")
     cpu = on_cpu(options, backend)
-    on = choice == "on" or (choice == "auto" and cpu)
+    on = choice == "on"
     if not on:
         return Numerics(False, options.repack, options.flash_attn, "f16", 0)
     note = "" if cpu else (

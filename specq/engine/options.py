@@ -64,10 +64,11 @@ class EngineOptions:
     #: batch-invariant target numerics (specq/engine/invariance.py): no repacking, flash attention on,
     #: q8_0 K cache, verification batches <= 7 tokens, so a token's logits do not depend on how many
     #: tokens were decoded with it and greedy speculative decoding gives exactly --draft none's tokens
-    #: (at any thread count and context length). auto = on when the target runs on the CPU (measured
-    #: on the 2-core CPU vs off: decode ~15% slower at 400 tokens, ~2% at 2K+; prefill +10% at 2K,
-    #: -19% at 4.4K, -33% at 7.8K; docs/speculative-decoding.md), off on a GPU, where it does not
-    #: cover llama.cpp's kernels; off = repack/flash_attn as given, f16 K cache.
+    #: (at any thread count and context length; CPU kernels only). auto (default) = off everywhere:
+    #: measured on the 2-core CPU vs off, decode ~15% slower at 400 tokens, ~2% at 2K+, prefill +10%
+    #: at 2K, -19% at 4.4K, -33% at 7.8K (docs/speculative-decoding.md) — a cost every job would pay
+    #: for a guarantee only drafting jobs use; on = the mode (a worker whose drafting jobs must match
+    #: --draft none); off = repack/flash_attn as given, f16 K cache.
     batch_invariant: Literal["auto", "on", "off"] = "auto"
     #: scoring windows run together as parallel sequences of the speculator, each in its own KV
     #: stream (one batch per lookahead step for all of them); 1 = one window at a time; 0 = 8 on a
