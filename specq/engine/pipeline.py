@@ -455,10 +455,16 @@ class Engine:
         # bit-identical micro-batches to a single sparse_prefill where the numerics are batch-invariant
         c = self.ctx
         align = (c.n_ubatch if c.n_batch % c.n_ubatch == 0 else c.n_batch) if self.numerics.batch_invariant else 1
+
+        def progress(done: int, total: int) -> None:
+            report("score", done, total)
+            if done == total:  # scoring is over: what is left is the target's (the tail, any backlog)
+                report("sparse_prefill", 0, 1)
+
         kept, scored, pre, trace = pipelined_prefill(
             scorer, self.ctx, prompt, keep=params.keep, chunk=params.chunk, max_keep=params.max_keep, positions=positions,
             score_kwargs=dict(scorer=params.scorer, lookahead=params.lookahead, pool=params.pool, window=params.window),
-            threaded=threaded, align=align, observe=observe, progress=lambda done, total: report("score", done, total),
+            threaded=threaded, align=align, observe=observe, progress=progress,
         )
         timings["score"] = trace.score_end_s * 1000.0
         timings.update(scored.timings_ms)
