@@ -7,7 +7,9 @@ ver="${1:-0.3.36}"
 here="$(cd "$(dirname "$0")" && pwd)"
 root="$(git rev-parse --show-toplevel)"
 dest="$root/.gpu"
-grep -qx '/.gpu/' "$root/.git/info/exclude" 2>/dev/null || echo '/.gpu/' >> "$root/.git/info/exclude"
+# .gpu/ is in .gitignore; the exclude line covers older checkouts (a worktree's .git is a file)
+exclude="$(git rev-parse --git-common-dir)/info/exclude"
+grep -qx '/.gpu/' "$exclude" 2>/dev/null || echo '/.gpu/' >> "$exclude"
 mkdir -p "$dest"
 tmp="$(mktemp -d)"; trap 'rm -rf "$tmp"' EXIT
 python3 -m pip download -q --no-deps --no-binary :all: "llama-cpp-python==$ver" -d "$tmp" 2>&1 | grep -v WARNING || true
