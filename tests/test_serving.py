@@ -4,8 +4,8 @@
 random-weight models on the CPU (one llama.cpp thread). Fault settings as in the reliability tests
 (fault_helpers.FAULT_ENV: stale after 8 s, reconciler every second).
 
-Why several jobs decoded together return exactly the text each returns alone: on the CPU the target
-runs in batch-invariant mode (engine/invariance.py: no repacking, flash attention with a q8_0 K
+Why several jobs decoded together return exactly the text each returns alone: the stack runs the
+target in batch-invariant mode (SPECQ_BATCH_INVARIANT=on; off is the CPU default; engine/invariance.py: no repacking, flash attention with a q8_0 K
 cache, which takes one per-row path for every batch size) and the loop keeps each job's kernels as
 they are alone: its own KV stream (cells in position order, no other job's cells), the prefill
 chunks in batches of their own, and, for these F16 models, each job's decode rows in a batch of
@@ -47,6 +47,7 @@ def stack(tiny_models, tmp_path_factory):
     with pg_database() as pg:
         env = base_env(home, tiny_models, SPECQ_API_PORT=str(port), **FAULT_ENV, **redis_pg_env(pg, "serving"))
         env["SPECQ_N_CTX"] = "8192"
+        env["SPECQ_BATCH_INVARIANT"] = "on"  # the equality above needs it
         st = Stack(env=env, port=port, logdir=home)
         st.cli("db", "upgrade", check=True)
         try:
