@@ -109,6 +109,8 @@ class ServiceSettings:
     n_ctx: int | None = None
     n_batch: int | None = None
     n_ubatch: int | None = None
+    #: tokens per prefill llama_decode call (EngineOptions.call_tokens; 0 = per backend, ~0.5 s each)
+    call_tokens: int | None = None
     threads: int | None = None
     flash_attn: bool | None = None
     #: scoring windows run as parallel sequences (EngineOptions.n_parallel; 0 = 8 on GPU, 1 on CPU)
@@ -284,7 +286,7 @@ class ServiceSettings:
             opts.batch_invariant = self.batch_invariant
         for mine, theirs in (("n_gpu_layers", "n_gpu_layers"), ("n_ctx", "n_ctx"), ("n_batch", "n_batch"),
                              ("n_ubatch", "n_ubatch"), ("threads", "n_threads"), ("flash_attn", "flash_attn"),
-                             ("n_parallel", "n_parallel")):
+                             ("n_parallel", "n_parallel"), ("call_tokens", "call_tokens")):
             value = getattr(self, mine)
             if value is not None:
                 setattr(opts, theirs, value)
