@@ -3,7 +3,8 @@
 #
 # Why: stock llama.cpp refuses a batch whose positions have gaps, and SpecPrefill's sparse prefill
 # keeps the original position ids of the tokens it keeps. patches/*.patch (unified diffs against the
-# llama-cpp-python source root) lift that check. The result is versioned 0.3.36+specq.<patch hash>
+# llama-cpp-python source root, applied in order) add per-context setters: position jumps (0001), the
+# eval callback (0002), a stop flag and deadline read in C by the abort callback (0003). The result is versioned 0.3.36+specq.<patch hash>
 # (a PEP 440 local version, so the project's ==0.3.36 pin is still satisfied) and its wheel is cached
 # under $SPECQ_HOME/wheels: a second run with the same patches installs in seconds.
 #

@@ -54,7 +54,12 @@ class DecodeError(EngineError):
 
 
 class RunCancelled(EngineError):
-    """Raised by a progress callback to stop a run at the next phase or window boundary."""
+    """The run was cancelled: raised by a progress callback between phases, windows and tokens, or by
+    an aborted llama_decode (engine/stop.py)."""
+
+
+class JobTimeLimit(RunCancelled):
+    """The run went past its deadline (the worker's SPECQ_TIME_LIMIT): engine/stop.py."""
 
 
 class Fenced(RunCancelled):
@@ -75,5 +80,5 @@ class Drained(RunCancelled):
 __all__ = [
     "Drained",
     "CORE_PHASES", "SCORE_PHASES", "CACHE_PHASES", "JOB_KINDS", "PRIORITY_INTERACTIVE", "PRIORITY_BATCH", "JOB_STATUSES", "JOB_TERMINAL", "BATCH_STATUSES", "BATCH_TERMINAL",
-    "EngineError", "InputError", "ModelError", "DecodeError", "RunCancelled", "Fenced",
+    "EngineError", "InputError", "ModelError", "DecodeError", "RunCancelled", "JobTimeLimit", "Fenced",
 ]

@@ -127,6 +127,8 @@ class ServiceSettings:
     n_ctx: int | None = None
     n_batch: int | None = None
     n_ubatch: int | None = None
+    #: tokens per prefill llama_decode call (EngineOptions.call_tokens; 0 = per backend, ~0.5 s each)
+    call_tokens: int | None = None
     threads: int | None = None
     flash_attn: bool | None = None
     #: scoring windows run as parallel sequences (EngineOptions.n_parallel; 0 = 8 on GPU, 1 on CPU)
@@ -332,7 +334,7 @@ class ServiceSettings:
                              ("n_ubatch", "n_ubatch"), ("threads", "n_threads"), ("flash_attn", "flash_attn"),
                              ("n_parallel", "n_parallel"), ("cache_bytes", "cache_bytes"),
                              ("auto_min_tokens", "auto_min_tokens"),
-                             ("auto_quality_min_tokens", "auto_quality_min_tokens")):
+                             ("auto_quality_min_tokens", "auto_quality_min_tokens"), ("call_tokens", "call_tokens")):
             value = getattr(self, mine)
             if value is not None:
                 setattr(opts, theirs, value)

@@ -79,12 +79,12 @@ def _rig(models: HiddenModels, kind: str, n_ctx: int = 2048, threads: int = 1) -
 
     if kind == "mtp":
         target = Model(models.mtp_target, n_gpu_layers=0, repack=False, load_mtp=True)
-        ctx = Context(target, n_ctx=n_ctx, n_threads=threads, type_k=INVARIANT_TYPE_K)
+        ctx = Context(target, n_ctx=n_ctx, n_threads=threads, type_k=INVARIANT_TYPE_K, position_gaps=True)  # sparse prefills
         set_hidden_output(ctx, True)
         dctx = open_mtp_context(ctx, n_threads=threads, n_seq=3)
         return Rig(kind, target, ctx, dctx, lambda fill="kept", **kw: MtpDrafter(dctx, fill=fill, **kw), [])
     target = Model(models.qwen3_target, n_gpu_layers=0, repack=False)
-    ctx = Context(target, n_ctx=n_ctx, n_threads=threads, type_k=INVARIANT_TYPE_K)
+    ctx = Context(target, n_ctx=n_ctx, n_threads=threads, type_k=INVARIANT_TYPE_K, position_gaps=True)
     head = Model(models.eagle3_head, n_gpu_layers=0)
     dctx, layers = open_eagle3_context(head, ctx, n_threads=threads, n_seq=3)
     return Rig(kind, target, ctx, dctx,
@@ -264,7 +264,7 @@ def _reference_rows(r: Rig, tokens: list[int], positions: list[int]) -> np.ndarr
     )
 
     ref = Context(r.target, n_ctx=r.ctx.n_ctx, n_batch=len(tokens), n_ubatch=len(tokens), n_threads=1,
-                  type_k=INVARIANT_TYPE_K)
+                  type_k=INVARIANT_TYPE_K, position_gaps=True)  # the kept tokens' original positions
     try:
         n = len(tokens)
         if r.kind == "mtp":

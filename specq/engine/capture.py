@@ -5,7 +5,12 @@ node of that name) and its K cache (`cache_k_l{il} (view)`). Both exist with fla
 attention scores are recomputed from them (scoring.py) and flash attention stays on.
 
 llama-cpp-python has no bindings for ggml tensors, so the struct and the few functions needed are
-declared here with ctypes against ggml.h of the vendored llama.cpp (0.3.36).
+declared here with ctypes against ggml.h of the vendored llama.cpp (0.3.36). `probe_layout()` checks
+that copy against the loaded libggml once per process before the first capture (a name, data pointer
+and byte size read through the struct must equal ggml_get_name / ggml_get_data / ggml_nbytes, for a
+tensor and a view of it), and fails loudly otherwise: a llama.cpp upgrade that moves a field would
+else make scoring read garbage. An exception inside the callback (which must not cross into C) is
+kept, and the first one is re-raised after the decode (`QKCapture.raise_error`).
 """
 
 from __future__ import annotations
@@ -17,6 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+from ..contracts import EngineError, ModelError
 
 GGML_MAX_DIMS = 4
 GGML_MAX_OP_PARAMS = 64
@@ -59,7 +66,29 @@ def _load_ggml_base() -> ctypes.CDLL:
     lib.ggml_op_name.restype = ctypes.c_char_p
     lib.ggml_backend_buffer_is_host.argtypes = [ctypes.c_void_p]
     lib.ggml_backend_buffer_is_host.restype = ctypes.c_bool
+    # for probe_layout
+    lib.ggml_init.argtypes = [GgmlInitParams]
+    lib.ggml_init.restype = ctypes.c_void_p
+    lib.ggml_free.argtypes = [ctypes.c_void_p]
+    lib.ggml_free.restype = None
+    lib.ggml_new_tensor_4d.argtypes = [ctypes.c_void_p, ctypes.c_int] + [ctypes.c_int64] * 4
+    lib.ggml_new_tensor_4d.restype = ctypes.c_void_p
+    lib.ggml_view_2d.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_size_t,
+                                 ctypes.c_size_t]
+    lib.ggml_view_2d.restype = ctypes.c_void_p
+    lib.ggml_set_name.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
+    lib.ggml_set_name.restype = ctypes.c_void_p
+    lib.ggml_get_name.argtypes = [ctypes.c_void_p]
+    lib.ggml_get_name.restype = ctypes.c_char_p
+    lib.ggml_get_data.argtypes = [ctypes.c_void_p]
+    lib.ggml_get_data.restype = ctypes.c_void_p
+    lib.ggml_nbytes.argtypes = [ctypes.c_void_p]
+    lib.ggml_nbytes.restype = ctypes.c_size_t
     return lib
+
+
+class GgmlInitParams(ctypes.Structure):
+    _fields_ = [("mem_size", ctypes.c_size_t), ("mem_buffer", ctypes.c_void_p), ("no_alloc", ctypes.c_bool)]
 
 
 _GGML = _load_ggml_base()
@@ -75,6 +104,66 @@ def _op_id(name: bytes) -> int:
 
 GGML_OP_ROPE = _op_id(b"ROPE")
 GGML_OP_VIEW = _op_id(b"VIEW")
+
+
+class CaptureLayoutError(ModelError):
+    """capture.py's copy of struct ggml_tensor does not match the loaded libggml."""
+
+
+def _nbytes(t) -> int:
+    """ggml_nbytes of an F32/F16 tensor, from the struct's own ne/nb."""
+    item = {GGML_TYPE_F32: 4, GGML_TYPE_F16: 2}.get(t.type, 0)
+    return sum((int(t.ne[i]) - 1) * int(t.nb[i]) for i in range(GGML_MAX_DIMS)) + item
+
+
+def probe_layout(struct: type = None) -> None:
+    """Read a real tensor and a view of it through `struct` (default GgmlTensor) and compare with
+    libggml's own accessors; raise CaptureLayoutError naming every field that differs."""
+    struct = struct or GgmlTensor
+    lib = _GGML
+    ctx = lib.ggml_init(GgmlInitParams(1 << 16, None, False))
+    if not ctx:
+        raise CaptureLayoutError("ggml_init failed while probing struct ggml_tensor")
+    bad: list[str] = []
+    try:
+        ne = (3, 5, 7, 2)
+        base = lib.ggml_new_tensor_4d(ctx, GGML_TYPE_F32, *ne)
+        lib.ggml_set_name(base, b"specq-probe")
+        row = 3 * 4
+        view = lib.ggml_view_2d(ctx, base, 3, 4, row, row)  # rows 1..4 of the first matrix
+        lib.ggml_set_name(view, b"specq-probe-view")
+        for label, ptr in (("tensor", base), ("view", view)):
+            t = struct.from_address(ptr)
+            got = {"name": bytes(t.name), "data": int(t.data or 0), "nbytes": _nbytes(t), "type": int(t.type)}
+            want = {"name": lib.ggml_get_name(ptr), "data": int(lib.ggml_get_data(ptr) or 0),
+                    "nbytes": int(lib.ggml_nbytes(ptr)), "type": GGML_TYPE_F32}
+            bad += [f"{label} {k}: struct reads {got[k]!r}, libggml says {want[k]!r}" for k in want if got[k] != want[k]]
+        v = struct.from_address(view)
+        if int(v.op) != GGML_OP_VIEW:
+            bad.append(f"view op: struct reads {int(v.op)}, expected GGML_OP_VIEW ({GGML_OP_VIEW})")
+        if int(v.view_src or 0) != int(base):
+            bad.append("view view_src: struct does not read the viewed tensor's address")
+        if int(v.view_offs) != row:
+            bad.append(f"view view_offs: struct reads {int(v.view_offs)}, expected {row}")
+    except (ValueError, TypeError, AttributeError) as e:  # e.g. a struct without a field read here
+        bad.append(f"{type(e).__name__}: {e}")
+    finally:
+        lib.ggml_free(ctx)
+    if bad:
+        raise CaptureLayoutError(
+            "capture.py's struct ggml_tensor does not match this libggml (llama-cpp-python "
+            f"{getattr(llama_cpp, '__version__', '?')}): " + "; ".join(bad) + " — update GgmlTensor from ggml.h")
+
+
+_LAYOUT_CHECKED = False
+
+
+def check_layout() -> None:
+    """probe_layout() once per process (before the first capture)."""
+    global _LAYOUT_CHECKED
+    if not _LAYOUT_CHECKED:
+        probe_layout()
+        _LAYOUT_CHECKED = True
 
 
 def _dtype(t: GgmlTensor) -> type:
@@ -151,6 +240,9 @@ class QKCapture:
         self.k: dict[int, np.ndarray] = {}
         self.extra: dict[str, np.ndarray] = {}
         self.calls = 0
+        #: the first exception raised inside the callback since the last arm() (raise_error re-raises it)
+        self.error: BaseException | None = None
+        check_layout()
         self.callback = llama_cpp.ggml_backend_sched_eval_callback(self._on_node)
 
     def arm(self, *, q: bool = False, k: bool | str = False, also: tuple[bytes, ...] = ()) -> None:
@@ -159,6 +251,13 @@ class QKCapture:
         self.want_q, self.want_k, self.also = q, bool(k), tuple(also)
         self.k_ref = k == "ref"
         self.q, self.k, self.extra = {}, {}, {}
+        self.error = None
+
+    def raise_error(self) -> None:
+        """Re-raise the first exception the callback kept during the last decode, if any."""
+        if self.error is not None:
+            e, self.error = self.error, None
+            raise EngineError(f"the capture callback failed: {type(e).__name__}: {e}") from e
 
     def disarm(self) -> None:
         self.want_q = self.want_k = False
@@ -188,6 +287,7 @@ class QKCapture:
                     self.k[il] = tensor_ref(t)  # shape (n_stream, n_kv, n_head_kv, head_dim)
                 else:
                     self.k[il] = read_tensor(t)  # (n_stream, n_kv, n_head_kv, head_dim)
-        except Exception:  # never let an exception cross into C; scoring checks what it got
-            pass
+        except Exception as e:  # never let an exception cross into C: kept, re-raised after the decode
+            if self.error is None:
+                self.error = e
         return True

@@ -120,7 +120,7 @@ class HiddenStateDrafter:
         t0 = time.perf_counter()
         # draft cells go; so does an earlier seed at this seed's position (propose called again)
         self.ctx.seq_rm(self.seq, min(self.fed_upto + 1, pos[0]), -1)
-        step = self._batch.n_max
+        step = min(self._batch.n_max, self.ctx.call_tokens)  # bounded calls, as the target's prefill
         for start in range(0, len(pos), step):
             end = min(start + step, len(pos))
             last = seed is not None and end == len(pos)
@@ -285,7 +285,9 @@ def open_mtp_context(target_ctx: Context, *, n_threads: int, n_seq: int = 1) -> 
         raise ModelError(why)
     ctx = Context(target_ctx.model, n_ctx=target_ctx.n_ctx, n_batch=target_ctx.n_batch,
                   n_ubatch=target_ctx.n_ubatch, n_threads=n_threads, flash_attn=target_ctx.flash_attn,
-                  n_seq_max=n_seq, ctx_type=llama_cpp.LLAMA_CONTEXT_TYPE_MTP)
+                  n_seq_max=n_seq, ctx_type=llama_cpp.LLAMA_CONTEXT_TYPE_MTP,
+                  position_gaps=target_ctx.position_gaps,  # it is fed the target's (sparse) positions
+                  call_tokens=target_ctx.call_tokens)
     set_hidden_output(ctx, True, masked=True)
     return ctx
 
@@ -316,7 +318,8 @@ def open_eagle3_context(head: Model, target_ctx: Context, *, n_threads: int, n_s
         raise ModelError(why)
     layers = target_layer_ids(head)
     ctx = Context(head, n_ctx=target_ctx.n_ctx, n_batch=target_ctx.n_batch, n_ubatch=target_ctx.n_ubatch,
-                  n_threads=n_threads, flash_attn=target_ctx.flash_attn, n_seq_max=n_seq, ctx_other=target_ctx)
+                  n_threads=n_threads, flash_attn=target_ctx.flash_attn, n_seq_max=n_seq, ctx_other=target_ctx,
+                  position_gaps=target_ctx.position_gaps, call_tokens=target_ctx.call_tokens)
     set_hidden_output(ctx, True, masked=True)
     enable_layer_inputs(target_ctx, layers)
     return ctx, layers

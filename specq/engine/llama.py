@@ -3,6 +3,13 @@
 Why not `llama_cpp.Llama`: it cannot prefill at chosen positions, cannot draft with a second model,
 and allocates n_ctx × n_vocab logits. Here every `llama_decode` return code is checked and a failure
 raises DecodeError carrying llama.cpp's own last log line.
+
+Our patches, bound here (each probed at import; a stock wheel lacks them):
+* 0001 `llama_set_position_jumps`: a context built with `position_gaps=True` accepts forward jumps
+  in positions (sparse prefill at original positions); every other context keeps the stock checks.
+* 0002 `llama_set_eval_callback`: the graph eval callback switched on and off on a live context.
+* 0003 `llama_set_stop` / `llama_set_stop_deadline`: a per-context flag and deadline read in C by the
+  context's abort callback, which `Context.stop` (engine/stop.py) drives.
 """
 
 from __future__ import annotations
@@ -20,7 +27,8 @@ from typing import Sequence
 
 import numpy as np
 
-from ..contracts import DecodeError, ModelError
+from ..contracts import DecodeError, JobTimeLimit, ModelError
+from .stop import Stop, current as current_stop
 
 # --------------------------------------------------------------------------------------------------
 # logging: llama.cpp writes to stderr by default; keep its recent lines to quote in error messages
@@ -77,6 +85,27 @@ def backend_name() -> str:
 
 def library_version() -> str:
     return getattr(llama_cpp, "__version__", "unknown")
+
+
+def _bind_patch(name: str, argtypes: list, restype=None):
+    """A function our patches add to libllama, or None on a build without it."""
+    try:
+        fn = getattr(llama_cpp.llama_cpp._lib, name)
+    except AttributeError:
+        return None
+    fn.argtypes = argtypes
+    fn.restype = restype
+    return fn
+
+
+_SET_POSITION_JUMPS = _bind_patch("llama_set_position_jumps", [ctypes.c_void_p, ctypes.c_bool])
+_SET_STOP = _bind_patch("llama_set_stop", [ctypes.c_void_p, ctypes.c_bool])
+_SET_STOP_DEADLINE = _bind_patch("llama_set_stop_deadline", [ctypes.c_void_p, ctypes.c_int64])
+
+
+def can_abort_in_c() -> bool:
+    """Whether this build has patch 0003's per-context stop (a cancel cuts a running llama_decode)."""
+    return _SET_STOP is not None and _SET_STOP_DEADLINE is not None
 
 
 # --------------------------------------------------------------------------------------------------
@@ -223,13 +252,18 @@ class Context:
         type_k: str = "f16",
         ctx_type: int = 0,
         ctx_other: "Context | None" = None,
+        position_gaps: bool = False,
+        call_tokens: int = 0,
     ) -> None:
         """kv_unified=False gives each of the n_seq_max sequences its own stream of n_ctx / n_seq_max
         cells: a sequence then attends over its own cells only (no masked pass over the others').
         type_k: the K cache's element type (f16, q8_0); q8_0 keeps llama.cpp's CPU flash attention on
         one code path for every batch size (see specq/engine/invariance.py). ctx_type: llama.cpp's
         context type (LLAMA_CONTEXT_TYPE_MTP runs the model's MTP blocks); ctx_other: the context an
-        EAGLE3 head borrows the target's token embedding / output projection from."""
+        EAGLE3 head borrows the target's token embedding / output projection from.
+        position_gaps: accept forward jumps in positions (patch 0001; `self.position_gaps` says whether
+        this build could), else llama.cpp's stock checks. call_tokens: the most tokens one llama_decode
+        call of a prefill gets (0 = n_batch); the run's `stop` is checked between calls."""
         self.model = model
         self.n_ctx = int(n_ctx)
         self.n_batch = max(1, min(int(n_batch), self.n_ctx))
@@ -268,6 +302,18 @@ class Context:
         if not self.ptr:
             raise ModelError(f"could not create a llama context (n_ctx {self.n_ctx}): {last_log_line()}")
         self.mem = llama_cpp.llama_get_memory(self.ptr)
+        #: whether this context accepts gaps in positions (asked for, and this build has patch 0001)
+        self.position_gaps = bool(position_gaps) and _SET_POSITION_JUMPS is not None
+        if self.position_gaps:
+            _SET_POSITION_JUMPS(self.ptr, True)
+        #: tokens per llama_decode call of a prefill (a "none"/"last" logits batch)
+        self.call_tokens = max(1, min(int(call_tokens) or self.n_batch, self.n_batch))
+        #: this context's Stop (else the one of the thread's `stop.running` block, as Engine.run sets):
+        #: checked before every call, and read in C during one through patch 0003's abort callback
+        self.stop: Stop | None = None
+        if _SET_STOP_DEADLINE is not None:
+            _SET_STOP_DEADLINE(self.ptr, -1)  # installs the C abort callback (no deadline, flag clear)
+        self.aborted_calls = 0
         self._batch = llama_cpp.llama_batch_init(self.n_batch, 0, n_seq_max)
         b = self._batch
         self._tok = np.ctypeslib.as_array(b.token, shape=(self.n_batch,))
@@ -288,7 +334,8 @@ class Context:
         """Decode tokens at the given positions (split into batches of at most n_batch).
 
         logits: "last" (only the very last token), "all", "none", or a per-token mask. After the call,
-        `logits_row(i)` reads the i-th output row of the final batch.
+        `logits_row(i)` reads the i-th output row of the final batch. A "last"/"none" batch goes in
+        calls of at most `call_tokens` tokens, any other in calls of n_batch.
         """
         n = len(tokens)
         if n != len(positions):
@@ -308,8 +355,9 @@ class Context:
                 raise ValueError(f"bad logits spec {logits!r}")
         else:
             mask = np.asarray(logits, dtype=np.int8)
-        for start in range(0, n, self.n_batch):
-            end = min(start + self.n_batch, n)
+        step = self.call_tokens if isinstance(logits, str) and logits in ("last", "none") else self.n_batch
+        for start in range(0, n, step):
+            end = min(start + step, n)
             self._decode_one(toks[start:end], pos[start:end], seqs[start:end], mask[start:end])
 
     def _decode_one(self, toks: np.ndarray, pos: np.ndarray, seqs: np.ndarray, mask: np.ndarray) -> None:
@@ -321,12 +369,57 @@ class Context:
         for i in range(m):
             self._seq_rows[i][0] = seqs[i]
         self._batch.n_tokens = m
+        self.run_decode(self._batch, seqs, pos)
+
+    def run_decode(self, batch: llama_cpp.llama_batch, seqs: Sequence[int], pos: Sequence[int], *,
+                   encode: bool = False, what: str = "llama_decode") -> None:
+        """llama_decode (or llama_encode) of a filled batch, under the run's stop.
+
+        Before the call `stop` is checked and its deadline handed to C; during it `Stop.cancel()` may
+        trip the flag. An aborted call (2) leaves the cache as before it: every cell the call wrote
+        is removed (llama.cpp removes only the aborted ubatch's), then the stop's reason is raised."""
+        stop = self.stop or current_stop()
+        if stop is not None:
+            stop.check()
+            if _SET_STOP_DEADLINE is not None:
+                left = stop.remaining()
+                _SET_STOP_DEADLINE(self.ptr, -1 if left is None else max(0, int(left * 1e6)))
+            stop._enter(self)
         clear_log()
-        rc = llama_cpp.llama_decode(self.ptr, self._batch)
+        try:
+            rc = (llama_cpp.llama_encode if encode else llama_cpp.llama_decode)(self.ptr, batch)
+        finally:
+            if stop is not None:
+                stop._leave(self)
+                if _SET_STOP is not None:
+                    _SET_STOP(self.ptr, False)
+                    _SET_STOP_DEADLINE(self.ptr, -1)
+        if rc == 2:
+            self.aborted_calls += 1
+            self._forget(seqs, pos)
+            why = stop.reason() if stop is not None else None
+            if why is None and stop is not None and stop.deadline is not None:
+                why = JobTimeLimit(stop.limit_message)  # C's clock passed the deadline a hair before ours
+            if why is not None:
+                raise why
         if rc != 0:
-            why = {1: "no KV cache slot (context full)", 2: "aborted"}.get(rc, "error")
+            reason = {1: "no KV cache slot (context full)", 2: "aborted"}.get(rc, "error")
             detail = last_log_line()
-            raise DecodeError(f"llama_decode returned {rc} ({why})" + (f": {detail}" if detail else ""))
+            raise DecodeError(f"{what} returned {rc} ({reason})" + (f": {detail}" if detail else ""))
+
+    def _forget(self, seqs: Sequence[int], pos: Sequence[int]) -> None:
+        """Remove what an aborted call wrote: each of its sequences from its first position on."""
+        first: dict[int, int] = {}
+        for s_, p in zip(np.asarray(seqs).tolist(), np.asarray(pos).tolist()):
+            if s_ not in first or p < first[s_]:
+                first[s_] = p
+        for s_, p in first.items():
+            llama_cpp.llama_memory_seq_rm(self.mem, s_, p, -1)
+
+    def trip_stop(self) -> None:
+        """Make a running llama_decode on this context end (any thread; patch 0003)."""
+        if _SET_STOP is not None and getattr(self, "ptr", None):
+            _SET_STOP(self.ptr, True)
 
     def logits_row(self, i: int = -1) -> np.ndarray:
         """A copy of the logits of token i of the last batch decoded (-1: the last token with logits).
@@ -397,17 +490,16 @@ def set_eval_callback(ctx: "Context", callback: object | None) -> bool:
     return True
 
 
-_GAPS_SUPPORTED: bool | None = None
+_GAPS_SUPPORTED: dict[bool, bool] = {}
 
 
 def supports_position_gaps(model: Model) -> bool:
-    """Probe (once per process) whether this llama.cpp accepts forward jumps in positions.
-
-    Our patched build does; a stock wheel refuses with "positions are not continuous".
-    """
-    global _GAPS_SUPPORTED
-    if _GAPS_SUPPORTED is None:
-        ctx = Context(model, n_ctx=64, n_batch=8, n_ubatch=8, n_threads=1)
+    """Probe (once per process) whether a context asking for gaps (`position_gaps=True`) accepts
+    forward jumps in positions. Our patched build does; a stock wheel refuses with "positions are
+    not continuous"."""
+    key = _SET_POSITION_JUMPS is not None
+    if key not in _GAPS_SUPPORTED:
+        ctx = Context(model, n_ctx=64, n_batch=8, n_ubatch=8, n_threads=1, position_gaps=True)
         try:
             t = model.tokenize("ab") or [0, 0]
             ok = True
@@ -416,7 +508,7 @@ def supports_position_gaps(model: Model) -> bool:
                 ctx.decode([t[0]], [7], logits="none")  # a jump past the cache's last position
             except DecodeError:
                 ok = False
-            _GAPS_SUPPORTED = ok and ctx.seq_pos_max(0) == 7
+            _GAPS_SUPPORTED[key] = ok and ctx.seq_pos_max(0) == 7
         finally:
             ctx.close()
-    return _GAPS_SUPPORTED
+    return _GAPS_SUPPORTED[key]

@@ -28,7 +28,7 @@ from typing import Sequence
 import numpy as np
 
 from ..contracts import DecodeError
-from .llama import Context, Model, clear_log, last_log_line
+from .llama import Context, Model, last_log_line
 
 _CTX = "P13llama_context"
 _MODEL_CONST = "PK11llama_model"
@@ -235,10 +235,7 @@ class EmbdBatch:
         if len(tokens) != n:
             raise ValueError("tokens and positions differ in length")
         self._tok[:n] = tokens
-        clear_log()
-        rc = llama_cpp.llama_decode(ctx.ptr, self._batch(n, True))
-        if rc != 0:
-            raise DecodeError(f"llama_decode of a drafter batch returned {rc}: {last_log_line()}")
+        ctx.run_decode(self._batch(n, True), self._seq[:n], self._pos[:n], what="llama_decode of a drafter batch")
 
     def encode(self, ctx: Context, embd: np.ndarray, *, seq: int = 0) -> None:
         """Run ctx's encoder over embedding rows only (an EAGLE3 head's feature fusion); every row is an
@@ -247,10 +244,8 @@ class EmbdBatch:
         n = len(embd)
         start = ctx.seq_pos_max(seq) + 1
         self._fill(range(start, start + n), embd, seq, "all")
-        clear_log()
-        rc = llama_cpp.llama_encode(ctx.ptr, self._batch(n, False))
-        if rc != 0:
-            raise DecodeError(f"llama_encode of a drafter batch returned {rc}: {last_log_line()}")
+        ctx.run_decode(self._batch(n, False), self._seq[:n], self._pos[:n], encode=True,
+                       what="llama_encode of a drafter batch")
 
 
 def encoder_output(ctx: Context, n: int, width: int) -> np.ndarray:

@@ -55,6 +55,11 @@ class EngineOptions:
     n_batch: int = 4096
     #: physical micro-batch; 0 = 2048 on a GPU build, 512 on CPU
     n_ubatch: int = 0
+    #: most tokens per llama_decode call of a prefill (the target's and the speculator's windows):
+    #: a job's cancel and time limit are checked between calls (engine/stop.py), so this bounds how
+    #: long a cancel waits where llama.cpp cannot abort a call (GPU); 0 = per backend, about 0.5 s of
+    #: work each (docs/engine.md, "Cancel and the time limit")
+    call_tokens: int = 0
     #: CPU threads; 0 = all cores
     n_threads: int = 0
     #: let llama.cpp repack the target's weights into CPU-specific layouts. Their kernels switch from

@@ -2,7 +2,8 @@
 
 `Engine.run()` is the single entry point for the CLI, the worker and the benchmarks. Its progress
 callback is called between phases, per scoring window and per decoded token; raising RunCancelled
-(or any exception) from it stops the run there.
+(or any exception) from it stops the run there. Its `stop` (engine/stop.py) is also checked before
+every llama_decode call, and cuts a running one (CPU).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from .chat_prompt import build_chat_prompt, build_raw_prompt
 from .prompt import Prompt, build_prompt
 from .result import CORE_PHASES, DraftInfo, EngineInfo, RunResult, SpecInfo, Usage
 from .sampling import Sampler
+from .stop import Stop, running
 from .textstream import TextStream
 
 Progress = Callable[[str, int, int], None]
@@ -42,6 +44,13 @@ DEFAULT_MIN_TOKENS = 1024
 #: the target's default context when the model's training context is larger (a configured n_ctx
 #: is served up to the model's training context)
 MAX_DEFAULT_CTX = 32768
+#: EngineOptions.call_tokens = 0: tokens per prefill llama_decode call, about 0.5 s of work on each
+#: backend (measured: docs/engine.md, "Cancel and the time limit")
+DEFAULT_CALL_TOKENS = {"cpu": 64, "gpu": 2048}
+
+
+def default_call_tokens(backend: str) -> int:
+    return DEFAULT_CALL_TOKENS["cpu" if backend == "cpu" else "gpu"]
 
 
 def _ms(t0: float) -> float:
@@ -73,6 +82,11 @@ class Engine:
         self.n_ubatch = opts.n_ubatch or (2048 if backend != "cpu" else 512)
         #: sequences of the target's context (serving slots); each may hold n_ctx cells
         self.slots = max(1, int(opts.slots))
+        on_cpu = invariance.on_cpu(opts, backend)
+        #: tokens per prefill call (EngineOptions.call_tokens)
+        self.call_tokens = opts.call_tokens or default_call_tokens("cpu" if on_cpu else backend)
+        # the target prefills sparsely at original positions: its context (and the drafters' that
+        # follow its positions) accept gaps; every other context keeps llama.cpp's stock checks
         self.ctx = Context(
             self.target,
             n_ctx=self.n_ctx * self.slots,
@@ -86,8 +100,10 @@ class Engine:
             n_threads=opts.resolved_threads(),
             flash_attn=num.flash_attn,
             type_k=num.type_k,
+            position_gaps=True,
+            call_tokens=self.call_tokens,
         )
-        self.gaps_supported = supports_position_gaps(self.target)
+        self.gaps_supported = self.ctx.position_gaps and supports_position_gaps(self.target)
         #: why `--draft mtp` cannot run here ("" = it can: the target's hidden states are then output
         #: on every run, drafting or not, so --draft none and mtp runs share the target's numerics)
         self.mtp_unsupported = mtp_unsupported(self.target)
@@ -98,6 +114,7 @@ class Engine:
             flash_attn=num.flash_attn,
             n_batch=self.ctx.n_batch,
             n_ubatch=self.ctx.n_ubatch,
+            call_tokens=self.ctx.call_tokens,
             backend=backend,
             target=self.target_path.name,
             speculator="",
@@ -245,12 +262,26 @@ class Engine:
 
     def run(self, document: str, params: RunParams | None = None, progress: Progress | None = None, *,
             messages: list[tuple[str, str]] | None = None, raw: bool = False, on_text: OnText | None = None,
-            scope: str = "", reused_document: bool = False) -> RunResult:
+            scope: str = "", reused_document: bool = False, stop: Stop | None = None) -> RunResult:
         """One job. `messages` (a chat) or `raw` (a completion prompt) change how the prompt is built
         (`tokenize_prompt`); `on_text` receives the answer as it is decoded; `scope`, `reused_document`:
-        `prepare`."""
+        `prepare`. `stop`: the job's cancel request and deadline, checked with every progress report
+        and before every llama_decode call, and read in C during one (engine/stop.py); it raises
+        RunCancelled or JobTimeLimit."""
+        with running(stop):
+            return self._run(document, params, progress, messages=messages, raw=raw, on_text=on_text,
+                             scope=scope, reused_document=reused_document, stop=stop)
+
+    def _run(self, document: str, params: RunParams | None, progress: Progress | None, *,
+             messages: list[tuple[str, str]] | None, raw: bool, on_text: OnText | None, scope: str,
+             reused_document: bool, stop: Stop | None) -> RunResult:
         params = params or RunParams()
-        report = progress or (lambda phase, done, total: None)
+        user_report = progress or (lambda phase, done, total: None)
+
+        def report(phase: str, done: int, total: int) -> None:
+            if stop is not None:
+                stop.check()
+            user_report(phase, done, total)
         t_start = time.perf_counter()
         report("tokenize", 0, 1)
         prompt, mode, positions, warnings, timings, spec = self.prepare(
@@ -388,7 +419,7 @@ class Engine:
                 spec, n_ctx=n_ctx, n_batch=opts.n_batch, n_ubatch=self.n_ubatch,
                 n_threads=opts.resolved_threads(), flash_attn=opts.flash_attn,
                 n_parallel=opts.n_parallel or (8 if self.info.backend != "cpu" else 1),
-                score_math=self.info.score_math, device=max(0, spec.main_gpu),
+                score_math=self.info.score_math, device=max(0, spec.main_gpu), call_tokens=self.call_tokens,
             )
         return self._scorer
 

@@ -47,15 +47,15 @@ def sparse_prefill(ctx: Context, tokens: Sequence[int], kept: Sequence[int], pos
     """Prefill tokens[kept] into an empty cache; `kept` must be sorted, unique, and end at len(tokens)-1.
 
     observe: a hidden-state drafter's `observe(ctx, rows, tokens, positions)`, called after each
-    llama_decode (batches of ctx.n_batch tokens, as Context.decode splits them anyway)."""
+    llama_decode (calls of ctx.call_tokens tokens, as Context.decode splits them anyway)."""
     toks, pos, next_pos = prefill_plan(tokens, kept, positions)
     idx = toks
     ctx.clear()
     if observe is None:
         ctx.decode(toks, pos, logits="last")
     else:
-        for start in range(0, idx.size, ctx.n_batch):
-            end = min(start + ctx.n_batch, idx.size)
+        for start in range(0, idx.size, ctx.call_tokens):
+            end = min(start + ctx.call_tokens, idx.size)
             ctx.decode(toks[start:end], pos[start:end], logits="last" if end == idx.size else "none")
             observe(ctx, range(end - start), toks[start:end].tolist(), pos[start:end].tolist())
     return PrefillResult(next_pos=next_pos, n_kept=int(idx.size), logits=ctx.logits_row(-1))

@@ -44,6 +44,8 @@ class EngineInfo:
     flash_attn: bool = True
     n_batch: int = 0
     n_ubatch: int = 0
+    #: most tokens per prefill llama_decode call (EngineOptions.call_tokens, resolved)
+    call_tokens: int = 0
     backend: str = "cpu"
     target: str = ""
     speculator: str = ""

@@ -167,7 +167,7 @@ class SpecPrefillScorer:
 
     def __init__(
         self, model: Model, *, n_ctx: int, n_batch: int, n_ubatch: int, n_threads: int, flash_attn: bool, n_parallel: int = 1,
-        score_math: str = "numpy", device: int = 0,
+        score_math: str = "numpy", device: int = 0, call_tokens: int = 0,
     ) -> None:
         if score_math not in ("numpy", "torch"):
             raise EngineError(f"unknown score_math {score_math!r} (numpy or torch)")
@@ -179,7 +179,8 @@ class SpecPrefillScorer:
         self.capture = QKCapture()
         #: windows scored together as parallel sequences (one KV stream each, see _score_parallel)
         self.n_parallel = max(1, int(n_parallel))
-        self._ctx_args = dict(n_batch=n_batch, n_ubatch=n_ubatch, n_threads=n_threads, flash_attn=flash_attn, cb_eval=self.capture.callback)
+        self._ctx_args = dict(n_batch=n_batch, n_ubatch=n_ubatch, n_threads=n_threads, flash_attn=flash_attn,
+                              cb_eval=self.capture.callback, call_tokens=call_tokens)
         self.ctx = Context(model, n_ctx=n_ctx, **self._ctx_args)
         self.n_ctx = n_ctx  # the longest single window
         #: cells per stream of the parallel context: a default window with a long template and question
@@ -340,6 +341,7 @@ class SpecPrefillScorer:
             cap.arm(q=True, k=self._k_mode if step == 0 else False)
             ctx.decode([tok], [pos], logits="last")
             cap.disarm()
+            cap.raise_error()
             if step == 0:
                 k = cap.k
             self._check_capture(k)
@@ -434,6 +436,7 @@ class SpecPrefillScorer:
                     cap.arm(q=True, k=self._k_mode if step == 0 else False)
                 ctx.decode(cur, cur_pos, seq_ids=list(range(P)), logits="all")
                 cap.disarm()
+                cap.raise_error()
                 if capture:
                     if step == 0:
                         k = cap.k

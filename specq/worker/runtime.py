@@ -8,8 +8,11 @@ A job's life in the worker (`WorkerRuntime.execute`):
    When no job is runnable the message does nothing, so a redelivered message is harmless.
 2. Run the engine; the answer's text is published as it is decoded (`stream.DeltaPublisher`) for
    event streams and the OpenAI routes' `stream=true`. A watcher thread writes progress and a heartbeat every `progress_interval`
-   seconds (and at each phase change) and polls the store for a cancel request; the engine's progress
-   callback raises `RunCancelled` once one is seen, or `JobTimeLimit` past `time_limit`.
+   seconds (and at each phase change) and polls the store for a cancel request. The job runs under a
+   `Stop` (engine/stop.py) with the deadline `time_limit` from its start: a cancel request seen by the
+   watcher trips it, which ends even a running llama_decode (within a graph node on the CPU; between
+   bounded calls elsewhere), and the deadline is read in C the same way. The engine then raises
+   `RunCancelled` or `JobTimeLimit` (as does the progress callback, between phases and tokens).
 3. Finish: the result and its phase timings in one transaction (`results.save_result`, idempotent);
    or `failed` with the engine's one-line message for bad input (InputError, never retried), the time
    limit, model errors and errors a retry cannot cure (`failure_kind`: a ValueError, an OverflowError,
@@ -51,18 +54,15 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from ..contracts import Drained, EngineError, Fenced, InputError, ModelError, RunCancelled
+from ..contracts import Drained, EngineError, Fenced, InputError, JobTimeLimit, ModelError, RunCancelled
 from ..engine.options import RunParams
+from ..engine.stop import Stop
 from ..settings import ServiceSettings
 from ..storage import claims, db, jobs, results
 from ..storage.retry import retry_transient
 from .stream import DeltaPublisher
 
 log = logging.getLogger("specq.worker")
-
-
-class JobTimeLimit(RunCancelled):
-    """The job ran past SPECQ_TIME_LIMIT."""
 
 
 @dataclass
@@ -94,8 +94,13 @@ class _Watcher(threading.Thread):
         self.time_limit = time_limit
         self.latest: tuple[str, int, int] | None = None
         self.cancelled = threading.Event()
+        #: the job's Stop, handed to Engine.run: tripped here once a cancel request is seen
+        self.run_stop = Stop(cancelled=self.cancelled.is_set, deadline=deadline, limit_message=self._limit_message())
         self._stop_event = threading.Event()
         self._wake = threading.Event()
+
+    def _limit_message(self) -> str:
+        return f"job exceeded the time limit of {self.time_limit:g}s (SPECQ_TIME_LIMIT)"
 
     # called by the engine, in the job's thread, between phases, per window and per token
     def progress(self, phase: str, done: int, total: int) -> None:
@@ -104,7 +109,7 @@ class _Watcher(threading.Thread):
         if self.cancelled.is_set():
             raise RunCancelled("cancelled")
         if time.monotonic() > self.deadline:
-            raise JobTimeLimit(f"job exceeded the time limit of {self.time_limit:g}s (SPECQ_TIME_LIMIT)")
+            raise JobTimeLimit(self._limit_message())
         prev = self.latest
         self.latest = (phase, int(done), int(total))
         if prev is None or prev[0] != phase:
@@ -128,6 +133,7 @@ class _Watcher(threading.Thread):
                         jobs.heartbeat(s, self.job_id, token=self.token)
                     if jobs.is_cancel_requested(s, self.job_id):
                         self.cancelled.set()
+                        self.run_stop.cancel("cancelled")  # cuts a running llama_decode
                     if failures:
                         log.warning("job %s: progress writes work again after %d failed", self.job_id, failures)
                         failures = 0
@@ -149,6 +155,7 @@ class _Watcher(threading.Thread):
         if self.fenced is None:
             self.fenced = e
             log.warning("job %s: %s; stopping the run", self.job_id, e)
+            self.run_stop.cancel("fenced")  # cuts a running llama_decode too; the run then ends as fenced
 
     def stop(self) -> None:
         self._stop_event.set()
@@ -335,7 +342,7 @@ class WorkerRuntime:
                 reuse = {"scope": job.tenant, "reused_document": inp.document_id is not None}
                 if self.serving is None:
                     result = self.engine.run(inp.text, params, progress=watcher.progress, on_text=publisher.feed,
-                                             **reuse, **source)
+                                             stop=watcher.run_stop, **reuse, **source)
                 else:
                     handle = self.serving.submit(inp.text, params, watcher.progress, on_text=publisher.feed,
                                                  **reuse, **source)
@@ -353,6 +360,8 @@ class WorkerRuntime:
             return self._requeue_drained(s, job, token, str(e))
         except RunCancelled:
             watcher.stop()
+            if watcher.fenced is not None:  # the Stop tripped by the fence, not a cancel request
+                raise watcher.fenced
             self._store(s, f"job {job_id}: marking it cancelled",
                         lambda: jobs.mark_cancelled(s, job_id, "cancelled while running", token=token))
             log.info("job %s: cancelled", job_id)
