@@ -44,7 +44,7 @@ build)
     for p in .gpu/patches/*.patch; do [ -f "$p" ] && { patch -p1 -d /tmp/lcp < "$p" || exit 1; echo "applied $p"; }; done
     # one tree: scikit-build-core's build dir kept at $build, llama.cpp's tools (llama-server) switched on
     ( cd /tmp/lcp && CMAKE_ARGS="-DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=90-real -DLLAVA_BUILD=OFF -DLLAMA_BUILD_MTMD=OFF \
-        -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=ON -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_OPENSSL=OFF" \
+        -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_OPENSSL=OFF" \
       CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" python3 -m pip install -q --no-deps --no-build-isolation --target /tmp/site \
         --config-settings=build-dir=$build . ) > /tmp/llama-build.log 2>&1 || { tail -40 /tmp/llama-build.log; exit 1; }
     cmake --build $build --target llama-server -j "$(nproc)" >> /tmp/llama-build.log 2>&1 || { tail -20 /tmp/llama-build.log; exit 1; }
@@ -62,10 +62,10 @@ specq)
   models
   for slots in ${SLOTS_LIST:-8 1}; do
     home=/tmp/specq-home-$slots; rm -rf "$home"; port=$(( 8200 + slots ))
-    # graphs off as in ttft.sh (a re-captured graph crashed the speculator's lone decodes once)
-    SPECQ_HOME=$home SPECQ_API_PORT=$port SPECQ_TARGET=/tmp/models/7b.gguf SPECQ_SPECULATOR=/tmp/models/0.5b.gguf \
+    # CUDA graphs as production runs them (on; the Dockerfile sets nothing); GRAPHS_OFF=1 turns them off
+    env ${GRAPHS_OFF:+GGML_CUDA_DISABLE_GRAPHS=1} SPECQ_HOME=$home SPECQ_API_PORT=$port SPECQ_TARGET=/tmp/models/7b.gguf SPECQ_SPECULATOR=/tmp/models/0.5b.gguf \
       SPECQ_N_GPU_LAYERS=-1 SPECQ_N_CTX=$ctx SPECQ_SLOTS=$slots SPECQ_N_BATCH=4096 SPECQ_N_UBATCH=2048 \
-      SPECQ_TIME_LIMIT=3000 SPECQ_KV_UNIFIED=${SPECQ_KV_UNIFIED:-false} GGML_CUDA_DISABLE_GRAPHS=${GGML_CUDA_DISABLE_GRAPHS-1} \
+      SPECQ_TIME_LIMIT=3000 SPECQ_KV_UNIFIED=${SPECQ_KV_UNIFIED:-false} \
       python3 -m specq.cli up > "$out/specq-$slots-$len.log" 2>&1 &
     pid=$!
     for i in $(seq 300); do
