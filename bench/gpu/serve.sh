@@ -82,14 +82,15 @@ specq)
 llama)
   models
   port=8290
-  "$server" -m /tmp/models/7b.gguf -ngl 99 -fa on -np 8 -c $(( 8 * ctx )) --kv-unified --cache-ram -1 \
+  # LLAMA_KV_UNIFIED=0: one KV stream per slot (as specq's slots) instead of one unified cache
+  "$server" -m /tmp/models/7b.gguf -ngl 99 -fa on -np 8 -c $(( 8 * ctx )) $([ "${LLAMA_KV_UNIFIED:-1}" = 1 ] && echo --kv-unified) --cache-ram -1 \
     -b 4096 -ub 2048 --port $port > "$out/llama-server-$len.log" 2>&1 &
   pid=$!
   for i in $(seq 300); do curl -sf localhost:$port/health >/dev/null && break; sleep 1; done
   nvidia-smi --query-gpu=memory.used --format=csv,noheader
   python3 -m specq.cli bench serve --url http://127.0.0.1:$port --kind llama-server --docs "$jobs" --doc-tokens $doc_tokens \
     --chars-per-token "$cpt" --max-tokens $max_tokens --label "llama-server -np 8" \
-    --out "$out/serve-llama-$len.json" --plot "$out/serve-llama-$len.png" \
+    --out "$out/serve-llama${LLAMA_KV_UNIFIED:-1}-$len.json" --plot "$out/serve-llama${LLAMA_KV_UNIFIED:-1}-$len.png" \
     $(ls "$out"/serve-specq*-$len.json 2>/dev/null | sed 's/^/--compare /')
   kill -TERM $pid; wait $pid
   grep -m3 -i "error" "$out/llama-server-$len.log"
