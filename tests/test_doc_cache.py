@@ -24,6 +24,10 @@ WINDOW = 256
 
 
 def _engine(tiny_models, cache_bytes=64 << 20, **kw) -> Engine:
+    """call_tokens 4096: a prefill is one llama_decode call (split only by n_ubatch), so a cached run and
+    an uncached one differ only in what the cache restores, not in where calls are cut (CPU kernels round
+    differently per call size); batch-invariant target numerics, so logits do not depend on batch sizes."""
+    kw = {"call_tokens": 4096, "batch_invariant": "on", **kw}
     return Engine(EngineOptions(target=str(tiny_models.target), speculator=str(tiny_models.speculator), n_gpu_layers=0,
                                 n_ctx=4096, n_threads=2, cache_bytes=cache_bytes, **kw))
 

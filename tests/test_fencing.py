@@ -201,7 +201,7 @@ def test_migration_0005_goes_down_and_up(backend, tmp_path):
             cols = list(conn.execute(text("SELECT * FROM jobs")).keys())
             assert "attempt_token" not in cols and conn.execute(text("SELECT count(*) FROM jobs")).scalar() == 1
         db.dispose_engines()
-        assert db.upgrade(url) == db.head_revision() == "0005"
+        assert db.upgrade(url) == db.head_revision() and db.head_revision() >= "0005"
         with db.session(url) as s:
             # a job left running by a worker from before 0005 has no token: its writes are refused
             assert jobs.get_job(s, job.id).attempt_token is None

@@ -415,7 +415,7 @@ def test_api_conforms_to_its_openapi_schema(fuzz_stack):
 def test_api_stateful_links(fuzz_stack):
     """Sequences along the OpenAPI links: a created job or batch is read, listed, cancelled and its data
     deleted, each response conforming to its schema."""
-    seen = run_stateful(fuzz_stack, 20, 6)
+    seen = run_stateful(fuzz_stack, 60, 8)  # the documents routes widened the walk: more and longer walks
     print("stateful:", sorted(seen))
     # the links were followed: something created, then read, and cancelled or deleted through its links
     assert {("POST /v1/jobs", 202), ("POST /v1/batches", 200)} & seen, seen

@@ -31,7 +31,11 @@ QUESTION = "Welche Stadt kommt vor?"
 def stack(request, tiny_models, tmp_path_factory):
     home = tmp_path_factory.mktemp(f"openai_{request.param}")
     port = free_port()
-    extra = dict(SPECQ_API_PORT=str(port), SPECQ_AUTH="keys")
+    # mode auto (the OpenAI routes' default) as these tests were written for it: specprefill from 1,024
+    # prompt tokens (as if docs/quality.md had measured that length), and no prompt cache, so a repeated
+    # request runs the same path and gives the same answer (the caches: test_doc_cache, test_documents)
+    extra = dict(SPECQ_API_PORT=str(port), SPECQ_AUTH="keys", SPECQ_AUTO_QUALITY_MIN_TOKENS="1024",
+                 SPECQ_CACHE_BYTES="0")
 
     def serve(env):
         st = Stack(env=env, port=port, logdir=home)

@@ -115,7 +115,10 @@ def engine(tiny_models):
     from specq.engine.pipeline import Engine
 
     eng = Engine(EngineOptions(target=str(tiny_models.target), speculator=str(tiny_models.speculator), n_gpu_layers=0,
-                               n_ctx=8192, n_ubatch=128, speculator_gpu=1))  # speculator_gpu: a no-op on the CPU
+                               n_ctx=8192, n_ubatch=128, speculator_gpu=1,  # speculator_gpu: a no-op on the CPU
+                               # pipelined = serial bit for bit needs batch-invariant numerics (then the
+                               # engine aligns the pipelined calls to n_ubatch); off is the CPU default
+                               batch_invariant="on"))
     yield eng
     eng.close()
 

@@ -65,7 +65,8 @@ def test_submit_wait_prints_answer_and_rest_gives_same_object(stack, client, tmp
     job_id = page["data"][0]["id"]
     job = wait_job(client, job_id)
     assert job["status"] == "succeeded" and job["error"] is None
-    assert job["input"] == {"filename": "math_utils.py", "size_bytes": len(DOC.encode()), "question": QUESTION}
+    assert job["input"] == {"filename": "math_utils.py", "size_bytes": len(DOC.encode()), "question": QUESTION,
+                            "document_id": None}
     assert job["params"]["max_tokens"] == 8 and job["attempts"] == 1
     assert job["queue_wait_ms"] is not None and job["queue_wait_ms"] >= 0
     result = job["result"]

@@ -76,7 +76,7 @@ def jobs_router(settings: ServiceSettings, caller_of: Callable[..., Caller]) -> 
                                                     "deleteJobData"),
                                             "ListJobs": {"operationId": "listJobs", "parameters": {"status": "queued"}}},
                                   "headers": {"Location": {"description": "/v1/jobs/{id}", "schema": {"type": "string"}}}},
-                            **responses(400, 401, 413, 415, 422, 429, 503)})
+                            **responses(400, 401, 404, 413, 415, 422, 429, 503)})  # 404: an unknown document_id
     async def submit_job(request: Request, caller: Caller = Depends(caller_of)) -> JSONResponse:
         ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
         document_id = None

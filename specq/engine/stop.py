@@ -39,6 +39,7 @@ class Stop:
         self.limit_message = limit_message or "the run exceeded its time limit"
         self._cancelled = threading.Event()
         self._message = "cancelled"
+        self._error: RunCancelled | None = None
         self._lock = threading.Lock()
         #: contexts decoding right now (Context.decode registers itself around each llama_decode)
         self._active: set = set()
@@ -49,12 +50,14 @@ class Stop:
         return cls(deadline=time.monotonic() + seconds, **kw)
 
     # -- the cancel side (any thread) ----------------------------------------------------------------
-    def cancel(self, message: str = "cancelled") -> None:
+    def cancel(self, message: str = "cancelled", error: RunCancelled | None = None) -> None:
         """Request the stop; a llama_decode running on a registered context ends within a graph node
-        (CPU) or at the end of its call (other backends)."""
+        (CPU) or at the end of its call (other backends). `error`: the exception the run then ends
+        with (default RunCancelled(message); the worker passes its Fenced)."""
         with self._lock:
             if not self._cancelled.is_set():
                 self._message = message
+                self._error = error
             self._cancelled.set()
             for ctx in list(self._active):
                 ctx.trip_stop()
@@ -73,7 +76,7 @@ class Stop:
     def reason(self) -> RunCancelled | None:
         """The exception the run must end with now, or None to go on."""
         if self.cancelled:
-            return RunCancelled(self._message)
+            return self._error or RunCancelled(self._message)
         if self.deadline is not None and time.monotonic() >= self.deadline:
             return JobTimeLimit(self.limit_message)
         return None

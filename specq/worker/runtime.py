@@ -155,7 +155,7 @@ class _Watcher(threading.Thread):
         if self.fenced is None:
             self.fenced = e
             log.warning("job %s: %s; stopping the run", self.job_id, e)
-            self.run_stop.cancel("fenced")  # cuts a running llama_decode too; the run then ends as fenced
+            self.run_stop.cancel("fenced", e)  # cuts a running llama_decode too; the run ends with e
 
     def stop(self) -> None:
         self._stop_event.set()
@@ -207,11 +207,14 @@ class WorkerRuntime:
         slots = self.settings.resolved_slots(backend_name())
         opts = self.settings.engine_options(slots)
         self.engine = Engine(opts)
-        self.serving = ServingEngine(self.engine, prefill_chunk=self.settings.prefill_chunk).start()
+        # one slot: the single-job pipeline in the task's thread (its Stop cuts a running llama_decode,
+        # and the target's prompt cache serves mode auto); several: the engine loop of serving.py
+        if slots > 1:
+            self.serving = ServingEngine(self.engine, prefill_chunk=self.settings.prefill_chunk).start()
         if self.settings.warm_up:
             t1 = time.perf_counter()
             doc, params = self.engine.warm_up_job()
-            res = self.serving.run(doc, params)
+            res = (self.serving or self.engine).run(doc, params)
             self.warm_up_s = time.perf_counter() - t1
             log.warning("specq worker warm-up: a specprefill job of %d tokens in %d windows (n_ubatch %d) took %.2fs",
                         res.usage.prompt_tokens, res.spec.windows, self.engine.n_ubatch, self.warm_up_s)
