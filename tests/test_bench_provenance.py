@@ -80,7 +80,8 @@ def test_ttft_report_both_modes_same_numerics_and_provenance(tiny_models, tmp_pa
     assert row["headline_mode"] == "on"
     assert row["ratio"] == pytest.approx(fastest / row["modes"]["on"]["specprefill_ttft_ms"], rel=1e-3)
     for m in ("on", "off"):
-        assert row["modes"][m]["ratio_vs_fastest_baseline"] <= row["modes"][m]["ratio"] + 1e-9
+        # both ratios are rounded to 3 decimals (equal before rounding when the mode's baseline is the fastest)
+        assert row["modes"][m]["ratio_vs_fastest_baseline"] <= row["modes"][m]["ratio"] + 1e-3
 
 
 def test_decode_books_the_drafters_prefill_apart_and_records_provenance(tiny_models):
