@@ -209,3 +209,20 @@ def test_first_job_is_warm(stack):
             ttfts.append(view["result"]["timings_ms"]["ttft"])
     assert ttfts[0] <= 1.3 * ttfts[1], ttfts  # the issue's bound: first vs second
     kill9(stack, "worker-warm")
+
+
+def test_bench_serve_reports_a_workload_run_against_the_service(stack):
+    """`specq bench serve`'s driver against this real service (2 slots, tiny byte-vocabulary models):
+    every job streamed exactly max_tokens tokens (ignore_eos), the summary counts them, and the report
+    names the code and host it ran from."""
+    from specq.bench.serve import Workload, run_serve_bench
+
+    _worker(stack, "worker-bench", 2)
+    w = Workload(docs=3, doc_tokens=200, max_tokens=6, chars_per_token=1.0)
+    report = run_serve_bench(stack.url, w, kind="specq", timeout=240)
+    s = report["summary"]
+    assert s["jobs"] == s["succeeded"] == 3 and s["output_tokens"] == 18, s
+    assert all(j["output_tokens"] == 6 and j["ttft_ms"] and j["ttft_ms"] > 0 for j in report["jobs"])
+    assert s["jobs_per_min"] > 0 and report["provenance"]["code"]["commit"]
+    assert report["provenance"]["measured_from"] == "client" and report["provenance"]["host"]["cores"] >= 1
+    kill9(stack, "worker-bench")

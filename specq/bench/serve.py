@@ -210,6 +210,9 @@ def run_serve_bench(base_url: str, w: Workload, *, kind: str = "specq", model: s
     """Run the workload against `base_url`; the JSON-ready report (workload, summary, per-job rows)."""
     if kind not in ("specq", "llama-server"):
         raise ValueError("kind must be specq or llama-server")
+    from .provenance import Start, provenance
+
+    start = Start()
     model = model or first_model(base_url, api_key)
     bodies = build_requests(w, kind, model)
     mem0 = gpu_memory_mib()
@@ -218,6 +221,9 @@ def run_serve_bench(base_url: str, w: Workload, *, kind: str = "specq", model: s
         "label": label or kind, "kind": kind, "url": base_url, "model": model, "workload": asdict(w),
         "summary": summarize(recs, w), "gpu_memory_mib_before": mem0, "gpu_memory_mib_after": gpu_memory_mib(),
         "measured": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+        # the client's code, host, command and llama-cpp-python (the service's own numerics are not
+        # visible from here: bench/gpu/serve.sh states them, and specq's per-job `engine` rows carry timings)
+        "provenance": provenance(None, start=start, measured_from="client"),
         "jobs": [{**asdict(r), "ttft_ms": r.ttft_ms} for r in recs],
     }
 
