@@ -46,7 +46,9 @@ DEFAULT_MIN_TOKENS = 1024
 MAX_DEFAULT_CTX = 32768
 #: EngineOptions.call_tokens = 0: tokens per prefill llama_decode call, about 0.5 s of work on each
 #: backend (measured: docs/engine.md, "Cancel and the time limit")
-DEFAULT_CALL_TOKENS = {"cpu": 64, "gpu": 2048}
+#: CPU: one n_ubatch (512), not 64: patch 0003's C abort already cuts a call within a graph node there,
+#: and 64-token calls cost ~17% speculator prefill / ~20% TTFT on the real pair (docs/engine.md)
+DEFAULT_CALL_TOKENS = {"cpu": 512, "gpu": 2048}
 
 
 def default_call_tokens(backend: str) -> int:
