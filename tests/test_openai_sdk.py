@@ -254,9 +254,11 @@ def test_chat_behind_a_big_batch_starts_at_the_next_free_slot_and_cancel(stack):
     with rest(stack) as c:
         batch_jobs = c.get("/v1/jobs", params={"limit": 500}).json()["data"]
     started = [ts(j["started_at"]) for j in batch_jobs if j["batch_id"] == b.id and j["started_at"]]
-    # no batch request was claimed between the chat's arrival and its start: it took the next free slot
+    # the chat took the next free slot: at most the one batch claim already in flight when the chat was
+    # stored (this worker has one slot, and created_at/started_at are stamped before the write lock is
+    # taken) started between the chat's arrival and its start -- in FIFO order ~49 would have
     between = [t for t in started if ts(chat["created_at"]) < t < ts(chat["started_at"])]
-    assert between == [], (chat, between)
+    assert len(between) <= 1, (chat, between)
     assert chat["priority"] == 0 and all(j["priority"] == 1 for j in batch_jobs if j["batch_id"] == b.id)
 
     cancelled = client.batches.cancel(b.id)
