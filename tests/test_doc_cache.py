@@ -260,3 +260,40 @@ def test_parallel_windows_restore_into_their_own_streams(tiny_models):
         assert "streams" in layouts and set(layouts) <= {"streams", "single"}
     finally:
         e.close()
+
+
+def test_serving_slots_use_the_prompt_cache(tiny_models):
+    """Two serving slots (engine/serving.py): question 1's full prefill is saved from its slot's KV stream;
+    questions 2-4, decoded together, restore it into whichever slot they get, prefill only the rest, and
+    answer what the loop answers without a cache (batch-invariant numerics: the restored cells are the
+    bytes question 1 computed). Another tenant misses."""
+    from specq.engine.serving import ServingEngine
+
+    answers = {}
+    for budget in (64 << 20, 0):
+        e = _engine(tiny_models, cache_bytes=budget, slots=2)
+        loop = ServingEngine(e).start()
+        try:
+            p = [_params(q, mode="baseline", max_tokens=6) for q in QUESTIONS]
+            first = loop.run(DOC, p[0])
+            rest = [h.result(120) for h in [loop.submit(DOC, x, scope="") for x in p[1:]]]
+            answers[budget] = [r.tokens for r in [first, *rest]]
+            if budget:
+                prompt = e.tokenize_prompt(DOC, p[1])
+                assert not first.spec.cache["target"]["hit"] and first.spec.cache["target"]["bytes_saved"] > 0
+                for r in rest:
+                    t = r.spec.cache["target"]
+                    assert t["hit"] and t["reused_tokens"] >= prompt.doc_end, t
+                    assert t["prefilled_tokens"] == r.usage.prompt_tokens - t["reused_tokens"]
+                    assert r.spec.cache["bytes_restored"] == t["bytes_restored"] > 0
+                    assert r.timings_ms["cache_restore"] > 0
+                other = loop.submit(DOC, p[1], scope="team-b").result(120)
+                assert not other.spec.cache["target"]["hit"]
+                # the entries are keyed by the slots' layout, apart from a one-sequence context's
+                assert {entry.key[8] for entry in e.cache_store.entries(("target-prefix",))} == {"streams"}
+            else:
+                assert first.spec.cache["target"] == "off"
+        finally:
+            loop.close()
+            e.close()
+    assert answers[64 << 20] == answers[0]

@@ -167,9 +167,11 @@ def test_sigterm_drains_running_jobs_finish_late_ones_go_back(stack):
 
     from specq.storage import db
 
-    p = _worker(stack, "worker-drain", 2, SPECQ_DRAIN_GRACE="8")
+    # 300 tokens: long enough to be seen decoding beside the long one on a fast CPU (150 tokens took
+    # ~0.5 s on an EPYC and the poll missed them), short enough to end within the grace on a slow one
+    p = _worker(stack, "worker-drain", 2, SPECQ_DRAIN_GRACE="15")
     with httpx.Client(base_url=stack.url, timeout=30) as client:
-        short = _submit(client, DOCS[0], {"mode": "baseline", "max_tokens": 150, "seed": 1})
+        short = _submit(client, DOCS[0], {"mode": "baseline", "max_tokens": 300, "seed": 1})
         # 6,000 tokens: far longer than the grace period on the tiny models (one thread)
         long = _submit(client, DOCS[1], {"mode": "baseline", "max_tokens": 6000, "seed": 1})
         later = _submit(client, DOCS[2], PARAMS[0])

@@ -142,9 +142,10 @@ class Engine:
             return None
         if self._prefix_cache is None:
             num = self.numerics
+            # the serving slots' context (one KV stream per sequence) saves other bytes than one sequence
             self._prefix_cache = PrefixCache(self.cache_store, CacheNumerics(
                 file_sha256(self.target_path), num.type_k, num.flash_attn, num.repack, num.batch_invariant,
-                self.n_ubatch, self.info.backend))
+                self.n_ubatch, self.info.backend, layout="single" if self.slots == 1 else "streams"))
         return self._prefix_cache
 
     def spec_cache(self) -> SpeculatorCache | None:
@@ -227,8 +228,8 @@ class Engine:
         run decided; (prompt, mode, positions, warnings, timings, spec). `scope` (the tenant) keys the
         caches: saved KV is only ever reused within one scope. `reused_document`: the job asks about a
         stored document (more questions expected: mode auto then fills the prompt cache, auto.py 1b).
-        `prompt_cache=False`: the caller prefills without the target's prompt cache (the serving slots),
-        so mode auto does not count on it."""
+        `prompt_cache=False`: the caller prefills without the target's prompt cache, so mode auto does
+        not count on it."""
         params.validate()
         timings = {p: 0.0 for p in CORE_PHASES}
         timings["cache_restore"] = 0.0

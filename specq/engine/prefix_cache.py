@@ -16,10 +16,14 @@ Engine-level API:
     cache = PrefixCache(store, numerics)
     hit = cache.prefill(ctx, scope, tokens)      # -> PrefixUse(reused, bytes_restored, …); ctx then holds
                                                  #    the whole prompt, logits of the last token ready
+    start = cache.restore(ctx, seq, scope, tokens, use)   # the serving slots: the cached prefix into one
+    cache.save(ctx, seq, scope, tokens, use)              #   sequence, and the whole prompt after its prefill
     cache.lookup(scope, tokens)                  # -> (entry, common) or None, no restore (mode auto)
 """
 
 from __future__ import annotations
+
+import llama_cpp  # isort: skip  (before numpy)
 
 from .spec_cache import Entry, Numerics, StateStore, restore_seq, save_seq, tokens_sha256  # isort: skip
 
@@ -88,39 +92,52 @@ class PrefixCache:
             return None
         return best, best_n
 
+    def restore(self, ctx, seq: int, scope: str, tokens: Sequence[int], use: PrefixUse) -> int:
+        """Put the longest cached prefix of `tokens` into sequence `seq` of `ctx` (empty for it) and
+        return its length: the first position still to prefill (0 on a miss). Records the hit in `use`."""
+        found = self.lookup(scope, tokens)
+        if found is None:
+            self.store.stats.misses += 1
+            return 0
+        entry, common = found
+        t0 = time.perf_counter()
+        try:
+            restore_seq(ctx, entry.data, seq)
+            if common < entry.tokens.size:
+                ctx.seq_rm(seq, common, -1)
+        except DecodeError:  # a state this context cannot take: a plain prefill instead
+            ctx.seq_rm(seq, -1, -1)
+            self.store.stats.misses += 1
+            use.restore_ms = (time.perf_counter() - t0) * 1000.0
+            return 0
+        use.restore_ms = (time.perf_counter() - t0) * 1000.0
+        self.store.touch(entry.key)
+        use.hit, use.reused_tokens, use.bytes_restored = True, common, len(entry.data)
+        return common
+
+    def save(self, ctx, seq: int, scope: str, tokens: Sequence[int], use: PrefixUse) -> None:
+        """Store sequence `seq` of `ctx`, which holds exactly `tokens` at positions 0..n-1."""
+        if not self.store.enabled:
+            return
+        t0 = time.perf_counter()
+        if int(llama_cpp.llama_state_seq_get_size(ctx.ptr, seq)) > self.store.budget:
+            return  # it would not be stored: do not copy it out (GB at 32K tokens on a 7B)
+        data = save_seq(ctx, seq)
+        if self.store.put((*self._base(scope), len(tokens), tokens_sha256(tokens)), data, tokens):
+            use.bytes_saved = len(data)
+        use.save_ms = (time.perf_counter() - t0) * 1000.0
+
     def prefill(self, ctx, scope: str, tokens: Sequence[int], *, save: bool = True) -> PrefixUse:
         """Fill a context's sequence 0 with `tokens` (positions 0..n-1), reusing the longest cached prefix;
         the logits of the last token are then in ctx.logits_row(-1). Saves the prompt's KV afterwards."""
         use = PrefixUse()
         n = len(tokens)
         ctx.clear()
-        start = 0
-        found = self.lookup(scope, tokens)
-        if found is not None:
-            entry, common = found
-            t0 = time.perf_counter()
-            try:
-                restore_seq(ctx, entry.data, 0)
-                if common < entry.tokens.size:
-                    ctx.seq_rm(0, common, -1)
-            except DecodeError:  # a state this context cannot take: a plain prefill instead
-                ctx.clear()
-                found = None
-            use.restore_ms = (time.perf_counter() - t0) * 1000.0
-        if found is not None:
-            self.store.touch(entry.key)
-            use.hit, use.reused_tokens, use.bytes_restored = True, common, len(entry.data)
-            start = common
-        else:
-            self.store.stats.misses += 1
+        start = self.restore(ctx, 0, scope, tokens, use)
         ctx.decode(list(tokens[start:]), range(start, n), logits="last")
         use.prefilled_tokens = n - start
-        if save and self.store.enabled:
-            t0 = time.perf_counter()
-            data = save_seq(ctx, 0)
-            if self.store.put((*self._base(scope), n, tokens_sha256(tokens)), data, tokens):
-                use.bytes_saved = len(data)
-            use.save_ms = (time.perf_counter() - t0) * 1000.0
+        if save:
+            self.save(ctx, 0, scope, tokens, use)
         return use
 
 

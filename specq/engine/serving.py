@@ -19,7 +19,9 @@ Each step of the loop:
 3. one unit of preparation of the oldest admitted job that is not decoding: tokenize, or its whole
    scoring + selection (its progress callback runs per window group, so a cancel lands there, and
    between two groups the decoding jobs get one decode batch each time), or setting up its prefill
-   (drafter, kept tokens);
+   (drafter, kept tokens; a full prefill restores the longest prefix the target's prompt cache holds
+   into the job's own sequence and prefills only the rest, and saves the whole prompt once prefilled:
+   prefix_cache.py, entries keyed by the slots' layout "streams");
 4. one target batch (one `llama_decode`, at most n_batch rows): the next tokens of every decoding
    job (its last token + its draft, at its own positions, in its own sequence) plus a chunk of at
    most `prefill_chunk` kept tokens of one job being prefilled. Each decoding job then verifies its
@@ -55,6 +57,7 @@ from .decode import SeqDecoder
 from .invariance import MAX_INVARIANT_BATCH
 from .options import RunParams
 from .prefill import prefill_plan
+from .prefix_cache import PrefixUse
 from .result import RunResult
 from .sampling import Sampler
 
@@ -130,6 +133,7 @@ class _Job:
     engine_ms: dict = field(default_factory=lambda: {p: 0.0 for p in PHASES})
     span_ms: dict = field(default_factory=lambda: {p: 0.0 for p in PHASES})
     faulty: bool = False
+    prefix_use: PrefixUse | None = None  # a full prefill through the target's prompt cache
 
     def end_phase(self, phase: str, t: float) -> None:
         self.span_ms[phase] += (t - self.t_phase) * 1000.0
@@ -310,11 +314,9 @@ class ServingEngine:
         t0 = _now()
         if job.stage == "tokenize":
             job.progress("tokenize", 0, 1)
-            # the slots prefill without the target's prompt cache (not wired into the loop yet), so mode
-            # auto does not count on a hit there
             job.prompt, job.mode, job.positions, job.warnings, job.timings, job.spec = eng.prepare(
                 job.document, job.params, messages=job.messages, raw=job.raw, scope=job.scope,
-                reused_document=job.reused_document, prompt_cache=False)
+                reused_document=job.reused_document)
             t1 = _now()
             job.engine_ms["tokenize"] += (t1 - t0) * 1000.0
             job.end_phase("tokenize", t1)
@@ -345,6 +347,13 @@ class ServingEngine:
         job.pre_toks, job.pre_pos, job.next_pos = prefill_plan(job.prompt.tokens, job.kept, job.positions)
         self.ctx.seq_rm(job.slot, -1, -1)
         job.offset = 0
+        cache = eng.prefix_cache()
+        if job.mode == "baseline" and cache is not None and getattr(job.drafter, "observe", None) is None:
+            # a full prefill (tokens 0..n-1 in order): the longest cached prefix goes into this slot's
+            # sequence and the prefill starts after it; the whole prompt is saved when it is prefilled
+            job.prefix_use = PrefixUse()
+            job.offset = cache.restore(self.ctx, job.slot, job.scope, job.prompt.tokens, job.prefix_use)
+            job.timings["cache_restore"] += job.prefix_use.restore_ms
         job.stage = "prefill"
         job.engine_ms["sparse_prefill"] += (_now() - t0) * 1000.0
 
@@ -421,6 +430,7 @@ class ServingEngine:
             else:
                 job.offset += len(toks)
                 if job.offset >= len(job.pre_toks):
+                    self._save_prompt(job)
                     self._start_decode(job, base + len(toks) - 1)
         except BaseException as e:
             job.engine_ms[phase] += (seconds + _now() - t0) * 1000.0
@@ -483,6 +493,16 @@ class ServingEngine:
             if job.faulty and job.stage == "decode" and len(job.dec.out) >= 3:
                 raise DecodeError(f"llama_decode returned -1 (error): injected by {FAULT_ENV} for this job")
 
+    def _save_prompt(self, job: _Job) -> None:
+        """After a full prefill through the prompt cache: its record, and the prompt's KV saved."""
+        use = job.prefix_use
+        if use is None:
+            return
+        use.prefilled_tokens = len(job.pre_toks) - use.reused_tokens
+        self.engine.prefix_cache().save(self.ctx, job.slot, job.scope, job.prompt.tokens, use)
+        job.spec.cache["target"] = use.as_dict()
+        job.spec.cache["bytes_restored"] += use.bytes_restored
+
     def _start_decode(self, job: _Job, row: int) -> None:
         eng, p = self.engine, job.params
         logits = self.ctx.logits_row(row)
@@ -494,7 +514,7 @@ class ServingEngine:
                              drafter=job.drafter, n_draft=n_draft, draft_min=p.draft_min, progress=on_token,
                              accept=accept, seq=job.slot, ignore_eos=p.ignore_eos)
         job.end_phase("sparse_prefill", _now())  # the first token (sampled above) is the prefill's
-        job.timings["sparse_prefill"] = job.span_ms["sparse_prefill"]
+        job.timings["sparse_prefill"] = max(0.0, job.span_ms["sparse_prefill"] - job.timings.get("cache_restore", 0.0))
 
     def _finish(self, job: _Job) -> None:
         t_end = _now()
