@@ -297,3 +297,29 @@ def test_serving_slots_use_the_prompt_cache(tiny_models):
             loop.close()
             e.close()
     assert answers[64 << 20] == answers[0]
+
+
+def test_questions_arriving_together_prefill_the_document_once(tiny_models):
+    """Four baseline questions about one document submitted at once to four slots: the first prefills
+    the document, the other three set up after its save and restore it (without that, all four would
+    miss: none is saved when the others set up). Same tokens as four uncached runs through the loop."""
+    from specq.engine.serving import ServingEngine
+
+    answers = {}
+    for budget in (64 << 20, 0):
+        e = _engine(tiny_models, cache_bytes=budget, slots=4)
+        loop = ServingEngine(e).start()
+        try:
+            rs = [h.result(120) for h in [loop.submit(DOC, _params(q, mode="baseline", max_tokens=6), scope="a")
+                                         for q in QUESTIONS]]
+            answers[budget] = [r.tokens for r in rs]
+            if budget:
+                hits = [r.spec.cache["target"]["hit"] for r in rs]
+                assert hits == [False, True, True, True], [r.spec.cache for r in rs]
+                doc_end = e.tokenize_prompt(DOC, _params(QUESTIONS[0])).doc_end
+                assert all(r.spec.cache["target"]["reused_tokens"] >= doc_end for r in rs[1:])
+                assert loop.prefix_waits >= 1  # the later ones may set up after the save itself
+        finally:
+            loop.close()
+            e.close()
+    assert answers[64 << 20] == answers[0]

@@ -21,7 +21,9 @@ Each step of the loop:
    between two groups the decoding jobs get one decode batch each time), or setting up its prefill
    (drafter, kept tokens; a full prefill restores the longest prefix the target's prompt cache holds
    into the job's own sequence and prefills only the rest, and saves the whole prompt once prefilled:
-   prefix_cache.py, entries keyed by the slots' layout "streams");
+   prefix_cache.py, entries keyed by the slots' layout "streams"; a full prefill whose prompt shares
+   a longer prefix with a job prefilling now than the cache holds sets up after that job's save,
+   `_prefix_owner`: questions about one document arriving together prefill the document once);
 4. one target batch (one `llama_decode`, at most n_batch rows): the next tokens of every decoding
    job (its last token + its draft, at its own positions, in its own sequence) plus a chunk of at
    most `prefill_chunk` kept tokens of one job being prefilled. Each decoding job then verifies its
@@ -52,12 +54,15 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+import llama_cpp  # noqa: F401  # isort: skip  (before numpy, as everywhere in the engine)
+import numpy as np
+
 from ..contracts import DecodeError, Drained, RunCancelled
 from .decode import SeqDecoder
 from .invariance import MAX_INVARIANT_BATCH
 from .options import RunParams
 from .prefill import prefill_plan
-from .prefix_cache import PrefixUse
+from .prefix_cache import PrefixUse, common_prefix
 from .result import RunResult
 from .sampling import Sampler
 
@@ -134,6 +139,7 @@ class _Job:
     span_ms: dict = field(default_factory=lambda: {p: 0.0 for p in PHASES})
     faulty: bool = False
     prefix_use: PrefixUse | None = None  # a full prefill through the target's prompt cache
+    wait_for: "_Job | None" = None  # the job whose prompt (sharing this one's prefix) is being prefilled
 
     def end_phase(self, phase: str, t: float) -> None:
         self.span_ms[phase] += (t - self.t_phase) * 1000.0
@@ -196,6 +202,8 @@ class ServingEngine:
         self.slot_wait_ms_total = 0.0
         self.jobs_finished = 0
         self.steps = 0
+        #: set-ups deferred because another job was prefilling the same prompt prefix (_prefix_owner)
+        self.prefix_waits = 0
 
     # -- other threads ---------------------------------------------------------------------------
     def start(self) -> "ServingEngine":
@@ -295,7 +303,7 @@ class ServingEngine:
             job.stage = "tokenize"
             self._active.append(job)
             self.slot_wait_ms_total += (job.t_admit - job.t_submit) * 1000.0
-        prep = next((j for j in self._active if j.stage in ("tokenize", "score", "setup")), None)
+        prep = next((j for j in self._active if self._preparable(j)), None)
         if prep is not None:
             self._guard(prep, self._prepare, prep)
         self._batch()
@@ -340,6 +348,11 @@ class ServingEngine:
             job.stage = "setup"
             return
         # setup: the drafter, the kept tokens of the prefill, an empty sequence
+        owner = self._prefix_owner(job)
+        if owner is not None:  # another job is prefilling this prompt's prefix: wait for its save
+            job.wait_for = owner
+            self.prefix_waits += 1
+            return
         if job.kept is None:
             job.kept = list(range(job.prompt.n))
         job.drafter = eng._drafter(job.params, job.prompt, scored=(job.mode == "specprefill"), seq=job.slot)
@@ -356,6 +369,35 @@ class ServingEngine:
             job.timings["cache_restore"] += job.prefix_use.restore_ms
         job.stage = "prefill"
         job.engine_ms["sparse_prefill"] += (_now() - t0) * 1000.0
+
+    def _preparable(self, job: _Job) -> bool:
+        if job.stage not in ("tokenize", "score", "setup"):
+            return False
+        if job.wait_for is not None:
+            if job.wait_for.stage == "prefill" and job.wait_for in self._active:
+                return False
+            job.wait_for = None  # its prompt is saved now (or it is gone): look again
+        return True
+
+    def _prefix_owner(self, job: _Job) -> _Job | None:
+        """A job prefilling (now, through the prompt cache) a prompt that shares a longer prefix with
+        this full-prefill job's prompt than the cache holds: this one sets up after that one's prompt
+        is saved and then restores it, rather than computing the same cells a second time (several
+        questions about one document arriving together). Prefill chunks run one job at a time anyway
+        (`_batch`), so the wait costs the waiting job no time to first token."""
+        cache = self.engine.prefix_cache()
+        if cache is None or job.mode != "baseline" or job.params.draft in ("mtp", "eagle3"):
+            return None
+        found = cache.lookup(job.scope, job.prompt.tokens)
+        have = found[1] if found else 0
+        toks = np.asarray(job.prompt.tokens, dtype=np.int32)
+        for other in self._active:
+            if other is job or other.stage != "prefill" or other.prefix_use is None or other.scope != job.scope:
+                continue
+            shared = min(common_prefix(np.asarray(other.prompt.tokens, dtype=np.int32), toks), len(toks) - 1)
+            if shared >= cache.min_reuse and shared > have + cache.min_reuse:
+                return other
+        return None
 
     def _between_windows(self) -> None:
         """One decode batch of the decoding jobs, run from inside another job's scoring between two of
