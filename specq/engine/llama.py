@@ -23,7 +23,7 @@ import hashlib
 import os
 import threading
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -330,12 +330,16 @@ class Context:
         *,
         seq_ids: Sequence[int] | int = 0,
         logits: str | Sequence[bool] = "last",
+        after_call: Callable[[], None] | None = None,
     ) -> None:
         """Decode tokens at the given positions (split into batches of at most n_batch).
 
         logits: "last" (only the very last token), "all", "none", or a per-token mask. After the call,
         `logits_row(i)` reads the i-th output row of the final batch. A "last"/"none" batch goes in
         calls of at most `call_tokens` tokens, any other in calls of n_batch.
+        after_call: run after each llama_decode call this makes, the last one included (the serving
+        loop decodes other jobs on another context there, engine/scoring.py); it must not touch this
+        context's cells, and an exception from it ends the decode (the calls already made stay).
         """
         n = len(tokens)
         if n != len(positions):
@@ -359,6 +363,8 @@ class Context:
         for start in range(0, n, step):
             end = min(start + step, n)
             self._decode_one(toks[start:end], pos[start:end], seqs[start:end], mask[start:end])
+            if after_call is not None:
+                after_call()
 
     def _decode_one(self, toks: np.ndarray, pos: np.ndarray, seqs: np.ndarray, mask: np.ndarray) -> None:
         m = len(toks)

@@ -441,9 +441,11 @@ class Engine:
         return choice
 
     def _select(self, prompt: Prompt, params: RunParams, timings: dict, spec: SpecInfo,
-                report: Progress, scope: str = "") -> tuple[list[int], np.ndarray]:
+                report: Progress, scope: str = "", between_calls=None) -> tuple[list[int], np.ndarray]:
         """Score the prompt with the speculator and pick the kept indices (phases `score`, `select`);
-        (kept indices, document token scores). Window prefixes go through the speculator cache."""
+        (kept indices, document token scores). Window prefixes go through the speculator cache.
+        between_calls(ctx): run after each llama_decode call of a window's prefill (scoring.py, "Between
+        calls"; the serving loop's decode batches of other jobs); Engine.run passes none."""
         from .selection import select_kept, select_kept_per_window
 
         scorer = self.scorer()
@@ -453,6 +455,7 @@ class Engine:
         scored = scorer.score(
             prompt, scorer=params.scorer, lookahead=params.lookahead, pool=params.pool, window=params.window,
             progress=lambda done, total: report("score", done, total), cache=cache, scope=scope,
+            between_calls=between_calls,
         )
         timings["score"] = _ms(t0)
         timings.update(scored.timings_ms)

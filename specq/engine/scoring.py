@@ -22,6 +22,14 @@ Where the math runs (`score_math`): `numpy` copies each layer's K cache to the h
 lookahead step; `torch` (score_torch.py) reads it in place on the speculator's device and only the
 scores come back — the GPU default when PyTorch with CUDA is importable.
 
+Between calls (`score(between_calls=...)`): a window's prefill is llama_decode calls of at most
+`call_tokens` tokens (the context's); after each of them the caller's `between_calls(ctx)` runs, `ctx`
+being the speculator context that holds the window's partial KV. The serving loop decodes other jobs
+on the target's context there (engine/serving.py); the capture is not armed then (the eval callback
+is off, or installed but disarmed, until the lookahead), and the calls, so the KV bytes saved to and
+restored from the speculator cache, are the same with or without it. The hook's time is not counted
+in `speculator_prefill`.
+
 Normalisation: a window's scores are multiplied by the number of keys its softmax ran over, so that
 uniform attention scores 1.0 in every window; a short window (whose softmax mass is spread over
 fewer keys) then does not outweigh the others.
@@ -190,6 +198,9 @@ class SpecPrefillScorer:
         # prefill llama.cpp then makes no Python call per graph node (10–30% of the prefill otherwise).
         self.toggles_callback = set_eval_callback(self.ctx, None)
         self._capture_on = True
+        #: score()'s between_calls while it runs (None otherwise), and the seconds spent in it
+        self._between: Callable[[Context], None] | None = None
+        self._between_s = 0.0
         #: the tokens the speculator's cache holds after the last scoring window (lookahead removed)
         self.cached_tokens: list[int] = []
         #: speculator tokens prefilled so far (tests: a speculator-cache hit prefills only question tails)
@@ -225,6 +236,7 @@ class SpecPrefillScorer:
         cache=None,
         scope: str = "",
         on_window: Callable[[int, int, np.ndarray], None] | None = None,
+        between_calls: Callable[[Context], None] | None = None,
     ) -> ScoreResult:
         """Score the document tokens of `prompt`. capture=False runs the same speculator forward passes
         without capture or score math (scores are then meaningless): the benchmark's overhead baseline.
@@ -234,7 +246,18 @@ class SpecPrefillScorer:
         or prefill it by its own decode call and save it (the `cache_restore` timing: restores).
         on_window(a, b, scores) (windowed and full scorers) is called as soon as the window holding
         document slice [a, b) is scored, in document order (a group of parallel windows together),
-        with that slice's final scores: the pipelined prefill starts on them (pipelined.py)."""
+        with that slice's final scores: the pipelined prefill starts on them (pipelined.py).
+        between_calls(ctx) runs after each llama_decode call of a window's prefill (module doc: "Between
+        calls"); `ctx` is the context being prefilled (the caller must leave its cells alone); an
+        exception from it ends the scoring."""
+        self._between, self._between_s = between_calls, 0.0
+        try:
+            return self._score(prompt, scorer, lookahead, pool, window, progress, capture, cache, scope, on_window)
+        finally:
+            self._between = None
+
+    def _score(self, prompt: Prompt, scorer: str, lookahead: int, pool: int, window: int, progress, capture: bool,
+               cache, scope: str, on_window) -> ScoreResult:
         self._capture_on = capture
         timings = {"speculator_prefill": 0.0, "lookahead": 0.0, "score_math": 0.0}
         if cache is not None:
@@ -295,23 +318,40 @@ class SpecPrefillScorer:
             return ScoreResult(full[prompt.doc_start : prompt.doc_end].copy(), len(starts), timings, plan=[(0, n_doc)])
         raise EngineError(f"unknown scorer {scorer!r}")
 
+    def _after_call(self, ctx: Context) -> Callable[[], None] | None:
+        """Context.decode's after_call for a prefill on `ctx`: score()'s between_calls(ctx), timed."""
+        between = self._between
+        if between is None:
+            return None
+
+        def after() -> None:
+            t = time.perf_counter()
+            try:
+                between(ctx)
+            finally:
+                self._between_s += time.perf_counter() - t
+
+        return after
+
     def _prefill_window(self, ctx: Context, tokens: Sequence[int], prefix: int, cache, scope: str,
                         timings: dict[str, float]) -> None:
         """Prefill tokens[:-1] into sequence 0 of a cleared `ctx`; with a cache, tokens[:prefix] (head +
-        document slice) are restored when saved before, else prefilled alone and saved."""
+        document slice) are restored when saved before, else prefilled alone and saved. between_calls
+        runs after each llama_decode call."""
         n = len(tokens)
         start = 0
+        after = self._after_call(ctx)
         if cache is not None and 0 < prefix < n:
             restored0 = cache.use.restore_ms
             if not cache.restore_into(ctx, scope, tokens[:prefix]):
-                ctx.decode(tokens[:prefix], range(prefix), logits="none")
+                ctx.decode(tokens[:prefix], range(prefix), logits="none", after_call=after)
                 self.prefilled_tokens += prefix
                 cache.use.prefilled_tokens += prefix
                 cache.save_from(ctx, scope, tokens[:prefix])
             timings["cache_restore"] = timings.get("cache_restore", 0.0) + cache.use.restore_ms - restored0
             start = prefix
         if n - 1 > start:
-            ctx.decode(tokens[start:-1], range(start, n - 1), logits="none")
+            ctx.decode(tokens[start:-1], range(start, n - 1), logits="none", after_call=after)
             self.prefilled_tokens += n - 1 - start
             if cache is not None:
                 cache.use.prefilled_tokens += n - 1 - start
@@ -326,10 +366,11 @@ class SpecPrefillScorer:
         if self.toggles_callback:
             set_eval_callback(ctx, None)  # also after a window that ended in an exception
         t0 = time.perf_counter()
-        restore0 = timings.get("cache_restore", 0.0)
+        restore0, between0 = timings.get("cache_restore", 0.0), self._between_s
         self._prefill_window(ctx, tokens, prefix, cache, scope, timings)
         t1 = time.perf_counter()
         t0 += (timings.get("cache_restore", 0.0) - restore0) / 1000.0  # restores are their own phase
+        t0 += self._between_s - between0  # other jobs' work between the calls is not the speculator's
         if not self._capture_on:
             return self._forward_only(tokens, lookahead, timings, t0, t1)
         if self.toggles_callback:
@@ -382,6 +423,8 @@ class SpecPrefillScorer:
         if self.toggles_callback:
             set_eval_callback(ctx, None)
         t0 = time.perf_counter()
+        between0 = self._between_s
+        after = self._after_call(ctx)
         starts = [0] * P
         if cache is not None and prefixes:
             # saved prefixes restored into their streams; the others prefilled together, then saved
@@ -401,7 +444,7 @@ class SpecPrefillScorer:
                     miss_s += [w] * pre
                     missed.append(w)
             if miss_t:
-                ctx.decode(miss_t, miss_p, seq_ids=miss_s, logits="none")
+                ctx.decode(miss_t, miss_p, seq_ids=miss_s, logits="none", after_call=after)
                 self.prefilled_tokens += len(miss_t)
                 cache.use.prefilled_tokens += len(miss_t)
                 for w in missed:
@@ -417,11 +460,12 @@ class SpecPrefillScorer:
             pos += range(starts[w], len(win) - 1)
             seqs += [w] * (len(win) - 1 - starts[w])
         if toks:
-            ctx.decode(toks, pos, seq_ids=seqs, logits="none")
+            ctx.decode(toks, pos, seq_ids=seqs, logits="none", after_call=after)
             self.prefilled_tokens += len(toks)
             if cache is not None:
                 cache.use.prefilled_tokens += len(toks)
         t1 = time.perf_counter()
+        t0 += self._between_s - between0
         capture = self._capture_on  # False: the same forward passes alone (the benchmark's baseline)
         if self.toggles_callback and capture:
             set_eval_callback(ctx, cap.callback)

@@ -17,13 +17,17 @@ Each step of the loop:
    (seq_rm of its sequence), its future gets the exception, nothing else changes;
 2. waiting jobs take free slots (FIFO);
 3. one unit of preparation of the oldest admitted job that is not decoding: tokenize, or its whole
-   scoring + selection (its progress callback runs per window group, so a cancel lands there, and
-   between two groups the decoding jobs get one decode batch each time), or setting up its prefill
-   (drafter, kept tokens; a full prefill restores the longest prefix the target's prompt cache holds
-   into the job's own sequence and prefills only the rest, and saves the whole prompt once prefilled:
-   prefix_cache.py, entries keyed by the slots' layout "streams"; a full prefill whose prompt shares
-   a longer prefix with a job prefilling now than the cache holds sets up after that job's save,
-   `_prefix_owner`: questions about one document arriving together prefill the document once);
+   scoring + selection, or setting up its prefill (drafter, kept tokens). During the scoring the
+   decoding jobs get one decode batch after each of the speculator's llama_decode calls of a window's
+   prefill (at most call_tokens tokens each: `_select(between_calls=...)`, scoring.py "Between
+   calls") and between two window groups, so their inter-token gap is bounded by one scoring call
+   (or one lookahead + score math), not one window; the scoring job's progress callback runs per
+   window group, and its cancel (`JobHandle.cancel`) lands at the next call. A full prefill restores
+   the longest prefix the target's prompt cache holds into the job's own sequence and prefills only
+   the rest, and saves the whole prompt once prefilled (prefix_cache.py, entries keyed by the slots'
+   layout "streams"); one whose prompt shares a longer prefix with a job prefilling now than the
+   cache holds sets up after that job's save (`_prefix_owner`: questions about one document arriving
+   together prefill the document once);
 4. one target batch (one `llama_decode`, at most n_batch rows): the next tokens of every decoding
    job (its last token + its draft, at its own positions, in its own sequence) plus a chunk of at
    most `prefill_chunk` kept tokens of one job being prefilled. Each decoding job then verifies its
@@ -34,7 +38,10 @@ Each step of the loop:
 Drafters: n-gram lookup is per job; the model drafter drafts on the scorer's speculator context
 (sequence 0, re-synchronised with its job's history at each proposal, so jobs sharing it stay
 correct, only slower); capture is armed only inside the scorer's own lookahead decodes, which never
-run while a drafter decodes (one thread). MTP / EAGLE3 need slots = 1.
+run while a drafter decodes (one thread). A job whose drafter decodes on the context a window is
+being prefilled into sits out the batches between that window's calls (`_drafts_on`; it still gets
+the batch between two window groups, and those between calls when the windows are prefilled in the
+scorer's parallel-streams context). MTP / EAGLE3 need slots = 1.
 
 Timings (`timings_ms`, per job): each phase's wall-clock span (`tokenize`, `score`, `select`,
 `sparse_prefill`, `decode`) and the engine time of this job's own work in it (`<phase>_engine`:
@@ -333,15 +340,21 @@ class ServingEngine:
         if job.stage == "score":
             nested = [0.0]
 
+            def interleave(busy=None) -> None:
+                if job.cancel_exc is not None:  # this job's own cancel: its scoring ends here
+                    raise job.cancel_exc
+                t = _now()
+                self._interleave(busy)
+                nested[0] += _now() - t
+
             def report(phase: str, done: int, total: int) -> None:
                 job.progress(phase, done, total)
-                if phase == "score" and 0 < done < total:  # between scoring windows: the others decode
-                    t = _now()
-                    self._between_windows()
-                    nested[0] += _now() - t
+                if phase == "score" and 0 < done < total:  # between scoring window groups: the others decode
+                    interleave()
 
+            # and after each speculator call of a window's prefill (`busy`: the context holding it)
             job.kept, job.doc_scores = eng._select(job.prompt, job.params, job.timings, job.spec, report,
-                                                   scope=job.scope)
+                                                   scope=job.scope, between_calls=interleave)
             t1 = _now()
             job.engine_ms["score"] += (t1 - t0 - nested[0]) * 1000.0
             job.end_phase("score", t1)
@@ -399,19 +412,41 @@ class ServingEngine:
                 return other
         return None
 
-    def _between_windows(self) -> None:
-        """One decode batch of the decoding jobs, run from inside another job's scoring between two of
-        its windows (the scorer's capture is disarmed there), so their inter-token gap is bounded by
-        one scoring window rather than a whole document's scoring."""
+    def _interleave(self, busy=None) -> None:
+        """One decode batch of the decoding jobs, run from inside another job's scoring: after each
+        llama_decode call of a window's prefill (`busy`: the speculator context holding the window's
+        partial KV) and between two window groups (`busy` None). The scorer's capture is not armed at
+        either point, and these batches run on the target's context only, so their inter-token gap is
+        bounded by one scoring call rather than a window or a whole document's scoring. No prefill
+        chunk rides along (fill=False): a job being prefilled waits for the scoring to end."""
         for job in list(self._active):
             if job.cancel_exc is not None and job.stage == "decode":
                 self._drop(job, job.cancel_exc)
-        if any(j.stage == "decode" for j in self._active):
-            self._batch(fill=False)
+        if any(j.stage == "decode" and not self._drafts_on(j, busy) for j in self._active):
+            self._batch(fill=False, busy=busy)
+
+    @staticmethod
+    def _drafts_on(job: _Job, ctx) -> bool:
+        """Whether `job`'s drafter decodes on `ctx` (a context a scoring window is being prefilled into).
+
+        The model drafter drafts on the speculator context's sequence 0 and re-synchronises it with its
+        job's history first (drafters.ModelDrafter._sync clears the context when its cells do not match
+        `cached_tokens`, else removes them from the first token that differs from its view), so a
+        proposal between two calls of a window's prefill would wipe the window's partial KV (without
+        this check the scorer's next call fails: tests/test_serving_interleave.py, the model-drafter
+        test with n_parallel 1). Such a job sits out those batches and keeps the one between window groups (as before),
+        rather than being decoded there without a draft: that would make the shapes of its verify
+        batches (F16 weights take another kernel for 1 row than for 2+) and, when it samples, its
+        random draws depend on when other jobs score, so its output would differ from the job alone.
+        When the windows are prefilled in the scorer's parallel-streams context (n_parallel > 1) its
+        drafting context is not that one, and it decodes between those calls too."""
+        return ctx is not None and getattr(job.drafter, "ctx", None) is ctx
 
     # the target batch of one step
-    def _batch(self, fill: bool = True) -> None:
-        decoding = [j for j in self._active if j.stage == "decode"]
+    def _batch(self, fill: bool = True, busy=None) -> None:
+        """One step's target batch (module doc, step 4); from `_interleave`: decode rows only, without
+        the jobs that draft on `busy`."""
+        decoding = [j for j in self._active if j.stage == "decode" and not self._drafts_on(j, busy)]
         parts: list[tuple[_Job, list[int], list[int], list[bool], float]] = []  # job, toks, pos, logits, plan s
         for job in decoding:
             t0 = _now()
