@@ -27,6 +27,7 @@ import llama_cpp  # isort: skip  (before numpy)
 
 from .spec_cache import Entry, Numerics, StateStore, restore_seq, save_seq, tokens_sha256  # isort: skip
 
+import logging
 import time
 from dataclasses import dataclass
 from typing import Sequence
@@ -34,6 +35,8 @@ from typing import Sequence
 import numpy as np
 
 from ..contracts import DecodeError
+
+log = logging.getLogger("specq.engine")
 
 #: a hit shorter than this many tokens is not worth a restore
 MIN_REUSE_TOKENS = 16
@@ -122,7 +125,11 @@ class PrefixCache:
         t0 = time.perf_counter()
         if int(llama_cpp.llama_state_seq_get_size(ctx.ptr, seq)) > self.store.budget:
             return  # it would not be stored: do not copy it out (GB at 32K tokens on a 7B)
-        data = save_seq(ctx, seq)
+        try:
+            data = save_seq(ctx, seq)
+        except DecodeError:  # a cache is an optimisation: the job goes on without the entry
+            log.warning("prompt cache: could not save sequence %d (%d tokens); not cached", seq, len(tokens))
+            return
         if self.store.put((*self._base(scope), len(tokens), tokens_sha256(tokens)), data, tokens):
             use.bytes_saved = len(data)
         use.save_ms = (time.perf_counter() - t0) * 1000.0
