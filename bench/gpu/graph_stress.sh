@@ -15,7 +15,7 @@ out=${OUT:-/tmp/out}; mkdir -p "$out" /tmp/models
 max=$(echo "$lengths" | tr ',' '\n' | sort -n | tail -1)
 ctx=$(( max + 2048 ))
 vocab=.gpu/ggml-vocab-qwen2.gguf
-[ -f "$vocab" ] || { echo "no $vocab: run ../shared/gpu/prepare.sh here and carry .gpu"; exit 1; }
+[ -f "$vocab" ] || { echo "no $vocab: run bench/gpu/prepare.sh here and carry .gpu"; exit 1; }
 for s in 0.5b "$shape"; do
   f=/tmp/models/$s.gguf
   if [ ! -f "$f" ]; then

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # On the GPU machine, after build.sh: write random-weight models (0.5B speculator + TARGET shape) and
 # run `specq bench ttft` for the lengths given. Usage: ttft.sh TARGET_SHAPE LENGTHS [REPS]
+# Production settings: graphs on, the worker's batch-invariant default (auto: off on a GPU);
+# BATCH_INVARIANT=both runs both modes (twice the device time), GRAPHS_OFF=1 the graphs-off control.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 shape=${1:-7b}; lengths=${2:-8192,32768}; reps=${3:-3}
@@ -8,9 +10,9 @@ export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 # The device's PyTorch loads an older libstdc++ first, and llama.cpp then crashes loading a model
 # (tokenizer init): preload the system's, so score math can run on the GPU through torch.
 export LD_PRELOAD=${LD_PRELOAD:-/lib/x86_64-linux-gnu/libstdc++.so.6}
-# Re-captured CUDA graphs crashed the speculator's single-token decodes once ("illegal instruction",
-# 2026-11-29, forward-only pass at 32K/64K): graphs off for every mode alike; TTFT is prefill-bound.
-export GGML_CUDA_DISABLE_GRAPHS=${GGML_CUDA_DISABLE_GRAPHS-1}
+# CUDA graphs as production runs them (on: the Dockerfile and compose set nothing). GRAPHS_OFF=1 turns
+# them off for a control run (ggml reads the variable's presence, not its value, so it is set or unset).
+if [ "${GRAPHS_OFF:-0}" = 1 ]; then export GGML_CUDA_DISABLE_GRAPHS=1; else unset GGML_CUDA_DISABLE_GRAPHS; fi
 out=${OUT:-/tmp/out}; mkdir -p "$out" /tmp/models
 max=$(echo "$lengths" | tr ',' '\n' | sort -n | tail -1)
 ctx=$(( max + 2048 ))
@@ -24,6 +26,6 @@ for s in 0.5b "$shape"; do
   fi
 done
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
-SPECQ_LLAMA_LOG=${SPECQ_LLAMA_LOG:-0} python3 -m specq.cli bench ttft --lengths "$lengths" --reps "$reps" --keep 0.3 \
+SPECQ_LLAMA_LOG=${SPECQ_LLAMA_LOG:-0} python3 -m specq.cli bench ttft --lengths "$lengths" --reps "$reps" --keep 0.3 --batch-invariant "${BATCH_INVARIANT:-auto}" \
   --target /tmp/models/$shape.gguf --speculator /tmp/models/0.5b.gguf --n-ctx "$ctx" \
   --out "$out/ttft-$shape.json" --plot "$out/ttft-$shape.png" 2>&1 | tee "$out/ttft-$shape.log"
