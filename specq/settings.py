@@ -131,6 +131,8 @@ class ServiceSettings:
     call_tokens: int | None = None
     threads: int | None = None
     flash_attn: bool | None = None
+    #: CUDA graphs for the models' decodes; off by default (EngineOptions.cuda_graphs says why)
+    cuda_graphs: bool | None = None
     #: scoring windows run as parallel sequences (EngineOptions.n_parallel; 0 = 8 on GPU, 1 on CPU)
     n_parallel: int | None = None
     #: where the scoring math runs: auto, numpy or torch (EngineOptions.score_math)
@@ -331,7 +333,7 @@ class ServiceSettings:
             if self.gpu == "":
                 opts.speculator_gpu = int(self.speculator_gpu)
         for mine, theirs in (("n_gpu_layers", "n_gpu_layers"), ("n_ctx", "n_ctx"), ("n_batch", "n_batch"),
-                             ("n_ubatch", "n_ubatch"), ("threads", "n_threads"), ("flash_attn", "flash_attn"),
+                             ("n_ubatch", "n_ubatch"), ("threads", "n_threads"), ("flash_attn", "flash_attn"), ("cuda_graphs", "cuda_graphs"),
                              ("n_parallel", "n_parallel"), ("cache_bytes", "cache_bytes"),
                              ("auto_min_tokens", "auto_min_tokens"),
                              ("auto_quality_min_tokens", "auto_quality_min_tokens"), ("call_tokens", "call_tokens")):

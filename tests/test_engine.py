@@ -233,3 +233,27 @@ def test_real_pair_baseline_answers(real_engine):
     d = r.to_dict()
     assert d["spec"]["mode"] == "baseline" and d["usage"]["kept_tokens"] == d["usage"]["prompt_tokens"] > 2500
     assert d["engine"]["backend"] == "cpu" and d["engine"]["target"].startswith("qwen2.5-coder-1.5b")
+
+
+_CUDA_GRAPHS_CHILD = """
+import os, sys
+from specq.engine import llama
+from specq.engine.options import EngineOptions
+from specq.engine.pipeline import Engine
+os.environ.pop(llama.CUDA_GRAPHS_ENV, None)
+eng = Engine(EngineOptions(target=sys.argv[1], speculator=sys.argv[2], n_gpu_layers=0, n_ctx=512))
+first = os.environ.get(llama.CUDA_GRAPHS_ENV)
+# a second engine asking for graphs cannot change what ggml read at the first one's graphs
+on = llama.set_cuda_graphs(True)
+print(repr(first), on, eng.info.cuda_graphs, os.environ.get(llama.CUDA_GRAPHS_ENV))
+"""
+
+
+def test_cuda_graphs_are_off_by_default_and_the_first_engine_decides(tiny_models):
+    """The engine sets ggml's GGML_CUDA_DISABLE_GRAPHS before loading (graphs crashed on the H200,
+    EngineOptions.cuda_graphs); ggml reads it once per process, so a later request to turn them on
+    is refused rather than silently half-applied. In a child process: the setting is process-wide."""
+    out = subprocess.run([sys.executable, "-c", _CUDA_GRAPHS_CHILD, str(tiny_models.target), str(tiny_models.speculator)],
+                         capture_output=True, text=True, timeout=120, env={**os.environ, "GGML_CUDA_DISABLE_GRAPHS": ""})
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split("\n")[-2] == "'1' False False 1"

@@ -185,6 +185,9 @@ def test_settings_from_env_and_checks():
     opts = ServiceSettings(target="/m/t.gguf", threads=3, flash_attn=False).engine_options()
     assert (opts.target, opts.n_threads, opts.flash_attn) == ("/m/t.gguf", 3, False)
     assert EngineOptions().speculator == opts.speculator
+    # CUDA graphs: off unless asked for (EngineOptions.cuda_graphs says why)
+    assert ServiceSettings.from_env({}).engine_options().cuda_graphs is False
+    assert ServiceSettings.from_env({"SPECQ_CUDA_GRAPHS": "on"}).engine_options().cuda_graphs is True
 
 
 def test_backoff_doubles_up_to_its_cap():

@@ -231,4 +231,10 @@ def test_bench_serve_reports_a_workload_run_against_the_service(stack):
     assert all(j["output_tokens"] == 6 and j["ttft_ms"] and j["ttft_ms"] > 0 for j in report["jobs"])
     assert s["jobs_per_min"] > 0 and report["provenance"]["code"]["commit"]
     assert report["provenance"]["measured_from"] == "client" and report["provenance"]["host"]["cores"] >= 1
+    # a job the worker fails (a document past the worker's 8,192-token context) is counted as an error
+    # with the server's message, not as a silent zero (as the first H200 run of 2026-12-02 saw it)
+    big = run_serve_bench(stack.url, Workload(docs=1, doc_tokens=9000, max_tokens=4, chars_per_token=1.0),
+                          kind="specq", timeout=240)["summary"]
+    assert big["succeeded"] == 0 and len(big["errors"]) == 1, big
+    assert "exceeds the target's context" in big["errors"][0], big
     kill9(stack, "worker-bench")

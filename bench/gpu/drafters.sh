@@ -15,10 +15,9 @@ cd "$(dirname "$0")/../.."
 what=${1:-mtp}
 py=${PY:-python3}
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
-# as in ttft.sh: the device's PyTorch loads an older libstdc++ first; CUDA graphs as production runs
-# them (on), GRAPHS_OFF=1 for a control run
+# as in ttft.sh: the device's PyTorch loads an older libstdc++ first. CUDA graphs: off, as production
+# (EngineOptions.cuda_graphs); the 2026-12-02 rows in docs/speculative-decoding.md ran with them on.
 if [ -f /lib/x86_64-linux-gnu/libstdc++.so.6 ]; then export LD_PRELOAD=${LD_PRELOAD:-/lib/x86_64-linux-gnu/libstdc++.so.6}; fi
-if [ "${GRAPHS_OFF:-0}" = 1 ]; then export GGML_CUDA_DISABLE_GRAPHS=1; else unset GGML_CUDA_DISABLE_GRAPHS; fi
 out=${OUT:-/tmp/out}; models=${MODELS:-/tmp/models}; mkdir -p "$out" "$models"
 vocab=${VOCAB:-.gpu/ggml-vocab-qwen2.gguf}
 prompt=${PROMPT:-2048}; tokens=${TOKENS:-64}

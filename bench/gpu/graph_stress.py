@@ -1,11 +1,13 @@
 """CUDA-graph stress run: production settings on a GPU, N fresh processes, crashes counted (issue 14).
 
-Production runs with CUDA graphs on (the Dockerfile and compose.yaml set no GGML_CUDA_DISABLE_GRAPHS),
-the engine's defaults on a GPU (n_batch 4096, n_ubatch 2048, 8 parallel scoring windows, torch score
+Until 2026-12-02 production ran with CUDA graphs on; this run (graphs on, as then) kept the engine's
+defaults on a GPU (n_batch 4096, n_ubatch 2048, 8 parallel scoring windows, torch score
 math when it can) and patch 0002 switching the speculator's eval callback on for each lookahead and
 off again. Once, re-captured graphs of the speculator's single-token decodes ended in "an illegal
-instruction was encountered" (2026-11-29, the forward-only scoring pass at 32K/64K), and
-bench/gpu/ttft.sh has run with graphs off since.
+instruction was encountered" (2026-11-29, the forward-only scoring pass at 32K/64K). On 2026-12-02
+this script's 8 runs at 32K were clean, but `specq bench ttft` with graphs on crashed the same way in
+5 runs of 5, so EngineOptions.cuda_graphs is off by default now (docs/engine.md, "CUDA graphs"); this
+script still runs with graphs on, to test whether a future llama.cpp fixes it.
 
 Each run is a fresh process (a CUDA error kills it) that loads the target and the speculator once and
 then, per length and repetition: a specprefill job drafting with the speculator (`draft: model`:
@@ -45,7 +47,9 @@ def child(args: argparse.Namespace) -> int:
     lengths = [int(x) for x in args.lengths.split(",")]
     n_ctx = max(lengths) + 2048
     t0 = time.perf_counter()
-    eng = Engine(EngineOptions(target=args.target, speculator=args.speculator, n_ctx=n_ctx))
+    # the engine sets GGML_CUDA_DISABLE_GRAPHS from its option (off by default since this run's finding)
+    eng = Engine(EngineOptions(target=args.target, speculator=args.speculator, n_ctx=n_ctx,
+                               cuda_graphs=not os.environ.get("GGML_CUDA_DISABLE_GRAPHS")))
     print(f"loaded in {time.perf_counter() - t0:.1f} s: {json.dumps(vars(eng.info))}", flush=True)
     _ = eng.scorer()
     for rep in range(args.reps):

@@ -62,8 +62,8 @@ specq)
   models
   for slots in ${SLOTS_LIST:-8 1}; do
     home=/tmp/specq-home-$slots; rm -rf "$home"; port=$(( 8200 + slots ))
-    # CUDA graphs as production runs them (on; the Dockerfile sets nothing); GRAPHS_OFF=1 turns them off
-    env ${GRAPHS_OFF:+GGML_CUDA_DISABLE_GRAPHS=1} SPECQ_HOME=$home SPECQ_API_PORT=$port SPECQ_TARGET=/tmp/models/7b.gguf SPECQ_SPECULATOR=/tmp/models/0.5b.gguf \
+    # CUDA graphs off as production runs them (SPECQ_CUDA_GRAPHS); GRAPHS_ON=1 for the comparison
+    env SPECQ_CUDA_GRAPHS=$([ "${GRAPHS_ON:-0}" = 1 ] && echo true || echo false) SPECQ_HOME=$home SPECQ_API_PORT=$port SPECQ_TARGET=/tmp/models/7b.gguf SPECQ_SPECULATOR=/tmp/models/0.5b.gguf \
       SPECQ_N_GPU_LAYERS=-1 SPECQ_N_CTX=$ctx SPECQ_SLOTS=$slots SPECQ_N_BATCH=4096 SPECQ_N_UBATCH=2048 \
       SPECQ_TIME_LIMIT=3000 SPECQ_KV_UNIFIED=${SPECQ_KV_UNIFIED:-false} \
       python3 -m specq.cli up > "$out/specq-$slots-$len.log" 2>&1 &

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # On the GPU machine, after build.sh: write random-weight models (0.5B speculator + TARGET shape) and
 # run `specq bench ttft` for the lengths given. Usage: ttft.sh TARGET_SHAPE LENGTHS [REPS]
-# Production settings: graphs on, the worker's batch-invariant default (auto: off on a GPU);
-# BATCH_INVARIANT=both runs both modes (twice the device time), GRAPHS_OFF=1 the graphs-off control.
+# Production settings: CUDA graphs off, the worker's batch-invariant default (auto: off on a GPU);
+# BATCH_INVARIANT=both runs both modes (twice the device time).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 shape=${1:-7b}; lengths=${2:-8192,32768}; reps=${3:-3}
@@ -10,9 +10,8 @@ export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 # The device's PyTorch loads an older libstdc++ first, and llama.cpp then crashes loading a model
 # (tokenizer init): preload the system's, so score math can run on the GPU through torch.
 export LD_PRELOAD=${LD_PRELOAD:-/lib/x86_64-linux-gnu/libstdc++.so.6}
-# CUDA graphs as production runs them (on: the Dockerfile and compose set nothing). GRAPHS_OFF=1 turns
-# them off for a control run (ggml reads the variable's presence, not its value, so it is set or unset).
-if [ "${GRAPHS_OFF:-0}" = 1 ]; then export GGML_CUDA_DISABLE_GRAPHS=1; else unset GGML_CUDA_DISABLE_GRAPHS; fi
+# CUDA graphs: off, as production runs them (EngineOptions.cuda_graphs; the engine sets
+# GGML_CUDA_DISABLE_GRAPHS itself). With them on this benchmark crashed on 2026-12-02 (docs/engine.md).
 out=${OUT:-/tmp/out}; mkdir -p "$out" /tmp/models
 max=$(echo "$lengths" | tr ',' '\n' | sort -n | tail -1)
 ctx=$(( max + 2048 ))

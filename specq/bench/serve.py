@@ -111,6 +111,10 @@ async def _one(client, url: str, body: dict, rec: JobRecord, t0: float) -> None:
                 if data == "[DONE]":
                     break
                 chunk = json.loads(data)
+                if chunk.get("error"):  # a failed job ends its stream with an error object (both servers)
+                    err = chunk["error"]
+                    rec.error = str(err.get("message") if isinstance(err, dict) else err)[:300] or "error"
+                    break
                 for ch in chunk.get("choices") or []:
                     text = (ch.get("delta") or {}).get("content") or ch.get("text") or ""
                     if text:

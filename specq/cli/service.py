@@ -23,6 +23,7 @@ def worker_cmd(
     n_ctx: int = typer.Option(None, help="Target context per job (0 = model's, capped at 32768; larger values up to the model's). [env SPECQ_N_CTX]"),
     threads: int = typer.Option(None, help="CPU threads (0 = all cores). [env SPECQ_THREADS]"),
     flash_attn: bool = typer.Option(None, "--flash-attn/--no-flash-attn", help="Flash attention. [env SPECQ_FLASH_ATTN]"),
+    cuda_graphs: bool = typer.Option(None, "--cuda-graphs/--no-cuda-graphs", help="ggml's CUDA graphs for decodes (off by default: they crashed on the H200, docs/engine.md). [env SPECQ_CUDA_GRAPHS]"),
     warm_up: bool = typer.Option(None, "--warm-up/--no-warm-up", help="Run a two-window specprefill job after loading; ready only after it. [env SPECQ_WARM_UP]"),
     loglevel: str = typer.Option("INFO", help="DEBUG, INFO, WARNING or ERROR."),
 ) -> None:
@@ -31,7 +32,7 @@ def worker_cmd(
 
     settings = service_settings(gpu=gpu, speculator_gpu=speculator_gpu, queue=queue, concurrency=concurrency, target=target, speculator=speculator,
                                  n_gpu_layers=n_gpu_layers, n_ctx=n_ctx, threads=threads, flash_attn=flash_attn,
-                                 warm_up=warm_up, slots=slots)
+                                 cuda_graphs=cuda_graphs, warm_up=warm_up, slots=slots)
     service_ready_db(upgrade=False)
     from ..worker.main import run_worker
 

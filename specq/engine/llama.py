@@ -20,6 +20,7 @@ import llama_cpp  # isort: skip
 import collections
 import ctypes
 import hashlib
+import logging
 import os
 import threading
 from pathlib import Path
@@ -50,6 +51,28 @@ def _log_callback(level: int, text: bytes, _user_data: ctypes.c_void_p) -> None:
 
 
 _BACKEND_READY = False
+#: the variable ggml's CUDA backend reads (its presence, not its value) at its first graph
+CUDA_GRAPHS_ENV = "GGML_CUDA_DISABLE_GRAPHS"
+#: the CUDA-graph setting this process's first engine asked for (None: not yet decided)
+_CUDA_GRAPHS: bool | None = None
+
+
+def set_cuda_graphs(enabled: bool) -> bool:
+    """Turn ggml's CUDA graphs on or off for this process (EngineOptions.cuda_graphs); returns the
+    setting in force. ggml reads the environment once, at the first graph it computes, so only the
+    first call decides: a later engine in the same process asking otherwise keeps the first one's
+    setting (and gets a log line saying so)."""
+    global _CUDA_GRAPHS
+    if _CUDA_GRAPHS is None:
+        _CUDA_GRAPHS = bool(enabled)
+        if _CUDA_GRAPHS:
+            os.environ.pop(CUDA_GRAPHS_ENV, None)
+        else:
+            os.environ[CUDA_GRAPHS_ENV] = "1"
+    elif _CUDA_GRAPHS != bool(enabled):
+        logging.getLogger(__name__).warning(
+            "CUDA graphs stay %s: ggml read the setting at this process's first engine", "on" if _CUDA_GRAPHS else "off")
+    return _CUDA_GRAPHS
 
 
 def init_backend() -> None:

@@ -104,6 +104,15 @@ class EngineOptions:
     #: speculator's device. No effect on a CPU build. `specq worker --gpu N --speculator-gpu M` makes
     #: both devices visible (CUDA_VISIBLE_DEVICES=N,M) and sets main_gpu 0, speculator_gpu 1.
     speculator_gpu: int = -1
+    #: CUDA graphs for the models' decodes (ggml's CUDA backend; no effect on a CPU build). One
+    #: setting per process: ggml reads GGML_CUDA_DISABLE_GRAPHS once, at the first graph it
+    #: computes, and the engine sets or clears that variable before it loads a model
+    #: (llama.set_cuda_graphs). Off by default: on the H200 (7B + 0.5B shapes) with graphs on,
+    #: `specq bench ttft` at 32K — baseline and specprefill jobs alternating in one engine — ended in
+    #: "an illegal instruction was encountered" (ggml_cuda_graph_evaluate_and_capture) at the 4th
+    #: pair in 5 runs of 5; with them off the same run finished, and 8 slots served 24 jobs of 32K at
+    #: 27.1 jobs/min against 26.8 with graphs on (docs/engine.md, "CUDA graphs").
+    cuda_graphs: bool = False
 
     def resolved_threads(self) -> int:
         return self.n_threads or (os.cpu_count() or 1)

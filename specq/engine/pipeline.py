@@ -8,7 +8,7 @@ every llama_decode call, and cuts a running one (CPU).
 
 from __future__ import annotations
 
-from .llama import Context, Model, backend_name, supports_position_gaps  # isort: skip  (llama_cpp first)
+from .llama import Context, Model, backend_name, set_cuda_graphs, supports_position_gaps  # isort: skip  (llama_cpp first)
 from .llama_ext import set_hidden_output  # isort: skip
 from .drafters_hidden import mtp_unsupported, open_eagle3_context, open_mtp_context  # isort: skip
 
@@ -69,6 +69,8 @@ class Engine:
         self._pull_progress = pull_progress
         self.target_path = Path(resolve_model(opts.target, progress=pull_progress))
         backend = backend_name()
+        # before the first model: ggml reads the CUDA-graph setting once per process
+        cuda_graphs = set_cuda_graphs(opts.cuda_graphs) and backend == "cuda"
         #: the target's numerics: batch-invariant mode or as the options say (invariance.py)
         self.numerics = num = invariance.resolve(opts, backend)
         # MTP layers load with the trunk when the file has them (a model without any is unaffected)
@@ -124,6 +126,7 @@ class Engine:
             repack=num.repack,
             type_k=num.type_k,
             mtp=not self.mtp_unsupported,
+            cuda_graphs=cuda_graphs,
         )
         self._speculator: Model | None = None
         self._scorer = None

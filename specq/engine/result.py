@@ -62,6 +62,8 @@ class EngineInfo:
     mtp: bool = False
     #: the EAGLE3 head's file, once loaded
     drafter: str = ""
+    #: ggml's CUDA graphs were on for this process's decodes (EngineOptions.cuda_graphs; CUDA only)
+    cuda_graphs: bool = False
 
 
 @dataclass
