@@ -26,7 +26,7 @@ server=$build/vendor/llama.cpp/bin/llama-server
 [ -x "$server" ] || server=$(find "$build" -name llama-server -type f -perm -u+x 2>/dev/null | head -1)
 # the document's characters per token for the Qwen2 vocabulary on bench/serve.py's pseudo-code (the
 # JSON records the prompt tokens each job really had); documents leave room for template + question
-cpt=${CHARS_PER_TOKEN:-3.2}; doc_tokens=$(( len - len / 16 ))
+cpt=${CHARS_PER_TOKEN:-2.6}; doc_tokens=$(( len - len / 16 ))
 
 models() {
   for s in 0.5b 7b; do
