@@ -289,7 +289,7 @@ def bench_prefill(
 
 @bench_app.command("serve")
 def bench_serve(
-    url: str = typer.Option(None, help="The running service (default SPECQ_API_URL or http://127.0.0.1:8000)."),
+    url: str = typer.Option(None, help="The running service (default SPECQ_API_URL or http://127.0.0.1:8178, where `specq up` listens)."),
     kind: str = typer.Option("specq", help="specq or llama-server (which fields carry ignore_eos and the mode)."),
     docs: int = typer.Option(8, help="Distinct documents."),
     doc_tokens: int = typer.Option(1000, help="Tokens per document (about: --chars-per-token characters each)."),
