@@ -133,16 +133,20 @@ def sender(settings: ServiceSettings | None = None):
         return app
 
 
-def enqueue_job(job_id: str, settings: ServiceSettings | None = None, *, queue: str | None = None) -> None:
-    """Send job `job_id` to the broker (queue: `queue` or settings.queue). Raises on broker errors."""
+def enqueue_job(job_id: str, settings: ServiceSettings | None = None, *, queue: str | None = None,
+                countdown: float | None = None) -> None:
+    """Send job `job_id` to the broker (queue: `queue` or settings.queue), to run no sooner than
+    `countdown` seconds from now when given. Raises on broker errors."""
     settings = settings or ServiceSettings.from_env()
     app = sender(settings)
     q = queue or settings.queue
+    extra = {"countdown": countdown} if countdown else {}
     app.send_task(
         RUN_JOB_TASK,
         args=[job_id],
         queue=q,
         routing_key=q,
+        **extra,
         retry=True,
         retry_policy={"max_retries": 2, "interval_start": 0.2, "interval_step": 0.5, "interval_max": 1.0},
     )

@@ -99,6 +99,12 @@ class ServiceSettings:
     #: most kept prompt tokens of one job prefilled per engine step next to the running jobs'
     #: decode tokens (bounds the other jobs' inter-token gap); 0 = n_ubatch
     prefill_chunk: int = 0
+    #: with several slots, a worker that claims a job asking about a stored document (`document_id`)
+    #: also claims that tenant's other queued jobs on the same document, up to its free slots, and
+    #: runs them beside it in the engine loop (their questions share the document's prefill through
+    #: the prompt cache); their own broker messages then find them claimed and do nothing
+    #: (storage.groups, docs/serving.md "Group claims"). off = every job waits for its own message
+    group_claims: bool = True
     #: seconds a stopping worker (SIGTERM) gives its running jobs to finish; the rest go back to
     #: the queue (jobs waiting for a slot go back at once); below `specq up`'s 30 s stop deadline
     drain_grace: float = 20.0

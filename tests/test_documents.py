@@ -255,7 +255,7 @@ def test_group_claims_take_the_same_tenants_document_jobs_and_never_one_twice(ur
 
     def grab(worker: str, first: str) -> None:
         with db.session(url) as s:
-            got[worker] = groups.claim_group(s, first, worker, queue="q", limit=7)
+            got[worker] = [c.job_id for c in groups.claim_group(s, first, worker, queue="q", limit=7)]
 
     ts = [threading.Thread(target=grab, args=(w, j)) for w, j in (("w1", mine[0]), ("w2", mine[1]))]
     for t in ts:

@@ -83,7 +83,7 @@ def claim_next(session: Session, hint: str, worker: str, *, queue: str | None,
     them never claims it again (neither as stale nor through `reclaim_own`), it claims the next job."""
     token = None if hint in live else (
         _jobs.mark_running(session, hint, worker, stale_after_s=stale_after_s, only_stale=True)
-        or reclaim_own(session, hint, worker))
+        or reclaim_own(session, hint, worker, live=live))
     if token:
         return Claim(hint, token)
     lost: list[str] = []
@@ -116,15 +116,18 @@ def _take_turn(session: Session, queue: str, job_id: str) -> None:
         session.rollback()
 
 
-def reclaim_own(session: Session, job_id: str, worker: str) -> str | None:
+def reclaim_own(session: Session, job_id: str, worker: str, *, live: Container[str] = ()) -> str | None:
     """Claim again a job left `running` by this very worker process (`worker` = its "host:pid").
 
-    The caller (`claim_next`) never passes a job live in this process (its serving slots hold
-    several: `live`), so when its own `running` job is delivered to it again (the store failed while
-    it was finishing the job, and the task was re-sent), nobody is running it: start a new attempt
-    (attempts + 1, fresh heartbeat, a new attempt token: the interrupted attempt's writes are refused)
-    if attempts are left and no cancel was requested; its token. None otherwise, changing nothing.
+    A job in `live` (the jobs running in this process now: its serving slots, group-claimed ones
+    included) is never claimed again: None. Any other `running` job of this worker delivered to it
+    again (the store failed while it was finishing the job, and the task was re-sent) has nobody
+    running it: start a new attempt (attempts + 1, fresh heartbeat, a new attempt token: the
+    interrupted attempt's writes are refused) if attempts are left and no cancel was requested; its
+    token. None otherwise, changing nothing.
     """
+    if job_id in live:
+        return None
     now = utcnow()
     token = _jobs.new_token()
     try:

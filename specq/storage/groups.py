@@ -1,16 +1,26 @@
-"""Group claims (#17 item 4, storage half): a worker that claimed a job asking about a stored
-document also claims the queued jobs of the same tenant and `document_id`, up to its free slots, so
-their questions can share the document's work (one engine's caches, or one group-sparse prefill).
+"""Group claims (#17 item 4): a worker that claimed a job asking about a stored document also claims
+the queued jobs of the same tenant and `document_id`, up to its free slots, so their questions share
+the document's work in its one engine loop (the first prefills the document, the others restore it
+from the target's prompt cache: engine/serving.py `_prefix_owner`).
 
-Each job of the group is claimed by `jobs.mark_running`'s conditional UPDATE (`status = 'queued'`), so
-two workers grouping at once get disjoint groups and no job runs twice. Only the same tenant's jobs
-on the same document: equal texts of two tenants are two documents (storage.documents).
+Each job of the group is claimed by `jobs.mark_running`'s conditional UPDATE (`status = 'queued'`),
+so two workers grouping at once get disjoint groups and no job runs twice; each claim is an attempt of
+its own with its own token (`claims.Claim`), fenced like any other (storage.jobs, "Fencing"). Only the
+same tenant's jobs on the same document: equal texts of two tenants are two documents
+(storage.documents).
 
-Not wired into the worker yet: a group-claimed job's own broker message later reaches some worker,
-and `claims.claim_next` must then see it as running elsewhere. Today's `claims.reclaim_own` would
-start a second attempt when that message reaches the very worker running it (it assumes one job per
-worker process); the attempt tokens of the robustness issue (fence, migration 0005) and the serving
-loop's slots are what make it safe, so the lead hooks this in after those merges.
+**In the worker** (worker/runtime.py, `SPECQ_GROUP_CLAIMS`, on by default; only with serving slots,
+SPECQ_SLOTS > 1): right after a task thread claims a job, under the process's claim lock, it claims
+its group up to the slots left free (slots minus the jobs live in the process, that job included) and
+runs each member in a thread of its own, exactly as a delivered job: its own watcher (heartbeat,
+progress, cancel), its own attempt token, its own result or failure write. A member's own broker
+message then finds it claimed: at this worker while the member is live it is acknowledged and does
+nothing; elsewhere, or once the member ended, the message is a ticket like any other (`claims.
+claim_next`: the job runs only as a stale redelivery; else the queue's next job in claim order, or
+nothing), and `claims.reclaim_own` never claims a job live in this process. A member whose attempt
+goes back to the queue (a transient error, the drain) is re-sent to the broker by its thread, with
+the backoff as countdown. A worker killed with a group in flight leaves every member `running` with
+a stale heartbeat: the reconciler requeues each (docs/reliability.md).
 """
 
 from __future__ import annotations
@@ -19,6 +29,7 @@ from sqlalchemy import and_, or_, select
 from sqlalchemy.orm import Session
 
 from . import jobs as _jobs
+from .claims import Claim
 from .models import Job, JobInput, utcnow
 
 
@@ -44,18 +55,23 @@ def group_candidates(session: Session, job_id: str, *, queue: str | None, limit:
     return ids
 
 
-def claim_group(session: Session, job_id: str, worker: str, *, queue: str | None, limit: int) -> list[str]:
-    """Claim (mark running for `worker`) up to `limit` more jobs of `job_id`'s group; their ids. A job
-    another worker claimed first is skipped, so concurrent groups are disjoint."""
-    claimed: list[str] = []
-    while len(claimed) < limit:
-        cands = group_candidates(session, job_id, queue=queue, limit=limit - len(claimed))
+def claim_group(session: Session, job_id: str, worker: str, *, queue: str | None, limit: int,
+                into: list[Claim] | None = None) -> list[Claim]:
+    """Claim (mark running for `worker`) up to `limit` more jobs of `job_id`'s group: a Claim (id and
+    attempt token) for each, oldest first. A job another worker claimed first is skipped, so concurrent
+    groups are disjoint. `into`: the list the claims are appended to as they are made (returned), so a
+    caller still knows the jobs claimed before a store error raised."""
+    claimed: list[Claim] = [] if into is None else into
+    first = len(claimed)
+    while len(claimed) - first < limit:
+        cands = group_candidates(session, job_id, queue=queue, limit=limit - (len(claimed) - first))
         if not cands:
             break
         for cand in cands:  # a lost one is no longer queued: the next round picks others
-            if _jobs.mark_running(session, cand, worker, stale_after_s=None):
-                claimed.append(cand)
-    return claimed
+            token = _jobs.mark_running(session, cand, worker, stale_after_s=None)
+            if token:
+                claimed.append(Claim(cand, token))
+    return claimed[first:] if first else claimed
 
 
 __all__ = ["group_candidates", "claim_group"]

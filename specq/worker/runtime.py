@@ -31,6 +31,17 @@ never claims it again (`claims.claim_next(live=...)`). SIGTERM drains (`drain`):
 slot any more, waiting ones go back to the queue at once, running ones get SPECQ_DRAIN_GRACE seconds
 to finish, then go back too.
 
+**Group claims** (SPECQ_GROUP_CLAIMS, on by default; storage.groups): right after a task thread
+claims a job that asks about a stored document, still under the claim lock, it claims the queued jobs
+of the same tenant and document up to the slots left free and runs each in a thread of its own
+(`_run_member`: the same `_run_claimed` as a delivery, with its own watcher, token and writes; a
+retry or a store error re-sends the job's id to the broker, since no delivery of its own is there to
+retry). It logs `group claim: job L took N more of its document: ids`. A member's own message that
+arrives here while the member runs is acknowledged and does nothing (`grouped`); anywhere else, or
+later, it is an ordinary ticket (claims.claim_next). Since group members run outside Celery's
+threads, a delivery that finds every slot taken waits for one before it claims (it returns to the
+broker if the worker drains meanwhile), so the process never runs more than SPECQ_SLOTS jobs.
+
 Each worker process also runs the reconciler (`specq.reconciler`) in a thread: jobs whose worker died
 go back to the queue from there.
 
@@ -58,7 +69,7 @@ from ..contracts import Drained, EngineError, Fenced, InputError, JobTimeLimit, 
 from ..engine.options import RunParams
 from ..engine.stop import Stop
 from ..settings import ServiceSettings
-from ..storage import claims, db, jobs, results
+from ..storage import claims, db, groups, jobs, results
 from ..storage.retry import retry_transient
 from .stream import DeltaPublisher
 
@@ -177,9 +188,19 @@ class WorkerRuntime:
         #: jobs claimed and running in this process now (its serving slots), guarded by _claim_lock
         self.live: set[str] = set()
         self._claim_lock = threading.Lock()
+        #: notified whenever a job leaves `live` (a delivery waits on it for a free slot)
+        self._slot_free = threading.Condition(self._claim_lock)
+        #: jobs in `live` that a group claim took (storage.groups) whose own message has not arrived here
+        self.grouped: set[str] = set()
+        #: jobs taken by group claims since the worker started (its heartbeat reports it)
+        self.group_claimed = 0
+        #: jobs this process runs at once (load(): SPECQ_SLOTS; 1 without the engine loop)
+        self.slots = 1
         #: the engine loop (built by load(); None when a test hands in an engine: it then runs in the
         #: task's thread)
         self.serving = None
+        #: SIGTERM was received (drain): no group claims, and no delivery waits for a slot any more
+        self.draining = False
         self.ready = False
         self.warm_up_s: float | None = None
         self.heartbeat = None
@@ -211,6 +232,7 @@ class WorkerRuntime:
         # and the target's prompt cache serves mode auto); several: the engine loop of serving.py
         if slots > 1:
             self.serving = ServingEngine(self.engine, prefill_chunk=self.settings.prefill_chunk).start()
+            self.slots = slots
         if self.settings.warm_up:
             t1 = time.perf_counter()
             doc, params = self.engine.warm_up_job()
@@ -220,10 +242,11 @@ class WorkerRuntime:
                         res.usage.prompt_tokens, res.spec.windows, self.engine.n_ubatch, self.warm_up_s)
         self.name = worker_name()
         info = self.engine.info
+        groups_on = "" if slots == 1 else f", group claims {'on' if self.settings.group_claims else 'off'}"
         log.warning(
-            "specq worker %s ready: target %s, speculator %s, backend %s, n_gpu_layers %s, n_ctx %s, %d slot%s (%.1fs)",
+            "specq worker %s ready: target %s, speculator %s, backend %s, n_gpu_layers %s, n_ctx %s, %d slot%s%s (%.1fs)",
             self.name, info.target, info.speculator or "(on first use)", info.backend, info.n_gpu_layers,
-            self.engine.n_ctx, slots, "" if slots == 1 else "s", time.perf_counter() - t0,
+            self.engine.n_ctx, slots, "" if slots == 1 else "s", groups_on, time.perf_counter() - t0,
         )
         self.ready = True
         self._start_heartbeat(info)
@@ -246,6 +269,7 @@ class WorkerRuntime:
             extra = self.serving.stats() if self.serving is not None else {"slots": 1}
             return {"name": self.name, "queue": self.queue, "jobs_done": self.jobs_done,
                     "current_job": live[0] if live else None, "current_jobs": live, "busy": len(live),
+                    "group_claimed": self.group_claimed,
                     "ready": self.ready, "warm_up_s": self.warm_up_s, **extra, **meta}
 
         self.heartbeat = Heartbeat(self.settings, state)
@@ -290,11 +314,27 @@ class WorkerRuntime:
         s_ = self.settings
         with db.session() as s:
             with self._claim_lock:  # one claim at a time: two messages of one job never both claim it
+                while True:
+                    if job_id in self.grouped:  # a group claim took this message's job: it runs here now
+                        self.grouped.discard(job_id)
+                        log.info("job %s: its message arrived while it runs here (group claim); nothing to do",
+                                 job_id)
+                        return Outcome("skipped", "group-claimed")
+                    if self.serving is None or len(self.live) < self.slots:
+                        break
+                    # group claims can fill every slot: wait for one rather than claim a job that
+                    # would wait in the loop (another worker's free slot may take it meanwhile)
+                    if self.draining:
+                        return Outcome("retry", "the worker is shutting down", retry_in=0.0, job_id=job_id)
+                    self._slot_free.wait(0.5)
                 claim = claims.claim_next(s, job_id, self.name, queue=self.queue, stale_after_s=s_.stale_after,
                                           live=self.live)
+                group: list[claims.Claim] = []
                 if claim is not None:
                     self.live.add(claim.job_id)
                     self.current_job = claim.job_id
+                    group = self._claim_group(s, claim.job_id)
+            self._start_group(claim.job_id if claim else "", group)
             if claim is None:
                 job = jobs.get_job(s, job_id)
                 state = job.status if job is not None else "missing"
@@ -308,11 +348,84 @@ class WorkerRuntime:
                 e.specq_job_id = claim.job_id  # type: ignore[attr-defined]
                 raise
             finally:
-                with self._claim_lock:
-                    self.live.discard(claim.job_id)
-                    self.current_job = next(iter(self.live), None)
+                self._release(claim.job_id)
             outcome.job_id = claim.job_id
             return outcome
+
+    def _release(self, job_id: str) -> None:
+        """The job's run in this process ended: its slot is free."""
+        with self._claim_lock:
+            self.live.discard(job_id)
+            self.grouped.discard(job_id)
+            self.current_job = next(iter(self.live), None)
+            self._slot_free.notify_all()
+
+    def _claim_group(self, s, job_id: str) -> list[claims.Claim]:
+        """Under _claim_lock, right after claiming `job_id`: claim the queued jobs of its tenant and
+        document up to the slots left free (storage.groups); each is added to `live` and `grouped`."""
+        if self.serving is None or not self.settings.group_claims or self.draining:
+            return []
+        free = self.slots - len(self.live)
+        if free <= 0:
+            return []
+        got: list[claims.Claim] = []
+        try:
+            groups.claim_group(s, job_id, self.name, queue=self.queue, limit=free, into=got)
+        except Exception as e:  # the store failed: run what was claimed; the leader's own run decides the rest
+            log.warning("job %s: group claim failed after %d job(s) (%s: %s)", job_id, len(got), type(e).__name__, e)
+            try:
+                s.rollback()
+            except Exception:
+                pass
+        for c in got:
+            self.live.add(c.job_id)
+            self.grouped.add(c.job_id)
+        self.group_claimed += len(got)
+        return got
+
+    def _start_group(self, leader: str, group: list[claims.Claim]) -> None:
+        """Run each group-claimed job in a thread of its own, as a delivered job (module doc)."""
+        if not group:
+            return
+        log.info("group claim: job %s took %d more of its document: %s", leader, len(group),
+                 ",".join(c.job_id for c in group))
+        for c in group:
+            # not a daemon: a stopping worker's process waits for the run to end (the drain requeues it)
+            threading.Thread(target=self._run_member, args=(c,), name=f"specq-group-{c.job_id}").start()
+
+    def _run_member(self, claim: claims.Claim) -> None:
+        """One group-claimed job, from its claim to its last store write; what the task does after a
+        delivery (a retry message, a store error's re-send, the batch's counts) is done here."""
+        job_id = claim.job_id
+        outcome: Outcome | None = None
+        error: Exception | None = None
+        try:
+            with db.session() as s:
+                outcome = self._run_claimed(s, job_id, claim.token)
+        except Exception as e:  # a store error (as a task's, which re-sends the job)
+            error = e
+        finally:
+            self._release(job_id)
+        if error is not None:
+            delay = self.settings.backoff(1)
+            log.warning("job %s (group claim): store error (%s: %s); re-sent in %.1fs", job_id, type(error).__name__,
+                        error, delay)
+            self._resend(job_id, delay)
+        elif outcome.status == "retry":
+            self._resend(job_id, outcome.retry_in)
+        else:
+            log.info("job %s (group claim): %s", job_id, outcome.status)
+            self._advance_batch(job_id)
+
+    def _resend(self, job_id: str, countdown: float) -> None:
+        """Send the job's id to the broker again (a group-claimed job has no delivery of its own to retry)."""
+        from ..broker import enqueue_job
+
+        try:
+            enqueue_job(job_id, self.settings, queue=self.queue, countdown=countdown)
+        except Exception as e:
+            log.warning("job %s: could not re-send it (%s: %s); `specq reconcile --republish-queued` sends it",
+                        job_id, type(e).__name__, e)
 
     def _run_claimed(self, s, job_id: str, token: str) -> Outcome:
         """Run the claimed attempt; a refused write (Fenced), wherever it happens, ends it as "fenced"
@@ -429,6 +542,9 @@ class WorkerRuntime:
         to the queue now, running ones get drain_grace seconds, then go back too. Returns at once."""
         if self.serving is None:
             return
+        with self._claim_lock:
+            self.draining = True
+            self._slot_free.notify_all()
         grace = self.settings.drain_grace
         log.warning("specq worker %s: draining (%d job(s) live; %.0fs grace)", self.name, len(self.live), grace)
         self.serving.stop_admitting()
