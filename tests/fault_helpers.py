@@ -56,6 +56,21 @@ def start_worker(st: Stack, name: str) -> subprocess.Popen:
     return st.start(name, "worker", "--loglevel", "INFO")
 
 
+def start_slots_worker(st: Stack, name: str, slots: int, **env: str) -> subprocess.Popen:
+    """A worker with `slots` serving slots and `env` on top of the stack's environment, started and
+    waited for until it logs "ready: target" (it must still be alive then)."""
+    saved = dict(st.env)
+    st.env.update({"SPECQ_SLOTS": str(slots), **env})
+    try:
+        p = st.start(name, "worker", "--loglevel", "INFO")
+    finally:
+        st.env.clear()
+        st.env.update(saved)
+    wait_for(lambda: "ready: target" in st.log(name) or p.poll() is not None, 120, f"{name} ready")
+    assert p.poll() is None, st.log(name)[-3000:]
+    return p
+
+
 def kill9(st: Stack, name: str) -> None:
     """SIGKILL the process (group) `name`, as the OOM killer would, and reap it."""
     p = st.procs[name]

@@ -22,7 +22,7 @@ import signal
 import httpx
 import pytest
 
-from fault_helpers import FAULT_ENV, job_row, kill9, wait_for, worker_logs
+from fault_helpers import FAULT_ENV, job_row, kill9, start_slots_worker, wait_for, worker_logs
 from service_helpers import Stack, base_env, free_port, pg_database, redis_pg_env, require_servers
 
 pytestmark = [pytest.mark.timeout(600)]
@@ -59,16 +59,7 @@ def stack(tiny_models, tmp_path_factory):
 
 
 def _worker(st: Stack, name: str, slots: int, **env: str):
-    saved = dict(st.env)
-    st.env.update({"SPECQ_SLOTS": str(slots), **env})
-    try:
-        p = st.start(name, "worker", "--loglevel", "INFO")
-    finally:
-        st.env.clear()
-        st.env.update(saved)
-    wait_for(lambda: "ready: target" in st.log(name) or p.poll() is not None, 120, f"{name} ready")
-    assert p.poll() is None, st.log(name)[-3000:]
-    return p
+    return start_slots_worker(st, name, slots, **env)
 
 
 def _submit(client: httpx.Client, text: str, params: dict, question: str = QUESTION) -> str:
