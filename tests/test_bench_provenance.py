@@ -12,7 +12,7 @@ import pytest
 from specq.engine.options import EngineOptions
 
 NUMERICS_KEYS = {"batch_invariant", "repack", "flash_attn", "type_k", "type_v", "n_batch", "n_ubatch", "n_threads",
-                 "n_ctx", "n_gpu_layers", "model"}
+                 "n_ctx", "n_gpu_layers", "model", "cuda_graphs"}
 
 
 def _opts(tiny_models, n_ctx: int = 1024, **kw) -> EngineOptions:
@@ -69,7 +69,7 @@ def test_ttft_report_both_modes_same_numerics_and_provenance(tiny_models, tmp_pa
     for mode in ("on", "off"):
         num = prov["numerics"][mode]
         assert NUMERICS_KEYS <= set(num["target"]), set(num["target"])
-        assert {"repack", "flash_attn", "type_k", "type_v", "n_batch", "n_ubatch", "n_threads", "model"} \
+        assert {"repack", "flash_attn", "type_k", "type_v", "n_batch", "n_ubatch", "n_threads", "model", "cuda_graphs"} \
             <= set(num["speculator"])
         assert num["speculator"]["loaded"] and num["speculator"]["batch_invariant"] is False
         assert num["target"]["batch_invariant"] is (mode == "on")

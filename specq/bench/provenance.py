@@ -119,6 +119,8 @@ def numerics(engine: Any) -> dict[str, Any]:
         "type_k": num.type_k,
         "max_draft": num.max_draft,
         "n_gpu_layers": engine.target.n_gpu_layers,
+        # process-wide (llama.set_cuda_graphs): the speculator's decodes run under the same setting
+        "cuda_graphs": engine.info.cuda_graphs,
         **_ctx_numerics(engine.ctx),
     }
     target.setdefault("n_threads", opts.resolved_threads())
@@ -131,6 +133,7 @@ def numerics(engine: Any) -> dict[str, Any]:
         "batch_invariant": False,
         "repack": bool(getattr(spec_model, "repack", True)),
         "n_gpu_layers": getattr(spec_model, "n_gpu_layers", opts.n_gpu_layers),
+        "cuda_graphs": engine.info.cuda_graphs,
     }
     if scorer is not None:
         speculator.update(_ctx_numerics(scorer.ctx))
