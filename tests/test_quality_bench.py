@@ -159,3 +159,50 @@ def test_quality_runner_on_the_real_pair(real_engine, tmp_path):
     assert ans["baseline"]["correct"]  # the 1.5B target finds a planted code in 1.2K tokens
     # the planted needle is kept by the speculator at keep 0.5 (at random: about a quarter of the time)
     assert rec[0]["kept"]["full"]["0.5"]
+
+
+@pytest.mark.parametrize("index", range(6))
+@pytest.mark.parametrize("length", [4000, 16000])
+def test_family_one_document_answer_once(index, length):
+    """A family: one document, every question's answer stands once in it, evidence spans point at it."""
+    fam = qt.make_family(index, length, count)
+    assert len(fam) >= 6
+    doc = fam[0].document
+    assert all(t.document is doc or t.document == doc for t in fam)
+    assert 0.9 * length <= count(doc) <= length
+    assert len({t.id for t in fam}) == len(fam) and len({t.question for t in fam}) == len(fam)
+    assert len({t.meta["family"] for t in fam}) == 1
+    for t in fam:
+        ev = [doc[s:e] for s, e in t.evidence]
+        assert t.depth == min(qt.DEPTHS, key=lambda d: abs(d - t.actual_depth))  # the depth bin of the evidence
+        if t.kind in ("needle", "multikey"):
+            assert doc.count(t.answer) == 1 and t.answer in ev[0]
+        elif t.kind == "raises":
+            msg = re.search(r'message "(.*)"\?', t.question).group(1)
+            assert doc.count(msg) == 1 and ev[1] == msg and ev[0] == f"def {t.answer}"
+        else:
+            name = re.search(r"constant (\w+) assigned", t.question).group(1)
+            assert len(re.findall(rf"^{name} = ", doc, re.M)) == 1 and ev[0].startswith(f"{name} = ")
+    kinds = {t.kind for t in fam}
+    assert kinds <= {"multikey", "raises", "const"} or kinds == {"needle"}
+    if "multikey" in kinds:  # the vaults: each asked, each the others' distractor
+        assert sum(t.kind == "multikey" for t in fam) == qt.FAMILY_PLANTED
+    depths = sorted(t.actual_depth for t in fam if t.planted)
+    assert depths[0] < 0.25 and depths[-1] > 0.75  # planted lines spread over the document
+
+
+def test_families_are_deterministic_and_fill_n():
+    from specq.bench.quality import QualitySettings, tasks_for
+
+    a = qt.make_family(3, 4000, count)
+    b = qt.make_family(3, 4000, count)
+    assert [t.question for t in a] == [t.question for t in b] and a[0].document == b[0].document
+    got = list(tasks_for(QualitySettings(lengths=[4000], n=20, family=16), 4000, count))
+    assert len(got) == 20 and len({t.id for t, _ in got}) == 20
+    assert all(scope == t.meta["family"] for t, scope in got)
+    assert len({scope for _, scope in got}) >= 2
+    single = list(tasks_for(QualitySettings(lengths=[4000], n=3), 4000, count))
+    assert [s for _, s in single] == ["", "", ""]
+    # the family setting is part of the journal key; journals written before families keep theirs
+    assert QualitySettings(family=16).key("recall") != QualitySettings().key("recall")
+    assert QualitySettings().key("recall") == QualitySettings(family=0).key("recall")

@@ -29,7 +29,7 @@ import subprocess
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
@@ -59,6 +59,8 @@ class QualitySettings:
     pool: int = 13
     window: int = 0
     max_tokens: int = 24
+    #: questions per document (quality_tasks.make_family); 0 = one document per task (make_task)
+    family: int = 0
 
     def key(self, half: str) -> str:
         """What a journal record must match to count as done (not n/start/lengths: they pick tasks)."""
@@ -68,6 +70,8 @@ class QualitySettings:
         else:
             d = {"seed": self.seed, "kinds": self.kinds, "keep": self.keep, "scorer": self.scorer, "chunk": self.chunk,
                  "lookahead": self.lookahead, "pool": self.pool, "window": self.window, "max_tokens": self.max_tokens}
+        if self.family:  # (left out at 0, so that journals written before families keep their key)
+            d["family"] = self.family
         return hashlib.sha1(json.dumps(d, sort_keys=True).encode()).hexdigest()[:10]
 
 
@@ -170,6 +174,23 @@ def task_prompt(engine, task: qt.Task, params: RunParams):
     return prompt, qt.evidence_chunks(bounds, task.evidence, params.chunk)
 
 
+def tasks_for(settings: QualitySettings, length: int, count) -> "Iterator[tuple[qt.Task, str]]":
+    """(task, cache scope) in order: tasks start…start+n-1, each its own document (scope ""), or, with
+    `family`, families start, start+1, … until n tasks (scope: the family, so the speculator's window
+    cache and the target's prompt cache reuse the document's KV for its later questions)."""
+    if not settings.family:
+        for i in range(settings.start, settings.start + settings.n):
+            yield qt.make_task(i, length, count, seed=settings.seed, kinds=settings.kinds), ""
+        return
+    done, f = 0, settings.start
+    while done < settings.n:
+        fam = [t for t in qt.make_family(f, length, count, seed=settings.seed, per=settings.family) if t.kind in settings.kinds]
+        for t in fam[: settings.n - done]:
+            yield t, t.meta["family"]
+        done += len(fam[: settings.n - done])
+        f += 1
+
+
 def _kept_chunks(scores: np.ndarray, prompt, keep: float, chunk: int) -> set[int]:
     kept = select_kept(scores, doc_start=prompt.doc_start, n_prompt=prompt.n, protected=[], keep=keep, chunk=chunk)
     return {(i - prompt.doc_start) // chunk for i in kept if prompt.doc_start <= i < prompt.doc_end}
@@ -208,9 +229,9 @@ def _worst_rank(scores: np.ndarray, chunk: int, ev: list[int]) -> float:
 def run_recall(engine, settings: QualitySettings, journal: Journal, say: Say = print) -> None:
     count = _count(engine)
     scorer = engine.scorer()
+    cache = engine.spec_cache() if settings.family else None
     for L in settings.lengths:
-        for i in range(settings.start, settings.start + settings.n):
-            task = qt.make_task(i, L, count, seed=settings.seed, kinds=settings.kinds)
+        for task, scope in tasks_for(settings, L, count):
             if journal.done("recall", task.id):
                 continue
             params = RunParams(question=task.question, chunk=settings.chunk)
@@ -221,6 +242,9 @@ def run_recall(engine, settings: QualitySettings, journal: Journal, say: Say = p
                                    "actual_depth": round(task.actual_depth, 4), "doc_tokens": n_doc, "n_chunks": n_chunks,
                                    "evidence_chunks": ev, "answer": task.answer, "source": task.source,
                                    "kept": {}, "rank": {}, "windows": {}, "score_ms": {}}
+            if scope:
+                rec["family"] = scope
+                rec["cache_restored_bytes"] = {}
             size = scorer.window_tokens(prompt, settings.lookahead, settings.window)
             plan = plan_windows(n_doc, size)
             for name in settings.scorers:
@@ -230,9 +254,13 @@ def run_recall(engine, settings: QualitySettings, journal: Journal, say: Say = p
                     rec["rank"]["full"] = rec["rank"]["windowed"]
                     rec["windows"]["full"] = 1
                     continue
+                use = cache.begin() if cache is not None and name != "sliding" else None
                 t0 = time.perf_counter()
-                res = scorer.score(prompt, scorer=name, lookahead=settings.lookahead, pool=settings.pool, window=settings.window)
+                res = scorer.score(prompt, scorer=name, lookahead=settings.lookahead, pool=settings.pool, window=settings.window,
+                                   cache=cache if use is not None else None, scope=scope)
                 rec["score_ms"][name] = round((time.perf_counter() - t0) * 1000.0, 1)
+                if use is not None:
+                    rec["cache_restored_bytes"][name] = use.bytes_restored
                 rec["windows"][name] = res.windows
                 variants = {name: res.scores}
                 if name == "windowed":
@@ -258,8 +286,7 @@ def closed_book_question(task: qt.Task) -> str:
 def run_answer(engine, settings: QualitySettings, journal: Journal, say: Say = print) -> None:
     count = _count(engine)
     for L in settings.lengths:
-        for i in range(settings.start, settings.start + settings.n):
-            task = qt.make_task(i, L, count, seed=settings.seed, kinds=settings.kinds)
+        for task, scope in tasks_for(settings, L, count):
             if journal.done("answer", task.id):
                 continue
             rec: dict[str, Any] = {"task": task.id, "kind": task.kind, "planted": task.planted, "length": L, "depth": task.depth,
@@ -273,15 +300,18 @@ def run_answer(engine, settings: QualitySettings, journal: Journal, say: Say = p
                                  lookahead=settings.lookahead, pool=settings.pool, window=settings.window, chunk=settings.chunk,
                                  min_tokens=0, max_tokens=settings.max_tokens)
                 prompt, ev = task_prompt(engine, task, spec)
-                rb = engine.run(task.document, base)
-                rs = engine.run(task.document, spec)
+                rb = engine.run(task.document, base, scope=scope)
+                rs = engine.run(task.document, spec, scope=scope)
                 kept = set(rs.kept_indices)
                 ev_tokens = [prompt.doc_start + c * settings.chunk for c in ev]
                 rec["doc_tokens"] = len(prompt.document)
-                rec["baseline"] = {"text": rb.text, "correct": qt.is_correct(task, rb.text), "ttft_ms": round(rb.timings_ms["ttft"], 1)}
+                rec["baseline"] = {"text": rb.text, "correct": qt.is_correct(task, rb.text), "ttft_ms": round(rb.timings_ms["ttft"], 1),
+                                   "cache_restored_bytes": rb.spec.cache.get("bytes_restored", 0)}
                 rec["specprefill"] = {"text": rs.text, "correct": qt.is_correct(task, rs.text), "ttft_ms": round(rs.timings_ms["ttft"], 1),
                                       "evidence_kept": all(t in kept for t in ev_tokens), "kept_tokens": rs.usage.kept_tokens,
-                                      "windows": rs.spec.windows}
+                                      "windows": rs.spec.windows, "cache_restored_bytes": rs.spec.cache.get("bytes_restored", 0)}
+                if scope:
+                    rec["family"] = scope
             rec["load1"] = round(os.getloadavg()[0], 2)
             rec["t"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
             journal.append("answer", rec)

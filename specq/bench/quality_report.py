@@ -117,11 +117,13 @@ def aggregate(records: list[dict], conf: float = 0.9) -> dict[str, Any]:
     score_ms: dict[tuple, list] = defaultdict(list)
     own_pass: dict[tuple, bool] = defaultdict(bool)  # the scorer ran its own pass on some task
     kinds: dict[tuple, dict] = defaultdict(lambda: defaultdict(lambda: [0, 0]))
+    families: dict[int, set] = defaultdict(set)  # documents behind the tasks, per length (a task alone is its own)
     loads: list[float] = []
     for r in records:
         if r.get("half") != "recall":
             continue
         L = r["length"]
+        families[L].add(r.get("family") or r["task"])
         loads.append(r.get("load1", 0.0))
         for scorer, by_keep in r["kept"].items():
             for keep, hit in by_keep.items():
@@ -139,7 +141,8 @@ def aggregate(records: list[dict], conf: float = 0.9) -> dict[str, Any]:
         k, n = sum(hits), len(hits)
         rr = rand.get((L, keep), [])
         recall_rows.append({
-            "length": L, "scorer": scorer, "keep": float(keep), "n": n, "recall": k / n, "recall_lower": cp_lower(k, n, conf),
+            "length": L, "scorer": scorer, "keep": float(keep), "n": n, "documents": len(families[L]),
+            "recall": k / n, "recall_lower": cp_lower(k, n, conf),
             "random_recall": sum(rr) / len(rr) if rr else None,
             "by_kind": {kk: {"kept": v[0], "n": v[1]} for kk, v in sorted(kinds[(L, scorer, keep)].items())},
             "score_ms_median": statistics.median(score_ms[(L, scorer)]) if score_ms.get((L, scorer)) else None,
@@ -173,7 +176,7 @@ def aggregate(records: list[dict], conf: float = 0.9) -> dict[str, Any]:
         med = lambda xs: statistics.median(xs) if xs else None  # noqa: E731
         answer_rows.append({
             "length": L, "keep": rs[0]["settings"]["keep"], "scorer": rs[0]["settings"]["scorer"], "tasks": len(rs),
-            "closed_book_right": len(closed), **p,
+            "closed_book_right": len(closed), "documents": len({r.get("family") or r["task"] for r in open_}), **p,
             "evidence_kept": (sum(ev) / len(ev)) if ev else None,
             "baseline_ttft_ms_median": med([r["baseline"]["ttft_ms"] for r in open_]),
             "specprefill_ttft_ms_median": med([r["specprefill"]["ttft_ms"] for r in open_]),
@@ -204,14 +207,14 @@ def table_markdown(agg: dict[str, Any]) -> str:
     lines = []
     if agg["recall"]:
         lines += ["Answer-chunk recall (speculator only; all evidence chunks kept), random control at the same budget:", "",
-                  "| doc tokens | scorer | keep | n | recall | 90% lower | random | needle | multikey | raises | const | score s (median) |",
+                  "| doc tokens | scorer | keep | n (documents) | recall | 90% lower | random | needle | multikey | raises | const | score s (median) |",
                   "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
         for r in agg["recall"]:
             bk = r["by_kind"]
             kinds = [f"{bk[k]['kept']}/{bk[k]['n']}" if k in bk else "–" for k in ("needle", "multikey", "raises", "const")]
             sm = r["score_ms_median"]
             name = r["scorer"] + (" (= windowed: one window)" if r.get("same_pass_as_windowed") else "")
-            lines.append(f"| {r['length']:,} | {name} | {r['keep']:.1f} | {r['n']} | {r['recall']:.3f} | {r['recall_lower']:.3f} | "
+            lines.append(f"| {r['length']:,} | {name} | {r['keep']:.1f} | {r['n']} ({r.get('documents', r['n'])}) | {r['recall']:.3f} | {r['recall_lower']:.3f} | "
                          f"{_f(r['random_recall'])} | " + " | ".join(kinds) + f" | {_f(None if sm is None else sm / 1000, '{:.1f}')} |")
         lines.append("")
     if agg["recall_full_vs_windowed"]:
@@ -222,13 +225,13 @@ def table_markdown(agg: dict[str, Any]) -> str:
         lines.append("")
     if agg["answer"]:
         lines += ["Answer right (target), baseline vs specprefill, paired; closed-book-right tasks left out:", "",
-                  "| doc tokens | scorer, keep | tasks | closed-book right | n | baseline acc | specprefill acc | ratio | 90% lower | "
+                  "| doc tokens | scorer, keep | tasks | closed-book right | n (documents) | baseline acc | specprefill acc | ratio | 90% lower | "
                   "baseline only | specprefill only | evidence kept | TTFT s base / spec |",
                   "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
         for r in agg["answer"]:
             tt = (f"{r['baseline_ttft_ms_median'] / 1000:.1f} / {r['specprefill_ttft_ms_median'] / 1000:.1f}"
                   if r["baseline_ttft_ms_median"] else "–")
-            lines.append(f"| {r['length']:,} | {r['scorer']} {r['keep']} | {r['tasks']} | {r['closed_book_right']} | {r['n']} | "
+            lines.append(f"| {r['length']:,} | {r['scorer']} {r['keep']} | {r['tasks']} | {r['closed_book_right']} | {r['n']} ({r.get('documents', r['n'])}) | "
                          f"{_f(r['baseline_acc'])} | {_f(r['specprefill_acc'])} | {_f(r['ratio'])} | {_f(r['ratio_lower'])} | "
                          f"{r['baseline_only']} | {r['specprefill_only']} | {_f(r['evidence_kept'])} | {tt} |")
         lines.append("")

@@ -241,10 +241,9 @@ _DEF = re.compile(r"^([ \t]*)def (\w+)\(", re.M)
 _CONST = re.compile(r"""^([A-Z][A-Z0-9_]{3,}) = (0x[0-9A-Fa-f]{2,}|\d{2,}|'[^'\n\\]{3,40}'|"[^"\n\\]{3,40}")[ \t]*$""", re.M)
 
 
-@lru_cache(maxsize=2)
-def raise_candidates() -> tuple[tuple[int, int, int, int, str, str, str], ...]:
-    """(def start, def end, msg start, msg end, function, error, message) for raises in functions."""
-    code, _ = code_corpus()
+def raises_in(code: str) -> list[tuple[int, int, int, int, str, str, str]]:
+    """(def start, def end, msg start, msg end, function, error, message) for the raises of `code` that
+    sit in a function (its `def` line at most 40 lines above, no def/class between)."""
     out = []
     for m in _RAISE.finditer(code):
         indent = len(m.group(0)) - len(m.group(0).lstrip())
@@ -259,35 +258,60 @@ def raise_candidates() -> tuple[tuple[int, int, int, int, str, str, str], ...]:
         base = m.start() - len(head)
         ds = base + d.start() + len(d.group(1))
         out.append((ds, base + d.end() - 1, m.start(3), m.end(3), d.group(2), m.group(1), m.group(3)))
-    return tuple(out)
+    return out
 
 
-@lru_cache(maxsize=2)
-def const_candidates() -> tuple[tuple[int, int, str, str], ...]:
-    code, _ = code_corpus()
+def consts_in(code: str) -> list[tuple[int, int, str, str]]:
+    """(start, end, name, value) for the module-level `NAME = <literal>` lines of `code`."""
     out = []
     for m in _CONST.finditer(code):
         value = m.group(2)
         if value.strip("'\"").isdigit() and len(value) < 2:
             continue
         out.append((m.start(), m.end(), m.group(1), value))
-    return tuple(out)
+    return out
+
+
+@lru_cache(maxsize=2)
+def raise_candidates() -> tuple[tuple[int, int, int, int, str, str, str], ...]:
+    return tuple(raises_in(code_corpus()[0]))
+
+
+@lru_cache(maxsize=2)
+def const_candidates() -> tuple[tuple[int, int, str, str], ...]:
+    return tuple(consts_in(code_corpus()[0]))
+
+
+def _raises_ok(doc: str, func: str, msg: str) -> bool:
+    """The raise's answer stands once: a plain function name, not in the message; message and `def` once."""
+    if func.startswith("__") or func in ("main", "_test", "test") or func.lower() in msg.lower():
+        return False
+    return doc.count(msg) == 1 and len(re.findall(rf"\bdef {re.escape(func)}\(", doc)) == 1
+
+
+def _const_ok(doc: str, name: str) -> bool:
+    return len(re.findall(rf"^{re.escape(name)} = ", doc, re.M)) == 1 and len(re.findall(rf"\b{re.escape(name)}\b", doc)) == 1
+
+
+def _raises_question(err: str, msg: str) -> str:
+    return f'In the code above, which function raises {err} with the message "{msg}"? Answer with the function name only.'
+
+
+def _const_question(name: str) -> str:
+    return f"In the code above, what value is the module-level constant {name} assigned? Answer with the value only."
 
 
 def make_raises(rng: random.Random, length: int, depth: float, count: Count) -> Task | None:
     code, index = code_corpus()
     cands = raise_candidates()
     ds, de, ms, me, func, err, msg = cands[rng.randrange(len(cands))]
-    if func.startswith("__") or func in ("main", "_test", "test") or func.lower() in msg.lower():
-        return None
     a, b = cut_around(code, ds, depth, length, count)
     if not (a <= ds and me <= b):
         return None
     doc = code[a:b]
-    if doc.count(msg) != 1 or len(re.findall(rf"\bdef {re.escape(func)}\(", doc)) != 1:
+    if not _raises_ok(doc, func, msg):
         return None
-    q = f'In the code above, which function raises {err} with the message "{msg}"? Answer with the function name only.'
-    return Task("", "raises", False, length, depth, doc, q, func, [(ds - a, de - a), (ms - a, me - a)],
+    return Task("", "raises", False, length, depth, doc, _raises_question(err, msg), func, [(ds - a, de - a), (ms - a, me - a)],
                 source=f"stdlib {_file_at(index, ds)}")
 
 
@@ -299,10 +323,10 @@ def make_const(rng: random.Random, length: int, depth: float, count: Count) -> T
     if not (a <= s and e <= b):
         return None
     doc = code[a:b]
-    if len(re.findall(rf"^{re.escape(name)} = ", doc, re.M)) != 1 or len(re.findall(rf"\b{re.escape(name)}\b", doc)) != 1:
+    if not _const_ok(doc, name):
         return None
-    q = f"In the code above, what value is the module-level constant {name} assigned? Answer with the value only."
-    return Task("", "const", False, length, depth, doc, q, value.strip("'\""), [(s - a, e - a)], source=f"stdlib {_file_at(index, s)}")
+    return Task("", "const", False, length, depth, doc, _const_question(name), value.strip("'\""), [(s - a, e - a)],
+                source=f"stdlib {_file_at(index, s)}")
 
 
 MAKERS = {"needle": make_needle, "multikey": make_multikey, "raises": make_raises, "const": make_const}
@@ -327,6 +351,112 @@ def make_task(index: int, length: int, count: Count, *, seed: int = 0, kinds: Se
             t.meta["attempt"] = attempt
             return t
     raise RuntimeError(f"no {kind} task at length {length}, depth {depth} after 200 draws")
+
+
+# ----------------------------------------------------------------------------------------- families
+#
+# A family is one document and several questions about it, each answered once in it: the way users
+# ask (many questions, one document) and the way the service makes a second question cheap (the
+# speculator's window cache and the target's prompt cache restore the document's KV; only the
+# question and the lookahead are computed again). The recall half at n >= 200 on 8K and 16K tokens is
+# hours instead of days on a 2-core CPU this way. The questions of one family are not independent
+# draws: the report counts families next to tasks.
+
+#: families rotate code, code, prose
+FAMILY_SOURCES = ("code", "code", "prose")
+#: planted lines per family (multikey vaults in code, needles in prose)
+FAMILY_PLANTED = 10
+
+
+def _spread_depths(rng: random.Random, k: int) -> list[float]:
+    """k depths in (0.03, 0.97), one per equal slice of the range, jittered inside its slice."""
+    w = 0.94 / k
+    return [0.03 + w * i + rng.uniform(0.15 * w, 0.85 * w) for i in range(k)]
+
+
+def _plant_lines(doc: str, lines: list[str], depths: list[float]) -> tuple[str, list[tuple[int, int]]]:
+    """Insert each line at its depth; (new text, the lines' final spans, in the order given)."""
+    spans: dict[int, tuple[int, int]] = {}
+    for d, i in sorted(((d, i) for i, d in enumerate(depths)), reverse=True):  # from the end: earlier offsets stay
+        doc, span = _plant(doc, int(d * len(doc)), lines[i])
+        shift = len(lines[i]) + 1
+        spans = {j: (s + shift, e + shift) if s >= span[0] else (s, e) for j, (s, e) in spans.items()}
+        spans[i] = span
+    return doc, [spans[i] for i in range(len(lines))]
+
+
+def _depth_bin(x: float) -> float:
+    return min(DEPTHS, key=lambda d: abs(d - x))
+
+
+def _family_code(rng: random.Random, length: int, count: Count, per: int) -> list[Task]:
+    code, index = code_corpus()
+    word = rng.choice(_WORDS)
+    nums = rng.sample(range(10, 100), FAMILY_PLANTED)
+    values = [f"{rng.randrange(10**5, 10**6)}" for _ in nums]
+    lines = [f"# The access key for vault '{word}-{n}' is {v}." for n, v in zip(nums, values)]
+    budget = length - sum(count(x) for x in lines) - 8
+    # cut around a real raise or constant (they are sparse: ~4 in 16K tokens of the stdlib on average)
+    facts = [c[0] for c in raise_candidates()] + [c[0] for c in const_candidates()]
+    a, b = cut_around(code, facts[rng.randrange(len(facts))], rng.uniform(0.1, 0.9), budget, count)
+    doc, spans = _plant_lines(code[a:b], lines, _spread_depths(rng, FAMILY_PLANTED))
+    if any(doc.count(v) != 1 for v in values) or any(doc.count(f"'{word}-{n}'") != 1 for n in nums):
+        return []
+    source = f"stdlib from {_file_at(index, a)}"
+    tasks = [Task("", "multikey", True, length, 0.0, doc, f"What is the access key for vault '{word}-{n}'? Answer with the number only.",
+                  v, [sp], source=source, meta={"distractor_spans": [x for x in spans if x != sp]})
+             for n, v, sp in zip(nums, values, spans)]
+    found: list[Task] = []
+    for ds, de, ms, me, func, err, msg in raises_in(doc):
+        if _raises_ok(doc, func, msg) and all(t.answer != func for t in found):
+            found.append(Task("", "raises", False, length, 0.0, doc, _raises_question(err, msg), func, [(ds, de), (ms, me)], source=source))
+    for s0, e0, name, value in consts_in(doc):
+        if _const_ok(doc, name):
+            found.append(Task("", "const", False, length, 0.0, doc, _const_question(name), value.strip("'\""), [(s0, e0)], source=source))
+    # not-planted questions spread over the document, as many as the family has room for
+    found.sort(key=lambda t: t.evidence[0][0])
+    room = max(0, per - len(tasks))
+    if len(found) > room:
+        step = len(found) / room if room else 0
+        found = [found[int(i * step)] for i in range(room)]
+    return tasks + found
+
+
+def _family_prose(rng: random.Random, length: int, count: Count, per: int) -> list[Task]:
+    prose, index = prose_corpus()
+    k = min(per, FAMILY_PLANTED)
+    pairs = rng.sample([(c, a) for c in _COLOURS for a in _ANIMALS], k)
+    codes = [f"{rng.randrange(10**6, 10**7)}" for _ in pairs]
+    lines = [f"The secret code of the {c} {a} is {x}." for (c, a), x in zip(pairs, codes)]
+    budget = length - sum(count(x) for x in lines) - 2 * k
+    est = int(budget * 4.2)
+    start = rng.randrange(0, max(1, len(prose) - est - 1))
+    a, b = cut_around(prose, start + est // 2, 0.5, budget, count, cpt=4.2)
+    doc, spans = _plant_lines(prose[a:b], lines, _spread_depths(rng, k))
+    if any(doc.count(x) != 1 for x in codes) or any(doc.count(f"{c} {an}") != 1 for c, an in pairs):
+        return []
+    return [Task("", "needle", True, length, 0.0, doc, f"What is the secret code of the {c} {an}? Answer with the number only.", x, [sp],
+                 source=f"licenses from {_file_at(index, a)}") for (c, an), x, sp in zip(pairs, codes, spans)]
+
+
+def make_family(index: int, length: int, count: Count, *, seed: int = 0, per: int = 16) -> list[Task]:
+    """Family number `index` at `length` tokens: one document, up to `per` questions (deterministic).
+    Code families plant FAMILY_PLANTED vaults (each asked, the others its distractors) and ask the rest from
+    real raises and constants spread over the document; prose families plant up to FAMILY_PLANTED needles. Each
+    task's `depth` is its evidence's depth rounded to the nearest of 0.1…0.9; ids are
+    `fam-L<length>-s<seed>-<index>-q<j>`."""
+    source = FAMILY_SOURCES[index % len(FAMILY_SOURCES)]
+    for attempt in range(50):
+        rng = random.Random(f"family:{seed}:{length}:{index}:{attempt}")
+        tasks = (_family_code if source == "code" else _family_prose)(rng, length, count, per)
+        if tasks:
+            tasks.sort(key=lambda t: t.evidence[0][0])
+            for j, t in enumerate(tasks):
+                t.depth = _depth_bin(t.actual_depth)
+                t.id = f"fam-L{length}-s{seed}-{index:03d}-q{j:02d}"
+                t.meta.update({"attempt": attempt, "family": f"fam-L{length}-s{seed}-{index:03d}", "actual_depth": round(t.actual_depth, 4)})
+            return tasks
+    raise RuntimeError(f"no {source} family at length {length} after 50 draws")
 
 
 # ----------------------------------------------------------------------------------------- grading

@@ -383,6 +383,9 @@ def bench_quality(
     scorer: str = typer.Option("windowed", help="answer: scorer of the specprefill runs."),
     window: int = typer.Option(0, help="Document tokens per scoring window (0 = the default)."),
     max_tokens: int = typer.Option(24, help="answer: tokens generated per run."),
+    family: int = typer.Option(0, help="Questions per document (up to; 0 = one document per task). Families reuse the "
+                                       "document's KV through the service's caches, as a user's second question does."),
+    cache_bytes: int = typer.Option(2 << 30, help="With --family: bytes of saved KV (speculator windows, target prompts)."),
     threads: int = typer.Option(2, help="CPU threads."),
     n_gpu_layers: int = typer.Option(0, help="Layers offloaded to the GPU."),
     target: str = typer.Option(None, help="Target model: registry name or GGUF path."),
@@ -411,12 +414,13 @@ def bench_quality(
         raise fail(f"--kinds: known kinds are {', '.join(KINDS)}")
     settings = q.QualitySettings(lengths=sizes, n=n, start=start, seed=seed, kinds=kind_list,
                                  scorers=[s.strip() for s in scorers.split(",") if s.strip()], keeps=keep_list, keep=keep,
-                                 scorer=scorer, window=window, max_tokens=max_tokens)
+                                 scorer=scorer, window=window, max_tokens=max_tokens, family=family)
     engine = None
     if half != "report":
         if len(journal) != 1:
             raise fail("recall and answer write one --journal")
-        opts = with_models(EngineOptions(n_gpu_layers=n_gpu_layers, n_threads=threads, n_ctx=max(sizes) + 1024),
+        opts = with_models(EngineOptions(n_gpu_layers=n_gpu_layers, n_threads=threads, n_ctx=max(sizes) + 1024,
+                                         cache_bytes=cache_bytes if family else 0),
                            target=target, speculator=speculator)
         try:
             from ..engine.pipeline import Engine
