@@ -354,7 +354,8 @@ class ServingEngine:
 
             # and after each speculator call of a window's prefill (`busy`: the context holding it)
             job.kept, job.doc_scores = eng._select(job.prompt, job.params, job.timings, job.spec, report,
-                                                   scope=job.scope, between_calls=interleave)
+                                                   scope=job.scope, between_calls=interleave,
+                                                   reused_document=job.reused_document)
             t1 = _now()
             job.engine_ms["score"] += (t1 - t0 - nested[0]) * 1000.0
             job.end_phase("score", t1)
