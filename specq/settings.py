@@ -148,6 +148,10 @@ class ServiceSettings:
     #: bytes of host memory for the worker's saved KV states (the speculator's document windows and
     #: the target's prompt prefixes, one LRU budget; EngineOptions.cache_bytes); 0 = no caches
     cache_bytes: int = 2 << 30
+    #: which speculator scoring windows go into that cache (EngineOptions.spec_cache_save): always
+    #: (default: every document's) or repeat (a stored document's at once, any other's at its second
+    #: sight: a one-off document costs no ~400 MB device-to-host copy per 32K tokens; docs/serving.md)
+    spec_cache_save: str = ""
     #: mode auto's thresholds (EngineOptions.auto_min_tokens, auto_quality_min_tokens; docs/engine.md):
     #: baseline below the break-even length (0 = the backend's measured one), specprefill only from
     #: the length where keep 0.3 was measured >= 95% of baseline's quality (-1 = unmeasured: never)
@@ -246,6 +250,8 @@ class ServiceSettings:
              f"SPECQ_BATCH_INVARIANT must be auto, on or off, not {self.batch_invariant!r}"),
             (self.max_queued_jobs >= 0, "SPECQ_MAX_QUEUED_JOBS must be >= 0 (0 = no limit)"),
             (self.cache_bytes >= 0, "SPECQ_CACHE_BYTES must be >= 0 (0 = no caches)"),
+            (self.spec_cache_save in ("", "always", "repeat"),
+             f"SPECQ_SPEC_CACHE_SAVE must be always or repeat, not {self.spec_cache_save!r}"),
             (bool(self.queue.strip()), "SPECQ_QUEUE must not be empty"),
             (self.receipt_timeout > 0, "SPECQ_RECEIPT_TIMEOUT must be > 0 seconds"),
             (self.max_connections >= 16, "SPECQ_MAX_CONNECTIONS must be >= 16"),
@@ -333,6 +339,8 @@ class ServiceSettings:
             opts.score_math = self.score_math
         if self.batch_invariant:
             opts.batch_invariant = self.batch_invariant
+        if self.spec_cache_save:
+            opts.spec_cache_save = self.spec_cache_save
         if self.speculator_gpu != "":
             # devices as the worker made them visible (visible_devices): the target first
             opts.main_gpu, opts.speculator_gpu = (0, 1) if self.speculator_gpu != self.gpu else (0, 0)

@@ -10,6 +10,8 @@
 #   bash bench/gpu/serve.sh llama 32768 64 # llama-server -np 8, the same workload and client
 #   bash bench/gpu/serve.sh specq 8192 64; bash bench/gpu/serve.sh llama 8192 64       # extra: 8K
 #   CTX=135168 SLOTS_LIST=8 bash bench/gpu/serve.sh specq 131072 8; CTX=135168 bash bench/gpu/serve.sh llama 131072 8
+#   SPECQ_SPEC_CACHE_SAVE=repeat bash bench/gpu/serve.sh specq 32768 64   # A/B: no speculator-cache saves of
+#       one-off documents (docs/serving.md "Where the time goes"); files and labels carry "save-repeat"
 #
 # JSON (and a PNG per stage) go to $OUT. Settings: keep 0.3, 128 output tokens with ignore_eos, all jobs
 # sent at t=0, n_batch 4096 / n_ubatch 2048 on both, flash attention on, all layers on the GPU, one
@@ -60,22 +62,24 @@ build)
   ;;
 specq)
   models
+  # a non-default speculator-cache save policy (the worker reads SPECQ_SPEC_CACHE_SAVE) names the files
+  tag=${SPECQ_SPEC_CACHE_SAVE:+-save-$SPECQ_SPEC_CACHE_SAVE}
   for slots in ${SLOTS_LIST:-8 1}; do
     home=/tmp/specq-home-$slots; rm -rf "$home"; port=$(( 8200 + slots ))
     # CUDA graphs off as production runs them (SPECQ_CUDA_GRAPHS); GRAPHS_ON=1 for the comparison
     env SPECQ_CUDA_GRAPHS=$([ "${GRAPHS_ON:-0}" = 1 ] && echo true || echo false) SPECQ_HOME=$home SPECQ_API_PORT=$port SPECQ_TARGET=/tmp/models/7b.gguf SPECQ_SPECULATOR=/tmp/models/0.5b.gguf \
       SPECQ_N_GPU_LAYERS=-1 SPECQ_N_CTX=$ctx SPECQ_SLOTS=$slots SPECQ_N_BATCH=4096 SPECQ_N_UBATCH=2048 \
       SPECQ_TIME_LIMIT=3000 SPECQ_KV_UNIFIED=${SPECQ_KV_UNIFIED:-false} \
-      python3 -m specq.cli up > "$out/specq-$slots-$len.log" 2>&1 &
+      python3 -m specq.cli up > "$out/specq-$slots$tag-$len.log" 2>&1 &
     pid=$!
     for i in $(seq 300); do
       curl -sf localhost:$port/readyz 2>/dev/null | grep -q '"workers_ready":[1-9]' && break; sleep 1
     done
-    grep -m3 "warm-up\|ready: target" "$out/specq-$slots-$len.log"
+    grep -m3 "warm-up\|ready: target" "$out/specq-$slots$tag-$len.log"
     nvidia-smi --query-gpu=memory.used --format=csv,noheader
     python3 -m specq.cli bench serve --url http://127.0.0.1:$port --kind specq --docs "$jobs" --doc-tokens $doc_tokens \
-      --chars-per-token "$cpt" --max-tokens $max_tokens --mode specprefill --keep $keep --label "specq $slots slots" \
-      --out "$out/serve-specq$slots-$len.json" --plot "$out/serve-specq$slots-$len.png"
+      --chars-per-token "$cpt" --max-tokens $max_tokens --mode specprefill --keep $keep --label "specq $slots slots$tag" \
+      --out "$out/serve-specq$slots$tag-$len.json" --plot "$out/serve-specq$slots$tag-$len.png"
     kill -TERM $pid; wait $pid
   done
   ;;

@@ -88,6 +88,13 @@ class EngineOptions:
     #: and the target's prompt prefixes (prefix_cache.py), one LRU budget; 0 = no caches (the
     #: default for the CLI and benchmarks; the worker's SPECQ_CACHE_BYTES defaults to 2 GiB)
     cache_bytes: int = 0
+    #: which of the speculator's scoring windows are saved to that cache (spec_cache.py, "Which windows
+    #: are saved"): always (every window prefilled: a further question about any document hits) or
+    #: repeat (a stored document's at once, any other's only at its second sight, so a one-off
+    #: document costs no device-to-host copy: ~400 MB per 32K-token document with a 0.5B speculator,
+    #: on the serving loop's thread; docs/serving.md "Where the time goes"). Scores and kept tokens
+    #: are the same under both
+    spec_cache_save: Literal["always", "repeat"] = "always"
     #: mode auto: prompts shorter than this run baseline; 0 = the measured break-even of the backend
     #: (engine/auto.py BREAK_EVEN_TOKENS, docs/engine.md)
     auto_min_tokens: int = 0

@@ -160,7 +160,7 @@ class Engine:
             # (Model's default); batch_invariant is the target's, keyed too so a change always misses
             self._spec_cache = SpeculatorCache(self.cache_store, CacheNumerics(
                 file_sha256(self.speculator.path), "f16", self.options.flash_attn, True,
-                self.numerics.batch_invariant, self.n_ubatch, self.info.backend))
+                self.numerics.batch_invariant, self.n_ubatch, self.info.backend), policy=self.options.spec_cache_save)
         return self._spec_cache
         #: the last pipelined run's stages and their times (pipelined.PipelineTrace; None otherwise)
         self.last_trace = None
@@ -307,7 +307,8 @@ class Engine:
                 drafter = self._drafter(params, prompt, scored=True)
         else:
             if mode == "specprefill":
-                kept, doc_scores = self._select(prompt, params, timings, spec, report, scope=scope)
+                kept, doc_scores = self._select(prompt, params, timings, spec, report, scope=scope,
+                                                reused_document=reused_document)
             else:
                 kept = list(range(prompt.n))
 
@@ -444,16 +445,19 @@ class Engine:
         return choice
 
     def _select(self, prompt: Prompt, params: RunParams, timings: dict, spec: SpecInfo,
-                report: Progress, scope: str = "", between_calls=None) -> tuple[list[int], np.ndarray]:
+                report: Progress, scope: str = "", between_calls=None,
+                reused_document: bool = False) -> tuple[list[int], np.ndarray]:
         """Score the prompt with the speculator and pick the kept indices (phases `score`, `select`);
-        (kept indices, document token scores). Window prefixes go through the speculator cache.
+        (kept indices, document token scores). Window prefixes go through the speculator cache
+        (`reused_document`: a stored document, whose windows its save policy keeps at once; the time
+        spent saving is `cache_save`, part of `speculator_prefill`).
         between_calls(ctx): run after each llama_decode call of a window's prefill (scoring.py, "Between
         calls"; the serving loop's decode batches of other jobs); Engine.run passes none."""
         from .selection import select_kept, select_kept_per_window
 
         scorer = self.scorer()
         cache = self.spec_cache() if params.scorer != "sliding" else None
-        use = cache.begin() if cache is not None else None
+        use = cache.begin(expect_reuse=reused_document) if cache is not None else None
         t0 = time.perf_counter()
         scored = scorer.score(
             prompt, scorer=params.scorer, lookahead=params.lookahead, pool=params.pool, window=params.window,
@@ -465,6 +469,7 @@ class Engine:
         if use is not None:
             spec.cache["speculator"] = use.as_dict()
             spec.cache["bytes_restored"] += use.bytes_restored
+            timings["cache_save"] = round(use.save_ms, 3)
         report("select", 0, 1)
         t0 = time.perf_counter()
         if params.selection == "per-window":

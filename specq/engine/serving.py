@@ -43,6 +43,13 @@ being prefilled into sits out the batches between that window's calls (`_drafts_
 the batch between two window groups, and those between calls when the windows are prefilled in the
 scorer's parallel-streams context). MTP / EAGLE3 need slots = 1.
 
+Speculator cache saves: a scoring job's window prefixes are saved to the speculator cache after
+their prefill, on this thread, with every other job waiting (no decode batch between the saves). With
+EngineOptions.spec_cache_save `repeat` (SPECQ_SPEC_CACHE_SAVE; default `always`) only a stored
+document's windows (`submit(reused_document=True)`) and windows seen once before are saved, so a
+one-off 32K-token document no longer copies ~400 MB from the device (docs/serving.md "Where the time
+goes"); `timings_ms.cache_save` is the time a job spent saving.
+
 Timings (`timings_ms`, per job): each phase's wall-clock span (`tokenize`, `score`, `select`,
 `sparse_prefill`, `decode`) and the engine time of this job's own work in it (`<phase>_engine`:
 its units, and the batches that held its tokens); `interleave_wait` = the spans minus the engine
@@ -354,7 +361,8 @@ class ServingEngine:
 
             # and after each speculator call of a window's prefill (`busy`: the context holding it)
             job.kept, job.doc_scores = eng._select(job.prompt, job.params, job.timings, job.spec, report,
-                                                   scope=job.scope, between_calls=interleave)
+                                                   scope=job.scope, between_calls=interleave,
+                                                   reused_document=job.reused_document)
             t1 = _now()
             job.engine_ms["score"] += (t1 - t0 - nested[0]) * 1000.0
             job.end_phase("score", t1)

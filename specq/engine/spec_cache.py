@@ -18,6 +18,18 @@ computed it (type_k, flash_attn, repack, batch-invariant, n_ubatch, backend, sin
 parallel streams), the tenant (`scope`: two tenants never share an entry, even for the same text) and
 the sha256 of the exact token ids of the prefix. Any change is a miss, never a wrong hit.
 
+Which windows are saved (`policy`, EngineOptions.spec_cache_save, SPECQ_SPEC_CACHE_SAVE). `always`
+(the default): every window prefix a run prefilled is saved. `repeat`: only where a later question is
+expected, i.e. the job asks about a stored document (`begin(expect_reuse=True)`: the worker's
+`document_id` jobs), or the same window prefix (same key: scope, numerics, tokens) was prefilled once
+before in this process and not saved then (its second sight; the third question hits). A one-off
+document's windows are then never copied to the host: at 32K tokens with the 0.5B speculator that is
+8 states of ~49 MB (~400 MB) per job, device to host into fresh host memory, on the engine thread,
+with no later hit to pay for it (docs/serving.md "Where the time goes"). Lookups and restores are the
+same under both policies, and the prefix is still prefilled by its own decode call, so the scores and
+kept tokens do not depend on the policy. `save_ms` (the result's `timings_ms.cache_save`) is the time
+spent saving.
+
 Budget. One `StateStore` per engine, `SPECQ_CACHE_BYTES` (EngineOptions.cache_bytes) for both caches,
 in host memory; least recently used entries are evicted first; an entry larger than the budget is
 not stored. 0 turns both caches off.
@@ -228,10 +240,19 @@ class WindowCacheUse:
     save_ms: float = 0.0
     #: speculator tokens prefilled by the run (a full hit: only the question tails)
     prefilled_tokens: int = 0
+    #: missed windows not saved (policy `repeat`: a one-off document's first sight)
+    not_saved: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         return {"hits": self.hits, "misses": self.misses, "bytes_restored": self.bytes_restored,
-                "bytes_saved": self.bytes_saved, "prefilled_tokens": self.prefilled_tokens}
+                "bytes_saved": self.bytes_saved, "prefilled_tokens": self.prefilled_tokens,
+                "not_saved": self.not_saved}
+
+
+#: which missed windows are saved (EngineOptions.spec_cache_save; module doc "Which windows are saved")
+SAVE_POLICIES = ("always", "repeat")
+#: policy `repeat`: window keys remembered as seen once (oldest forgotten first; ~300 bytes each)
+SEEN_KEYS = 16384
 
 
 @dataclass
@@ -246,8 +267,18 @@ class SpeculatorCache:
     store: StateStore
     numerics: Numerics
     use: WindowCacheUse = field(default_factory=WindowCacheUse)
+    #: which missed windows are saved: SAVE_POLICIES (module doc "Which windows are saved")
+    policy: str = "always"
+    #: policy `repeat`: keys of windows prefilled once and not saved (their next miss saves them)
+    _seen: OrderedDict = field(default_factory=OrderedDict, init=False, repr=False)
+    #: this run saves every missed window (policy `always`, or a stored document: begin(expect_reuse))
+    _save_all: bool = field(default=True, init=False)
 
     NAMESPACE = "speculator"
+
+    def __post_init__(self) -> None:
+        if self.policy not in SAVE_POLICIES:
+            raise ValueError(f"spec_cache_save must be {' or '.join(SAVE_POLICIES)}, not {self.policy!r}")
 
     def key(self, scope: str, prefix_tokens: Sequence[int], layout: str = "single") -> tuple:
         num = self.numerics.key()[:-1] + (layout,)
@@ -283,7 +314,12 @@ class SpeculatorCache:
 
     def save_from(self, ctx, scope: str, prefix_tokens: Sequence[int], seq_id: int = 0,
                   layout: str = "single") -> None:
+        """Save the prefix just prefilled into sequence `seq_id` of `ctx`, unless the policy leaves it
+        (`repeat`: a one-off document's window at its first sight, remembered so the next one saves)."""
         if not self.store.enabled:
+            return
+        if not self._admit(self.key(scope, prefix_tokens, layout)):
+            self.use.not_saved += 1
             return
         t0 = time.perf_counter()
         data = save_seq(ctx, seq_id)
@@ -291,9 +327,23 @@ class SpeculatorCache:
             self.use.bytes_saved += len(data)
         self.use.save_ms += (time.perf_counter() - t0) * 1000.0
 
-    def begin(self) -> WindowCacheUse:
-        """A fresh usage record for one run."""
+    def _admit(self, key: tuple) -> bool:
+        if self._save_all:
+            return True
+        if key in self._seen:  # its second sight: a question about it came back
+            del self._seen[key]
+            return True
+        self._seen[key] = None
+        while len(self._seen) > SEEN_KEYS:
+            self._seen.popitem(last=False)
+        return False
+
+    def begin(self, expect_reuse: bool = True) -> WindowCacheUse:
+        """A fresh usage record for one run. `expect_reuse`: more questions about this document are
+        expected (a stored document): under policy `repeat` its windows are saved at once; False: only
+        windows seen before are saved. Policy `always` saves every missed window either way."""
         self.use = WindowCacheUse()
+        self._save_all = self.policy == "always" or expect_reuse
         return self.use
 
 
@@ -308,4 +358,4 @@ def cache_bytes_from_env(default: int = DEFAULT_CACHE_BYTES) -> int:
 
 
 __all__ = ["StateStore", "SpeculatorCache", "Numerics", "WindowCacheUse", "save_seq", "restore_seq", "file_sha256",
-           "tokens_sha256", "DEFAULT_CACHE_BYTES", "cache_bytes_from_env"]
+           "tokens_sha256", "DEFAULT_CACHE_BYTES", "cache_bytes_from_env", "SAVE_POLICIES"]
