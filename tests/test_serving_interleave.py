@@ -17,7 +17,6 @@ from __future__ import annotations
 import math
 import threading
 import time
-from pathlib import Path
 
 import pytest
 
@@ -27,15 +26,10 @@ from specq.contracts import RunCancelled  # noqa: E402
 from specq.engine.options import EngineOptions, RunParams  # noqa: E402
 from specq.engine.scoring import plan_windows  # noqa: E402
 
+from serving_text import CALL, DOC, SHORT, WINDOW  # noqa: E402
+
 pytestmark = [pytest.mark.timeout(600)]
 
-ROOT = Path(__file__).resolve().parents[1]
-TEXT = (ROOT / "examples" / "python-license.txt").read_text()
-#: tokens per llama_decode call of a prefill (EngineOptions.call_tokens)
-CALL = 32
-WINDOW = 160
-DOC = TEXT[:1400]  # several windows of WINDOW tokens (byte-level vocabulary: ~1 token per 1-3 chars)
-SHORT = "def f(x):\n    return x * 2\n" * 4
 
 
 def _engine(tiny_models, **kw):

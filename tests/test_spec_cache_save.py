@@ -11,7 +11,6 @@ shares the loop with it, so "the same text as alone" is exact), as tests/test_se
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 import pytest
 
@@ -21,15 +20,10 @@ from specq.contracts import RunCancelled  # noqa: E402
 from specq.engine.options import EngineOptions, RunParams  # noqa: E402
 from specq.settings import ServiceSettings, SettingsError  # noqa: E402
 
+from serving_text import CALL, DOC, DOC2, SHORT, WINDOW  # noqa: E402
+
 pytestmark = [pytest.mark.timeout(600)]
 
-ROOT = Path(__file__).resolve().parents[1]
-TEXT = (ROOT / "examples" / "python-license.txt").read_text()
-CALL = 32
-WINDOW = 160
-DOC = TEXT[:1400]  # several windows of WINDOW tokens
-DOC2 = TEXT[1400:2800]
-SHORT = "def f(x):\n    return x * 2\n" * 4
 
 
 def _engine(tiny_models, **kw):
