@@ -263,23 +263,22 @@ def test_bench_serve_documents_path_stores_each_document_once_and_reuses_it(stac
         assert s["modes"] == {"baseline": 6}, s
         reasons = [j["spec"]["reason"] for j in jobs]
         assert all(r.startswith("auto: stored document") or r.startswith("auto: prompt cache hit") for r in reasons), reasons
-        # one full prefill of each document (rule 1b), its two other questions restore it: a cache hit
-        # of (nearly) the whole prompt. (A first question can also "hit" the chat template's first 16
-        # tokens, cached by the other document: `hit` alone does not say the document was reused.)
-        first = [r.startswith("auto: stored document") for r in reasons]
-        assert s["reasons"] == {"auto: stored document": 2, "auto: prompt cache hit": 4}, s
+        # one full prefill of each document, its two other questions restore it: a cache hit of (nearly)
+        # the whole prompt. Not read from the reasons: a question that arrived beside its document's first
+        # decided by rule 1b, then waited for that one's save and restored it (serve.reuse's doc). Nor
+        # from `hit` alone: a first question can "hit" the chat template's first 16 tokens.
+        restored = [j["spec"]["cache"]["target"]["reused_tokens"] >= 0.75 * j["prompt_tokens"] for j in jobs]
         for d in range(2):
-            mine = [j for j in jobs if j["doc"] == d]
-            assert sum(first[j["index"]] for j in mine) == 1, (arrival, reasons)
-            for j in mine:
-                t = j["spec"]["cache"]["target"]
-                assert t["reused_tokens"] >= (0 if first[j["index"]] else 0.75 * j["prompt_tokens"]), (arrival, j)
-        assert s["target_reused_fraction"] > 0.5, s
+            assert sum(r for j, r in zip(jobs, restored) if j["doc"] == d) == 2, (arrival, jobs)
+        assert s["target_cache_hits_half"] == 4 and s["target_reused_fraction"] > 0.5, s
         if arrival == "per-doc":  # in sequence: each question sent after the one before it ended
             for d in range(2):
                 mine = [j for j in jobs if j["doc"] == d]
                 assert all(b["sent_s"] >= a["end_s"] for a, b in zip(mine, mine[1:])), mine
-                assert first[mine[0]["index"]] and not any(first[j["index"]] for j in mine[1:]), reasons
+                assert not restored[mine[0]["index"]] and all(restored[j["index"]] for j in mine[1:]), jobs
+                assert reasons[mine[0]["index"]].startswith("auto: stored document"), reasons  # rule 1b
+                assert all(reasons[j["index"]].startswith("auto: prompt cache hit") for j in mine[1:]), reasons
+        assert s["reasons"]["auto: stored document"] >= 2, s
     w = Workload(docs=2, doc_tokens=200, questions=2, max_tokens=4, chars_per_token=1.0, mode="baseline",
                  arrival="per-doc", seed=3)
     report = run_serve_bench(stack.url, w, kind="specq", timeout=240)

@@ -412,7 +412,12 @@ def summarize(recs: list[JobRecord], w: Workload) -> dict[str, Any]:
 def reuse(recs: list[JobRecord]) -> dict[str, Any]:
     """What the specq results report of the caches and modes ({} without any `spec`): jobs per mode
     that ran and per rule that chose it, target prompt-cache hits and the tokens they reused (and their
-    share of all prompt tokens), speculator windows restored and prefilled."""
+    share of all prompt tokens), speculator windows restored and prefilled.
+
+    The rule is mode auto's decision, taken before the job waits for another job prefilling the same
+    document (serving.py `_prefix_owner`): a question that arrived with its document's first one can
+    say "stored document" and still restore the document once that one saved it. The reused tokens
+    (`target_cache_hits_half`, `target_reused_fraction`) say what was really reused."""
     specs = [r.spec for r in recs if r.spec]
     if not specs:
         return {}
@@ -435,6 +440,9 @@ def reuse(recs: list[JobRecord]) -> dict[str, Any]:
         # `hit` is any cached prefix of at least 16 tokens (the chat template's alone is one): the
         # reused fraction of all prompt tokens says how much of the documents was not prefilled again
         "target_cache_hits": sum(bool(cache(sp, "target").get("hit")) for sp in specs),
+        # hits that restored at least half the job's prompt: a document's KV reused, not a template's
+        "target_cache_hits_half": sum(int(cache(r.spec, "target").get("reused_tokens") or 0) * 2 >= r.prompt_tokens > 0
+                                      for r in recs if r.spec),
         "target_reused_tokens": reused,
         "target_reused_fraction": round(reused / prompt, 4) if prompt else None,
         "speculator_window_hits": sum(int(cache(sp, "speculator").get("hits") or 0) for sp in specs),
