@@ -14,9 +14,17 @@
 #       one-off documents (docs/serving.md "Where the time goes"); files and labels carry "save-repeat"
 #   QUESTIONS=8 MODE=auto bash bench/gpu/serve.sh specq 32768 64; QUESTIONS=8 bash bench/gpu/serve.sh llama 32768 64
 #       # many questions, one document (#17): JOBS/QUESTIONS documents x QUESTIONS questions; files carry "-q8"
+#   DOCUMENTS=1 QUESTIONS=8 MODE=auto SPECQ_SPEC_CACHE_SAVE=repeat SLOTS_LIST=8 bash bench/gpu/serve.sh specq 32768 64
+#       # the same through specq's stored documents (`bench serve --documents`: each document uploaded once,
+#       # questions as jobs naming its document_id, so group claims and the document caches apply; uploads
+#       # not in the makespan); files and labels carry "-docs". The worker's SPECQ_CACHE_BYTES (2 GiB) holds
+#       # ~1 prompt of 32K tokens of the 7B (~1.8 GB of KV): set it (e.g. SPECQ_CACHE_BYTES=$((32<<30)))
+#       # to keep 8 documents; a set value names the files ("-cache32G")
+#   ARRIVAL=per-doc ... bash bench/gpu/serve.sh specq|llama 32768 64   # each document's questions in sequence
+#       # (the next sent when the last ended), the documents in parallel; default t0 (all at once); "-perdoc"
 #
 # JSON (and a PNG per stage) go to $OUT. Settings: keep 0.3, 128 output tokens with ignore_eos, all jobs
-# sent at t=0, n_batch 4096 / n_ubatch 2048 on both, flash attention on, all layers on the GPU, one
+# sent at t=0 (ARRIVAL), n_batch 4096 / n_ubatch 2048 on both, flash attention on, all layers on the GPU, one
 # context of CTX (default 33792) cells per slot (llama-server: -c 8 x CTX --kv-unified, as its users run it).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -24,6 +32,7 @@ stage=${1:-build}; len=${2:-32768}; jobs=${3:-64}
 ctx=${CTX:-33792}; max_tokens=${MAX_TOKENS:-128}; keep=${KEEP:-0.3}
 questions=${QUESTIONS:-1}; mode=${MODE:-specprefill}; docs=$(( jobs / questions ))
 qtag=$([ "$questions" = 1 ] || echo "-q$questions")$([ "$mode" = specprefill ] || echo "-$mode")
+arrival=${ARRIVAL:-t0}; atag=$([ "$arrival" = t0 ] || echo "-${arrival//-/}")
 out=${OUT:-/tmp/out}; mkdir -p "$out" /tmp/models
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 export LD_PRELOAD=${LD_PRELOAD:-/lib/x86_64-linux-gnu/libstdc++.so.6}   # see ttft.sh
@@ -67,7 +76,10 @@ build)
 specq)
   models
   # a non-default speculator-cache save policy (the worker reads SPECQ_SPEC_CACHE_SAVE) names the files
-  tag=${SPECQ_SPEC_CACHE_SAVE:+-save-$SPECQ_SPEC_CACHE_SAVE}$qtag
+  # DOCUMENTS=1: the stored-documents path (bench serve --documents); a set SPECQ_CACHE_BYTES names them too
+  docflag=$([ "${DOCUMENTS:-0}" = 1 ] && echo --documents)
+  ctag=${SPECQ_CACHE_BYTES:+-cache$(( SPECQ_CACHE_BYTES >> 30 ))G}
+  tag=${SPECQ_SPEC_CACHE_SAVE:+-save-$SPECQ_SPEC_CACHE_SAVE}$ctag$qtag${docflag:+-docs}$atag
   for slots in ${SLOTS_LIST:-8 1}; do
     home=/tmp/specq-home-$slots; rm -rf "$home"; port=$(( 8200 + slots ))
     # CUDA graphs off as production runs them (SPECQ_CUDA_GRAPHS); GRAPHS_ON=1 for the comparison
@@ -82,7 +94,7 @@ specq)
     grep -m3 "warm-up\|ready: target" "$out/specq-$slots$tag-$len.log"
     nvidia-smi --query-gpu=memory.used --format=csv,noheader
     python3 -m specq.cli bench serve --url http://127.0.0.1:$port --kind specq --docs "$docs" --questions "$questions" --doc-tokens $doc_tokens \
-      --chars-per-token "$cpt" --max-tokens $max_tokens --mode "$mode" --keep $keep --label "specq $slots slots$tag" \
+      --chars-per-token "$cpt" --max-tokens $max_tokens --mode "$mode" --keep $keep --arrival "$arrival" $docflag --label "specq $slots slots$tag" \
       --out "$out/serve-specq$slots$tag-$len.json" --plot "$out/serve-specq$slots$tag-$len.png"
     kill -TERM $pid; wait $pid
   done
@@ -92,14 +104,14 @@ llama)
   port=8290
   # LLAMA_KV_UNIFIED=0: one KV stream per slot (as specq's slots) instead of one unified cache
   # (the -q tag of llama-server's files: QUESTIONS only; MODE is specq's)
-  qtag=$([ "$questions" = 1 ] || echo "-q$questions")
+  qtag=$([ "$questions" = 1 ] || echo "-q$questions")$atag
   "$server" -m /tmp/models/7b.gguf -ngl 99 -fa on -np 8 -c $(( 8 * ctx )) $([ "${LLAMA_KV_UNIFIED:-1}" = 1 ] && echo --kv-unified) --cache-ram -1 \
     -b 4096 -ub 2048 --port $port > "$out/llama-server-$len.log" 2>&1 &
   pid=$!
   for i in $(seq 300); do curl -sf localhost:$port/health >/dev/null && break; sleep 1; done
   nvidia-smi --query-gpu=memory.used --format=csv,noheader
   python3 -m specq.cli bench serve --url http://127.0.0.1:$port --kind llama-server --docs "$docs" --questions "$questions" --doc-tokens $doc_tokens \
-    --chars-per-token "$cpt" --max-tokens $max_tokens --label "llama-server -np 8" \
+    --chars-per-token "$cpt" --max-tokens $max_tokens --arrival "$arrival" --label "llama-server -np 8$atag" \
     --out "$out/serve-llama${LLAMA_KV_UNIFIED:-1}$qtag-$len.json" --plot "$out/serve-llama${LLAMA_KV_UNIFIED:-1}$qtag-$len.png" \
     $(ls "$out"/serve-specq*$qtag-$len.json 2>/dev/null | sed 's/^/--compare /')
   kill -TERM $pid; wait $pid

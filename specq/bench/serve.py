@@ -1,16 +1,38 @@
-"""`specq bench serve`: a workload of chat jobs against a running service, through its OpenAI
-`/v1/chat/completions` with `stream: true`; the same client code for specq and for llama-server.
+"""`specq bench serve`: a workload of jobs against a running service, by one of two paths.
+
+**chat** (the default; specq and llama-server): every job is one inline prompt (document + question)
+to the OpenAI `/v1/chat/completions` with `stream: true`; the same client code for both servers.
+
+**documents** (specq only, `documents=True`, CLI `--documents`): the way specq's own API is meant for
+many questions about one document. Each distinct document is stored once (`POST /v1/documents`), then
+each question is a native job naming it (`POST /v1/jobs` with `document_id`, `question` and `params`:
+mode, keep, max_tokens, ignore_eos, temperature 0) and followed to its end on the job's server-sent
+events (`GET /v1/jobs/{id}/events`: `delta` events carry the answer text, `done` its usage and
+`timings_ms`). Only this path reaches specq's reuse of a stored document: group claims in the worker
+(a worker with free slots claims that document's queued questions together), mode auto's rule 1b
+(a stored document runs baseline so the target's prompt cache keeps its KV) and the caches' hits.
+**The uploads are not counted in the makespan**: they happen before t=0 (as a user who stored the
+documents earlier), are timed apart (`upload_s`, per document `upload_ms`), and the summary also
+gives `jobs_per_min_with_upload` (the makespan plus the upload time) for a stricter reading.
 
 Workload: `docs` distinct documents of about `doc_tokens` tokens (`chars_per_token` characters per
-token), `questions` questions per document (jobs = docs x questions), `max_tokens` output tokens with
-`ignore_eos` (specq: `specq.ignore_eos`; llama-server: its own `ignore_eos`), sent all at t=0 or at a
-fixed `rate` (jobs per second), specq's `mode` / `keep` in `specq` (llama-server gets none).
+token), `questions` questions per document (jobs = docs x questions; job j = document j // questions,
+question j % questions), `max_tokens` output tokens with `ignore_eos` (specq: `specq.ignore_eos` or the
+job's `params.ignore_eos`; llama-server: its own `ignore_eos`), specq's `mode` / `keep` (llama-server
+gets none). Arrival: `t0` = every job sent at t=0; `per-doc` = each document's questions one after the
+other (question q+1 sent when question q ended), the documents in parallel (docs streams at once);
+or a fixed rate in jobs per second.
 
-Per job: client TTFT (request sent -> first streamed content), end time, output tokens (the last
-chunk's usage, else the content chunks counted) and, from specq's last chunk, its engine-side
-timings (`ttft` from the worker's submission to the engine loop, `slot_wait`, `interleave_wait`).
-Summary: jobs/min over the makespan (first request sent -> last job done), TTFT p50/p95, decode
-tokens/s per job (output tokens after the first / time after the first) and in all.
+Per job: client TTFT (request sent -> first streamed answer text; on the documents path "sent" is
+before the POST /v1/jobs), end time, output tokens (the usage of the last chunk or of the `done`
+event, else the content chunks counted) and specq's engine-side timings (`timings_ms`: `ttft` from the
+worker's submission to the engine loop, `slot_wait`, `interleave_wait`, ...). For specq (both paths)
+the job id and, read after the run (GET /v1/jobs/{id}, outside the makespan), `queue_wait_ms`, the
+worker, start/finish times and the result's `spec` (mode, reason, windows, cache: speculator and
+target prompt-cache hits). Summary: jobs/min over the makespan (first job sent -> last job done),
+TTFT p50/p95, decode tokens/s per job (output tokens after the first / time after the first) and in
+all, queue wait, and the modes and cache hits the results report. The report's `path` says which
+path ran.
 """
 
 from __future__ import annotations
@@ -18,6 +40,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import re
 import statistics
 import subprocess
 import time
@@ -34,12 +57,15 @@ class Workload:
     doc_tokens: int = 1000
     questions: int = 1
     max_tokens: int = 64
-    #: "t0" = every job at t=0; else jobs per second (fixed spacing)
+    #: "t0" = every job at t=0; "per-doc" = each document's questions in sequence, the documents in
+    #: parallel; else jobs per second (fixed spacing)
     arrival: str = "t0"
     mode: str = "baseline"
     keep: float = 0.3
     chars_per_token: float = 4.0
     seed: int = 0
+    #: the documents path (store each document once, jobs name its document_id); else chat
+    documents: bool = False
 
     @property
     def jobs(self) -> int:
@@ -49,6 +75,8 @@ class Workload:
 @dataclass
 class JobRecord:
     index: int
+    doc: int = 0
+    question: int = 0
     sent_s: float = 0.0
     first_s: float | None = None
     end_s: float | None = None
@@ -57,6 +85,19 @@ class JobRecord:
     chunks: int = 0
     error: str = ""
     engine: dict[str, float] = field(default_factory=dict)
+    #: specq: the job's id; the documents path: the stored document's id
+    job_id: str = ""
+    document_id: str = ""
+    #: specq, read after the run (GET /v1/jobs/{id}): queue wait, attempts, worker, start/finish, and
+    #: the result's spec (mode, reason, windows, cache)
+    queue_wait_ms: float | None = None
+    attempts: int = 0
+    worker: str = ""
+    started_at: str = ""
+    finished_at: str = ""
+    spec: dict[str, Any] = field(default_factory=dict)
+    #: the documents path: `reset` events (a retried attempt restarted the answer)
+    resets: int = 0
 
     @property
     def ttft_ms(self) -> float | None:
@@ -77,13 +118,17 @@ def make_document(i: int, n_tokens: int, chars_per_token: float, seed: int = 0) 
     return "".join(lines)[:target]
 
 
+def question_text(d: int, q: int) -> str:
+    return f"Question {q}: which function of document {d} returns the largest default value?"
+
+
 def build_requests(w: Workload, kind: str, model: str) -> list[dict[str, Any]]:
-    """The request bodies, job j = document j // questions, question j % questions."""
+    """The chat request bodies, job j = document j // questions, question j % questions."""
     out = []
+    docs = [make_document(d, w.doc_tokens, w.chars_per_token, w.seed) for d in range(w.docs)]
     for j in range(w.jobs):
         d, q = divmod(j, w.questions)
-        doc = make_document(d, w.doc_tokens, w.chars_per_token, w.seed)
-        question = f"Question {q}: which function of document {d} returns the largest default value?"
+        doc, question = docs[d], question_text(d, q)
         body: dict[str, Any] = {
             "model": model, "stream": True, "max_tokens": w.max_tokens, "temperature": 0.0,
             "stream_options": {"include_usage": True},
@@ -126,6 +171,8 @@ async def _one(client, url: str, body: dict, rec: JobRecord, t0: float) -> None:
                     rec.output_tokens = int(usage.get("completion_tokens") or 0)
                     rec.prompt_tokens = int(usage.get("prompt_tokens") or 0)
                 spec = chunk.get("specq") or {}
+                if spec.get("job_id") and not rec.job_id:
+                    rec.job_id = str(spec["job_id"])
                 timings = spec.get("timings_ms") or {}
                 if timings:
                     rec.engine = {k: float(v) for k, v in timings.items() if isinstance(v, (int, float))}
@@ -137,22 +184,172 @@ async def _one(client, url: str, body: dict, rec: JobRecord, t0: float) -> None:
             rec.output_tokens = rec.chunks
 
 
-async def _drive(base_url: str, bodies: list[dict], arrival: str, api_key: str, timeout: float) -> list[JobRecord]:
+def _client(base_url: str, api_key: str, timeout: float, n: int):
     import httpx
 
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    recs = [JobRecord(i) for i in range(len(bodies))]
+    limits = httpx.Limits(max_connections=n + 4, max_keepalive_connections=n + 4)
+    return httpx.AsyncClient(base_url=base_url, headers=headers, timeout=timeout, limits=limits)
+
+
+async def _arrive(recs: list[JobRecord], arrival: str, questions: int, t0: float, one) -> None:
+    """Run `one(rec)` for every job in the arrival order (module doc)."""
+    if arrival == "per-doc":
+        async def in_sequence(d: int) -> None:
+            for q in range(questions):
+                await one(recs[d * questions + q])
+
+        await asyncio.gather(*(in_sequence(d) for d in range(len(recs) // questions)))
+        return
     gap = 0.0 if arrival == "t0" else 1.0 / float(arrival)
-    limits = httpx.Limits(max_connections=len(bodies) + 4, max_keepalive_connections=len(bodies) + 4)
-    async with httpx.AsyncClient(base_url=base_url, headers=headers, timeout=timeout, limits=limits) as client:
+    tasks = []
+    for i, rec in enumerate(recs):
+        if gap:
+            await asyncio.sleep(max(0.0, t0 + i * gap - time.perf_counter()))
+        tasks.append(asyncio.create_task(one(rec)))
+    await asyncio.gather(*tasks)
+
+
+def _records(w: Workload) -> list[JobRecord]:
+    return [JobRecord(j, *divmod(j, w.questions)) for j in range(w.jobs)]
+
+
+async def _drive(base_url: str, bodies: list[dict], w: Workload, api_key: str, timeout: float) -> list[JobRecord]:
+    recs = _records(w)
+    async with _client(base_url, api_key, timeout, len(bodies)) as client:
         t0 = time.perf_counter()
-        tasks = []
-        for i, body in enumerate(bodies):
-            if gap:
-                await asyncio.sleep(max(0.0, t0 + i * gap - time.perf_counter()))
-            tasks.append(asyncio.create_task(_one(client, "/v1/chat/completions", body, recs[i], t0)))
-        await asyncio.gather(*tasks)
+        await _arrive(recs, w.arrival, w.questions, t0,
+                      lambda rec: _one(client, "/v1/chat/completions", bodies[rec.index], rec, t0))
     return recs
+
+
+# --- the documents path (specq) -------------------------------------------------------------------------
+
+
+async def _upload(client, w: Workload) -> list[dict[str, Any]]:
+    """Store each document once (POST /v1/documents, one after the other): id, created, bytes, ms."""
+    out = []
+    for d in range(w.docs):
+        text = make_document(d, w.doc_tokens, w.chars_per_token, w.seed)
+        t = time.perf_counter()
+        r = await client.post("/v1/documents", json={"text": text, "filename": f"bench-doc-{d}.txt"})
+        ms = (time.perf_counter() - t) * 1000.0
+        if r.status_code not in (200, 201):
+            raise RuntimeError(f"POST /v1/documents: HTTP {r.status_code}: {r.text[:300]}")
+        body = r.json()
+        # created false: this tenant had stored the same text before (an earlier run against the same
+        # service): the worker's caches may still hold it
+        out.append({"doc": d, "document_id": body["id"], "created": r.status_code == 201,
+                    "size_bytes": body.get("size_bytes"), "upload_ms": round(ms, 3)})
+    return out
+
+
+def job_params(w: Workload) -> dict[str, Any]:
+    """`params` of each documents-path job (RunParamsIn)."""
+    return {"mode": w.mode, "keep": w.keep, "max_tokens": w.max_tokens, "ignore_eos": True, "temperature": 0.0}
+
+
+async def _follow_job(client, body: dict, rec: JobRecord, t0: float) -> None:
+    """POST /v1/jobs, then its events until `done` (docs/service.md "Job events")."""
+    rec.sent_s = time.perf_counter() - t0
+    try:
+        r = await client.post("/v1/jobs", json=body)
+        if r.status_code != 202:
+            rec.error = f"HTTP {r.status_code}: {r.text[:200]}"
+            return
+        rec.job_id = str(r.json()["id"])
+        done = None
+        async with client.stream("GET", f"/v1/jobs/{rec.job_id}/events") as s:
+            if s.status_code != 200:
+                rec.error = f"events: HTTP {s.status_code}: {(await s.aread()).decode(errors='replace')[:200]}"
+                return
+            event = ""
+            async for line in s.aiter_lines():
+                if not line:
+                    event = ""
+                    continue
+                if line.startswith("event:"):
+                    event = line[6:].strip()
+                    continue
+                if not line.startswith("data:"):
+                    continue  # "id:" lines and ": keep-alive" comments
+                data = json.loads(line[5:].strip())
+                if event == "delta" and data.get("text"):
+                    rec.chunks += 1
+                    if rec.first_s is None:
+                        rec.first_s = time.perf_counter() - t0
+                elif event == "reset":
+                    rec.resets += 1
+                elif event == "status":
+                    rec.attempts = int(data.get("attempts") or rec.attempts)
+                elif event == "done":
+                    done = data
+                    break
+        if done is None:
+            rec.error = "the event stream ended without a done event"
+            return
+        usage = done.get("usage") or {}
+        rec.output_tokens = int(usage.get("completion_tokens") or 0)
+        rec.prompt_tokens = int(usage.get("prompt_tokens") or 0)
+        timings = done.get("timings_ms") or {}
+        rec.engine = {k: float(v) for k, v in timings.items() if isinstance(v, (int, float))}
+        if done.get("status") != "succeeded":
+            rec.error = f"{done.get('status')}: {done.get('error') or ''}"[:300]
+    except Exception as e:  # a transport error: recorded, the run goes on
+        rec.error = f"{type(e).__name__}: {e}"
+    finally:
+        rec.end_s = time.perf_counter() - t0
+        if not rec.output_tokens:
+            rec.output_tokens = rec.chunks
+
+
+async def _drive_documents(base_url: str, w: Workload, api_key: str,
+                           timeout: float) -> tuple[list[JobRecord], list[dict[str, Any]], float]:
+    """Upload the documents (before t=0), then the jobs in the arrival order: (records, uploads, upload_s)."""
+    recs = _records(w)
+    params = job_params(w)
+    async with _client(base_url, api_key, timeout, w.jobs) as client:
+        t = time.perf_counter()
+        uploads = await _upload(client, w)
+        upload_s = time.perf_counter() - t
+        for rec in recs:
+            rec.document_id = uploads[rec.doc]["document_id"]
+        bodies = [{"document_id": rec.document_id, "question": question_text(rec.doc, rec.question), "params": params}
+                  for rec in recs]
+        t0 = time.perf_counter()
+        await _arrive(recs, w.arrival, w.questions, t0, lambda rec: _follow_job(client, bodies[rec.index], rec, t0))
+    return recs, uploads, upload_s
+
+
+async def _details(base_url: str, recs: list[JobRecord], api_key: str, timeout: float) -> None:
+    """After the run: each specq job's view (GET /v1/jobs/{id}): queue wait, worker, times, spec."""
+    sem = asyncio.Semaphore(8)
+
+    async def one(client, rec: JobRecord) -> None:
+        async with sem:
+            try:
+                r = await client.get(f"/v1/jobs/{rec.job_id}")
+                if r.status_code != 200:
+                    return
+                v = r.json()
+            except Exception:
+                return
+        rec.queue_wait_ms = v.get("queue_wait_ms")
+        rec.attempts = int(v.get("attempts") or rec.attempts)
+        rec.worker = str(v.get("worker") or "")
+        rec.started_at, rec.finished_at = str(v.get("started_at") or ""), str(v.get("finished_at") or "")
+        doc = (v.get("input") or {}).get("document_id")
+        if doc and not rec.document_id:
+            rec.document_id = str(doc)
+        res = v.get("result") or {}
+        spec = res.get("spec") or {}
+        rec.spec = {k: spec[k] for k in ("mode", "reason", "windows", "cache") if k in spec}
+        kept = (res.get("usage") or {}).get("kept_tokens")
+        if kept is not None:
+            rec.spec["kept_tokens"] = kept
+
+    async with _client(base_url, api_key, timeout, 8) as client:
+        await asyncio.gather(*(one(client, r) for r in recs if r.job_id))
 
 
 def _pct(xs: list[float], q: float) -> float | None:
@@ -206,30 +403,95 @@ def summarize(recs: list[JobRecord], w: Workload) -> dict[str, Any]:
         "interleave_wait_ms_p50": _pct([r.engine["interleave_wait"] for r in ok if "interleave_wait" in r.engine], 0.5),
         "prompt_tokens_p50": _pct([float(r.prompt_tokens) for r in ok if r.prompt_tokens], 0.5),
         "mean_output_tokens": round(statistics.mean([r.output_tokens for r in ok]), 2) if ok else 0,
+        "queue_wait_ms_p50": _pct([r.queue_wait_ms for r in ok if r.queue_wait_ms is not None], 0.5),
+        "queue_wait_ms_p95": _pct([r.queue_wait_ms for r in ok if r.queue_wait_ms is not None], 0.95),
+        **reuse(ok),
+    }
+
+
+def reuse(recs: list[JobRecord]) -> dict[str, Any]:
+    """What the specq results report of the caches and modes ({} without any `spec`): jobs per mode
+    that ran and per rule that chose it, target prompt-cache hits and the tokens they reused (and their
+    share of all prompt tokens), speculator windows restored and prefilled.
+
+    The rule is mode auto's decision, taken before the job waits for another job prefilling the same
+    document (serving.py `_prefix_owner`): a question that arrived with its document's first one can
+    say "stored document" and still restore the document once that one saved it. The reused tokens
+    (`target_cache_hits_half`, `target_reused_fraction`) say what was really reused."""
+    specs = [r.spec for r in recs if r.spec]
+    if not specs:
+        return {}
+    modes: dict[str, int] = {}
+    reasons: dict[str, int] = {}
+    for sp in specs:
+        modes[str(sp.get("mode"))] = modes.get(str(sp.get("mode")), 0) + 1
+        # the rule, without its numbers: "auto: prompt cache hit", "auto: stored document", "asked for"
+        rule = re.sub(r"\d+", "N", ":".join(str(sp.get("reason") or "").split(":")[:2]).strip())
+        reasons[rule] = reasons.get(rule, 0) + 1
+
+    def cache(sp: dict, which: str) -> dict:
+        c = (sp.get("cache") or {}).get(which)
+        return c if isinstance(c, dict) else {}
+
+    reused = sum(int(cache(sp, "target").get("reused_tokens") or 0) for sp in specs)
+    prompt = sum(r.prompt_tokens for r in recs if r.spec)
+    return {
+        "modes": modes, "reasons": reasons,
+        # `hit` is any cached prefix of at least 16 tokens (the chat template's alone is one): the
+        # reused fraction of all prompt tokens says how much of the documents was not prefilled again
+        "target_cache_hits": sum(bool(cache(sp, "target").get("hit")) for sp in specs),
+        # hits that restored at least half the job's prompt: a document's KV reused, not a template's
+        "target_cache_hits_half": sum(int(cache(r.spec, "target").get("reused_tokens") or 0) * 2 >= r.prompt_tokens > 0
+                                      for r in recs if r.spec),
+        "target_reused_tokens": reused,
+        "target_reused_fraction": round(reused / prompt, 4) if prompt else None,
+        "speculator_window_hits": sum(int(cache(sp, "speculator").get("hits") or 0) for sp in specs),
+        "speculator_window_misses": sum(int(cache(sp, "speculator").get("misses") or 0) for sp in specs),
     }
 
 
 def run_serve_bench(base_url: str, w: Workload, *, kind: str = "specq", model: str = "", api_key: str = "",
                     timeout: float = 3600.0, label: str = "") -> dict[str, Any]:
-    """Run the workload against `base_url`; the JSON-ready report (workload, summary, per-job rows)."""
+    """Run the workload against `base_url`; the JSON-ready report (workload, path, summary, per-job rows;
+    the documents path adds `documents`: each stored document's id and upload time)."""
     if kind not in ("specq", "llama-server"):
         raise ValueError("kind must be specq or llama-server")
+    if w.documents and kind != "specq":
+        raise ValueError("the documents path is specq's (POST /v1/documents, /v1/jobs)")
     from .provenance import Start, provenance
 
     start = Start()
+    base_url = base_url.rstrip("/")
     model = model or first_model(base_url, api_key)
-    bodies = build_requests(w, kind, model)
     mem0 = gpu_memory_mib()
-    recs = asyncio.run(_drive(base_url.rstrip("/"), bodies, w.arrival, api_key, timeout))
-    return {
-        "label": label or kind, "kind": kind, "url": base_url, "model": model, "workload": asdict(w),
-        "summary": summarize(recs, w), "gpu_memory_mib_before": mem0, "gpu_memory_mib_after": gpu_memory_mib(),
+    uploads: list[dict[str, Any]] = []
+    upload_s = 0.0
+    if w.documents:
+        recs, uploads, upload_s = asyncio.run(_drive_documents(base_url, w, api_key, timeout))
+    else:
+        recs = asyncio.run(_drive(base_url, build_requests(w, kind, model), w, api_key, timeout))
+    mem1 = gpu_memory_mib()
+    if kind == "specq":  # after the makespan: the stored views (queue wait, spec, cache hits)
+        asyncio.run(_details(base_url, recs, api_key, min(timeout, 60.0)))
+    summary = summarize(recs, w)
+    path = "documents" if w.documents else "chat"
+    summary["path"] = path
+    if w.documents:
+        summary["upload_s"] = round(upload_s, 3)
+        span = summary["makespan_s"] + upload_s
+        summary["jobs_per_min_with_upload"] = round(summary["succeeded"] / span * 60.0, 3) if span > 0 else None
+    report = {
+        "label": label or kind, "kind": kind, "path": path, "url": base_url, "model": model, "workload": asdict(w),
+        "summary": summary, "gpu_memory_mib_before": mem0, "gpu_memory_mib_after": mem1,
         "measured": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
         # the client's code, host, command and llama-cpp-python (the service's own numerics are not
         # visible from here: bench/gpu/serve.sh states them, and specq's per-job `engine` rows carry timings)
         "provenance": provenance(None, start=start, measured_from="client"),
         "jobs": [{**asdict(r), "ttft_ms": r.ttft_ms} for r in recs],
     }
+    if w.documents:
+        report["documents"] = uploads
+    return report
 
 
 def plot(reports: list[dict[str, Any]], path: str) -> None:
@@ -256,4 +518,5 @@ def plot(reports: list[dict[str, Any]], path: str) -> None:
     fig.savefig(path, dpi=120)
 
 
-__all__ = ["Workload", "JobRecord", "build_requests", "make_document", "run_serve_bench", "summarize", "plot"]
+__all__ = ["Workload", "JobRecord", "build_requests", "job_params", "make_document", "question_text", "run_serve_bench",
+           "summarize", "reuse", "plot"]

@@ -295,8 +295,16 @@ def bench_serve(
     doc_tokens: int = typer.Option(1000, help="Tokens per document (about: --chars-per-token characters each)."),
     questions: int = typer.Option(1, help="Questions per document (jobs = docs x questions)."),
     max_tokens: int = typer.Option(64, help="Output tokens per job (ignore_eos: exactly this many)."),
-    arrival: str = typer.Option("t0", help="t0 = every job at once; or a rate in jobs per second, e.g. 0.5."),
-    mode: str = typer.Option("baseline", help="specq's mode: baseline or specprefill (llama-server: ignored)."),
+    arrival: str = typer.Option("t0", help="t0 = every job at once; per-doc = each document's questions one after "
+                                "the other (the next sent when the last ended), the documents in parallel; or a rate "
+                                "in jobs per second, e.g. 0.5."),
+    mode: str = typer.Option("baseline", help="specq's mode: baseline, specprefill or auto (llama-server: ignored)."),
+    documents: bool = typer.Option(False, "--documents/--chat", help="specq only: store each document once (POST "
+                                   "/v1/documents) and send each question as a job naming its document_id (POST "
+                                   "/v1/jobs, followed on GET /v1/jobs/{id}/events), the path where group claims "
+                                   "and the document caches apply; uploads are timed apart, not in the makespan. "
+                                   "Default --chat: every job an inline prompt to /v1/chat/completions."),
+    seed: int = typer.Option(0, help="Seed of the documents' text (another seed: other documents)."),
     keep: float = typer.Option(0.3, help="specq's keep fraction for specprefill."),
     chars_per_token: float = typer.Option(4.0, help="Characters per token of the models' tokenizer (byte vocabularies: 1)."),
     model: str = typer.Option("", help="The request's model field (default: the first of GET /v1/models)."),
@@ -307,8 +315,9 @@ def bench_serve(
     plot: Path = typer.Option(None, help="Write a PNG here (needs matplotlib); with --compare, all reports."),
     compare: list[Path] = typer.Option(None, help="Earlier reports (JSON) drawn in the same PNG."),
 ) -> None:
-    """Jobs/min, client and engine TTFT p50/p95 and decode tokens/s of a workload sent to a running service's
-    OpenAI /v1/chat/completions with streaming (the same client for specq and llama-server)."""
+    """Jobs/min, client and engine TTFT p50/p95 and decode tokens/s of a workload sent to a running service:
+    through OpenAI /v1/chat/completions with streaming (the same client for specq and llama-server), or with
+    --documents through specq's stored documents and native jobs (its per-job modes and cache hits reported)."""
     import json
 
     from ..bench.serve import Workload, plot as draw, run_serve_bench
@@ -316,22 +325,32 @@ def bench_serve(
 
     if kind not in ("specq", "llama-server"):
         raise fail(f"--kind must be specq or llama-server, not {kind!r}")
-    if arrival != "t0":
+    if documents and kind != "specq":
+        raise fail("--documents is specq's path (POST /v1/documents, /v1/jobs); llama-server takes --chat")
+    if arrival not in ("t0", "per-doc"):
         try:
             if float(arrival) <= 0:
                 raise ValueError
         except ValueError:
-            raise fail(f"--arrival must be t0 or a positive rate in jobs per second, not {arrival!r}") from None
+            raise fail(f"--arrival must be t0, per-doc or a positive rate in jobs per second, not {arrival!r}") from None
     if min(docs, doc_tokens, questions, max_tokens) < 1:
         raise fail("--docs, --doc-tokens, --questions and --max-tokens must be >= 1")
     w = Workload(docs=docs, doc_tokens=doc_tokens, questions=questions, max_tokens=max_tokens, arrival=arrival,
-                 mode=mode, keep=keep, chars_per_token=chars_per_token)
+                 mode=mode, keep=keep, chars_per_token=chars_per_token, seed=seed, documents=documents)
     report = run_serve_bench(url or api_url(), w, kind=kind, model=model, api_key=api_key, timeout=timeout, label=label)
     s = report["summary"]
-    typer.echo(f"{report['label']}: {s['succeeded']}/{s['jobs']} jobs in {s['makespan_s']} s = {s['jobs_per_min']} jobs/min; "
+    typer.echo(f"{report['label']} ({s['path']}, arrival {arrival}): {s['succeeded']}/{s['jobs']} jobs in "
+               f"{s['makespan_s']} s = {s['jobs_per_min']} jobs/min; "
                f"client TTFT p50 {s['client_ttft_ms_p50']} ms p95 {s['client_ttft_ms_p95']} ms; engine TTFT p50 "
                f"{s['engine_ttft_ms_p50']} ms p95 {s['engine_ttft_ms_p95']} ms; decode {s['decode_tok_s_per_job_p50']} tok/s "
                f"per job, {s['output_tok_s_total']} tok/s in all")
+    if documents:
+        typer.echo(f"  {w.docs} documents stored in {s['upload_s']} s (not in the makespan; with it: "
+                   f"{s['jobs_per_min_with_upload']} jobs/min)")
+    if "modes" in s:
+        typer.echo(f"  modes {s['modes']}; target prompt-cache hits {s['target_cache_hits']} "
+                   f"({s['target_reused_tokens']} tokens reused); speculator windows restored "
+                   f"{s['speculator_window_hits']}, prefilled {s['speculator_window_misses']}")
     for e in s["errors"]:
         typer.echo(f"error: {e}", err=True)
     if out:
