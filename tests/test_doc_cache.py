@@ -113,6 +113,27 @@ def test_baseline_questions_2_to_4_hit_the_target_prompt_cache(engine):
     assert not engine.run(DOC, _params("One more question?", mode="baseline"), scope="team-b").spec.cache["target"]["hit"]
 
 
+def test_a_hit_covering_the_prompt_is_not_saved_again(engine):
+    """Question 2 about a cached document prefills only its question: no second copy of the document's
+    KV (prefix_cache.py, "No second copy"); question 3 still hits the first entry. A prompt that grew
+    by more than RESAVE_MIN_NEW_* after its hit (a continued chat) is saved again."""
+    from specq.engine import prefix_cache as pcm
+
+    engine.cache_store.clear()
+    pc = engine.prefix_cache()
+    uses = [pc.prefill(engine.ctx, "team-a", engine.tokenize_prompt(DOC, _params(q)).tokens) for q in QUESTIONS[:3]]
+    assert uses[0].bytes_saved > 0 and not uses[0].resave_skipped
+    assert all(u.hit and u.resave_skipped and u.bytes_saved == 0 for u in uses[1:])
+    assert len(list(engine.cache_store.entries(pc._base("team-a")))) == 1
+    # a prompt with much more new text after the cached prefix: saved again
+    grown = engine.tokenize_prompt(DOC + "\n" + DOC[: len(DOC) // 2], _params(QUESTIONS[0])).tokens
+    u = pc.prefill(engine.ctx, "team-a", grown)
+    new = len(grown) - u.reused_tokens
+    assert u.hit and new >= pcm.RESAVE_MIN_NEW_TOKENS and new >= pcm.RESAVE_MIN_NEW_FRACTION * len(grown)
+    assert u.bytes_saved > 0 and not u.resave_skipped
+    assert len(list(engine.cache_store.entries(pc._base("team-a")))) == 2
+
+
 def test_chat_requests_hit_the_prompt_cache(engine):
     engine.cache_store.clear()
     p = RunParams(mode="baseline", max_tokens=2)

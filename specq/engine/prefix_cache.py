@@ -9,6 +9,13 @@ restores the entry sharing its longest token prefix, drops the cells past that p
 again (its logits start the answer). Sparse prefills are never stored or served: their kept chunks
 differ per question.
 
+No second copy. A prompt that restored almost all of itself (another question about a cached
+document: only the question was prefilled) is not saved again: the new entry would serve a later
+prompt no longer a prefix than the one it came from, and would cost a second copy of the whole
+document's KV (~1.8 GB at 32K tokens on a 7B, device to host, on the serving thread) and evict other
+documents from the budget. Saved again: a prompt with at least `RESAVE_MIN_NEW_TOKENS` and
+`RESAVE_MIN_NEW_FRACTION` of itself newly prefilled (a continued chat that grew).
+
 Keys are those of spec_cache (model sha256, type_k, flash_attn, repack, batch-invariant, n_ubatch,
 backend) plus the tenant; entries of other tenants or numerics are never looked at.
 
@@ -40,6 +47,10 @@ log = logging.getLogger("specq.engine")
 
 #: a hit shorter than this many tokens is not worth a restore
 MIN_REUSE_TOKENS = 16
+#: after a hit, a prompt is saved again only when at least this many of its tokens, and this
+#: fraction of them, were newly prefilled (module doc, "No second copy")
+RESAVE_MIN_NEW_TOKENS = 256
+RESAVE_MIN_NEW_FRACTION = 0.1
 
 
 @dataclass
@@ -52,12 +63,15 @@ class PrefixUse:
     prefilled_tokens: int = 0
     bytes_restored: int = 0
     bytes_saved: int = 0
+    #: not saved again: the hit covered nearly all of the prompt (module doc, "No second copy")
+    resave_skipped: bool = False
     restore_ms: float = 0.0
     save_ms: float = 0.0
 
     def as_dict(self) -> dict:
         return {"hit": self.hit, "reused_tokens": self.reused_tokens, "prefilled_tokens": self.prefilled_tokens,
-                "bytes_restored": self.bytes_restored, "bytes_saved": self.bytes_saved}
+                "bytes_restored": self.bytes_restored, "bytes_saved": self.bytes_saved,
+                "resave_skipped": self.resave_skipped}
 
 
 def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
@@ -119,9 +133,15 @@ class PrefixCache:
         return common
 
     def save(self, ctx, seq: int, scope: str, tokens: Sequence[int], use: PrefixUse) -> None:
-        """Store sequence `seq` of `ctx`, which holds exactly `tokens` at positions 0..n-1."""
+        """Store sequence `seq` of `ctx`, which holds exactly `tokens` at positions 0..n-1 — unless `use`
+        says a hit already covered nearly all of them (module doc, "No second copy")."""
         if not self.store.enabled:
             return
+        if use.hit:
+            new = len(tokens) - use.reused_tokens
+            if new < RESAVE_MIN_NEW_TOKENS or new < RESAVE_MIN_NEW_FRACTION * len(tokens):
+                use.resave_skipped = True
+                return
         t0 = time.perf_counter()
         if int(llama_cpp.llama_state_seq_get_size(ctx.ptr, seq)) > self.store.budget:
             return  # it would not be stored: do not copy it out (GB at 32K tokens on a 7B)
@@ -148,4 +168,4 @@ class PrefixCache:
         return use
 
 
-__all__ = ["PrefixCache", "PrefixUse", "MIN_REUSE_TOKENS", "common_prefix"]
+__all__ = ["PrefixCache", "PrefixUse", "MIN_REUSE_TOKENS", "RESAVE_MIN_NEW_TOKENS", "RESAVE_MIN_NEW_FRACTION", "common_prefix"]
