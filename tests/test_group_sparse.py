@@ -102,3 +102,17 @@ def test_a_group_of_one_is_a_plain_specprefill_run(engine):
     assert r.kept_indices == plain.kept_indices and r.tokens == plain.tokens
     assert r.group["union_kept_fraction"] == r.group["own_kept_fraction"]
     assert engine.run_group(DOC, [], params) == []
+
+
+def test_bench_group_rows(engine):
+    """`specq bench group`'s three strategies on one small row: every strategy answered every question,
+    and the group path's target prefill is head + union + the tails (less than k separate runs' total)."""
+    from specq.bench.group import STRATEGIES, run_group_bench
+
+    report = run_group_bench(engine, [400], [2], keep=0.3, chunk=16, window=256, max_tokens=2, reps=1)
+    (row,) = report["rows"]
+    assert row["group_size"] == 2 and all(len(row[s]["ttft_ms"]) == 2 for s in STRATEGIES)
+    g, sep, full = row["group"], row["separate"], row["full+cache"]
+    assert not g["fallback"] and g["own_kept_fraction_mean"] <= g["union_kept_fraction"] <= 1.0
+    assert g["target_prefilled_tokens"] <= sep["target_prefilled_tokens"] and full["target_prefilled_tokens"] > 0
+    assert "code" in report["provenance"] and report["note"].startswith("tiny")
