@@ -116,3 +116,14 @@ def test_bench_group_rows(engine):
     assert not g["fallback"] and g["own_kept_fraction_mean"] <= g["union_kept_fraction"] <= 1.0
     assert g["target_prefilled_tokens"] <= sep["target_prefilled_tokens"] and full["target_prefilled_tokens"] > 0
     assert "code" in report["provenance"] and report["note"].startswith("tiny")
+
+
+def test_compressed_positions_and_greedy(engine):
+    """positions compressed (what a stock llama.cpp runs): the union renumbered 0..U-1, each tail after
+    it; greedy answers equal the forced-union single runs."""
+    params = _params(positions="compressed", temperature=0.0)
+    results = engine.run_group(DOC, QUESTIONS[:2], params, scope="t")
+    for q, r in zip(QUESTIONS, results):
+        assert r.spec.positions == "compressed" and "fallback" not in r.group
+        single = engine.run(DOC, dataclasses.replace(params, question=q), scope="t", _kept=r.kept_indices)
+        assert r.tokens == single.tokens
