@@ -365,6 +365,62 @@ def bench_serve(
         raise typer.Exit(1)
 
 
+@bench_app.command("group")
+def bench_group(
+    lengths: str = typer.Option("2000,4000", help="Comma-separated prompt lengths in tokens."),
+    groups: str = typer.Option("1,2,4,8", help="Comma-separated group sizes (questions per document)."),
+    keep: float = typer.Option(0.3, help="Fraction of the document's chunks each question keeps."),
+    chunk: int = typer.Option(32, help="Tokens per kept chunk."),
+    window: int = typer.Option(0, help="Document tokens per scoring window (0 = auto)."),
+    max_tokens: int = typer.Option(8, help="Tokens decoded per answer."),
+    reps: int = typer.Option(3, help="Rounds after the dropped warm-up (median counts)."),
+    target: str = typer.Option(None, help="Target model: registry name or GGUF path."),
+    speculator: str = typer.Option(None, help="Speculator model: registry name or GGUF path."),
+    n_gpu_layers: int = typer.Option(-1, help="Layers offloaded to the GPU (-1 = all)."),
+    threads: int = typer.Option(0, help="CPU threads (0 = all cores)."),
+    batch_invariant: str = typer.Option("auto", help="Batch-invariant target numerics: auto, on, off."),
+    cache_bytes: int = typer.Option(2 << 30, help="Byte budget of the speculator window cache and the target's "
+                                    "prompt cache (both strategies that reuse the document need them; > 0)."),
+    out: Path = typer.Option(None, help="Write the report (rows and provenance) as JSON here."),
+) -> None:
+    """k questions about one document: k specprefill runs vs full prefill + prompt cache vs one
+    group-sparse prefill (engine/group_sparse.py); total time and per-question TTFT from the group's start."""
+    import json
+
+    from ..contracts import EngineError
+    from ..engine.options import EngineOptions
+
+    try:
+        sizes = [int(x.replace("_", "")) for x in lengths.split(",") if x.strip()]
+        ks = [int(x) for x in groups.split(",") if x.strip()]
+    except ValueError:
+        raise fail("--lengths and --groups are comma-separated integers") from None
+    if not sizes or not ks or min(sizes) < 64 or min(ks) < 1 or reps < 1 or cache_bytes <= 0:
+        raise fail("--lengths must be >= 64 tokens, --groups >= 1, --reps >= 1, --cache-bytes > 0")
+    opts = EngineOptions(n_gpu_layers=n_gpu_layers, n_ctx=max(sizes) + 1024, n_threads=threads,
+                         batch_invariant=batch_invariant, cache_bytes=cache_bytes)
+    if target:
+        opts.target = target
+    if speculator:
+        opts.speculator = speculator
+    try:
+        from ..bench.group import print_report, run_group_bench
+        from ..engine.pipeline import Engine
+
+        engine = Engine(opts)
+        report = run_group_bench(engine, sizes, ks, keep=keep, chunk=chunk, window=window, max_tokens=max_tokens,
+                                 reps=reps, say=lambda m: typer.echo(m, err=True))
+    except EngineError as e:
+        raise fail(str(e)) from None
+    except KeyboardInterrupt:
+        raise fail("interrupted") from None
+    print_report(report, typer.echo)
+    if out:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(report, indent=2) + "\n")
+        typer.echo(f"wrote {out}")
+
+
 @bench_app.command("selection")
 def bench_selection(
     lengths: str = typer.Option("8192,16384", help="Comma-separated prompt lengths in tokens."),

@@ -268,19 +268,23 @@ class Engine:
 
     def run(self, document: str, params: RunParams | None = None, progress: Progress | None = None, *,
             messages: list[tuple[str, str]] | None = None, raw: bool = False, on_text: OnText | None = None,
-            scope: str = "", reused_document: bool = False, stop: Stop | None = None) -> RunResult:
+            scope: str = "", reused_document: bool = False, stop: Stop | None = None,
+            _kept: list[int] | None = None) -> RunResult:
         """One job. `messages` (a chat) or `raw` (a completion prompt) change how the prompt is built
         (`tokenize_prompt`); `on_text` receives the answer as it is decoded; `scope`, `reused_document`:
         `prepare`. `stop`: the job's cancel request and deadline, checked with every progress report
         and before every llama_decode call, and read in C during one (engine/stop.py); it raises
-        RunCancelled or JobTimeLimit."""
+        RunCancelled or JobTimeLimit.
+        `_kept` (internal, tests and benchmarks only): a specprefill run prefills exactly these prompt
+        indices (sorted, ending at the last prompt token) instead of scoring; the speculator does not
+        run (group_sparse.py's equivalence tests force a group's union this way)."""
         with running(stop):
             return self._run(document, params, progress, messages=messages, raw=raw, on_text=on_text,
-                             scope=scope, reused_document=reused_document, stop=stop)
+                             scope=scope, reused_document=reused_document, stop=stop, kept_override=_kept)
 
     def _run(self, document: str, params: RunParams | None, progress: Progress | None, *,
              messages: list[tuple[str, str]] | None, raw: bool, on_text: OnText | None, scope: str,
-             reused_document: bool, stop: Stop | None) -> RunResult:
+             reused_document: bool, stop: Stop | None, kept_override: list[int] | None = None) -> RunResult:
         params = params or RunParams()
         user_report = progress or (lambda phase, done, total: None)
 
@@ -296,7 +300,7 @@ class Engine:
 
         doc_scores = None
         self.last_trace = None
-        if mode == "specprefill" and params.pipelined:
+        if mode == "specprefill" and params.pipelined and kept_override is None:
             # scoring and the target's prefill interleave (pipelined.py): an MTP/EAGLE3 drafter, which
             # reads the target's hidden states, is made first; any other after scoring, as below
             early = params.draft in ("mtp", "eagle3", "auto")
@@ -306,14 +310,16 @@ class Engine:
             if not early:
                 drafter = self._drafter(params, prompt, scored=True)
         else:
-            if mode == "specprefill":
+            if mode == "specprefill" and kept_override is not None:
+                kept = sorted(set(int(i) for i in kept_override))
+            elif mode == "specprefill":
                 kept, doc_scores = self._select(prompt, params, timings, spec, report, scope=scope,
                                                 reused_document=reused_document)
             else:
                 kept = list(range(prompt.n))
 
             # made before the prefill: an MTP/EAGLE3 drafter reads the target's hidden states of the prompt
-            drafter = self._drafter(params, prompt, scored=(mode == "specprefill"))
+            drafter = self._drafter(params, prompt, scored=(mode == "specprefill" and kept_override is None))
             observe = getattr(drafter, "observe", None)
             report("sparse_prefill", 0, 1)
             t0 = time.perf_counter()
@@ -357,6 +363,16 @@ class Engine:
         if draft_prefill:  # the model drafter's own prompt prefill (baseline runs): part of `decode` above
             timings["draft_prefill"] = round(draft_prefill, 3)
         return self.finish_result(document, prompt, params, gen, text, on_text, timings, spec, warnings, kept, doc_scores)
+
+    def run_group(self, document: str, questions: list[str], params: RunParams | None = None,
+                  progress: Progress | None = None, *, scope: str = "", stop: Stop | None = None,
+                  layout: str = "rollback", reused_document: bool = True) -> list[RunResult]:
+        """Several questions about one document with one group-sparse prefill of the target (the
+        union of their kept chunks, group_sparse.py); one RunResult per question, in order."""
+        from .group_sparse import run_group
+
+        return run_group(self, document, questions, params, scope=scope, progress=progress, stop=stop,
+                         layout=layout, reused_document=reused_document)
 
     def draft_budget(self, params: RunParams, drafter, warnings: list[str]) -> int:
         """Tokens drafted per verification: n_draft, capped by the numerics (batch-invariant mode)."""

@@ -94,6 +94,10 @@ class RunResult:
     #: specprefill runs: the kept spans and chunk scores in character offsets (kept_spans.py); a key of
     #: the JSON object only when set
     selection: dict[str, Any] | None = field(default=None, repr=False)
+    #: a question answered as one of a group (engine/group_sparse.py): group size, this question's index,
+    #: the union's and its own kept fractions, the shared phases and the group's wall time; a key of the
+    #: JSON object only when set
+    group: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -101,6 +105,8 @@ class RunResult:
         d.pop("kept_indices")
         if d["selection"] is None:
             d.pop("selection")
+        if d["group"] is None:
+            d.pop("group")
         d["timings_ms"] = {k: round(float(v), 3) for k, v in self.timings_ms.items()}
         return d
 
