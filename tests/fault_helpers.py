@@ -71,6 +71,19 @@ def start_slots_worker(st: Stack, name: str, slots: int, **env: str) -> subproce
     return p
 
 
+@contextlib.contextmanager
+def workers_reaped(st: Stack):
+    """Around one test: the workers it started and left running (an assertion failed before its own
+    kill9) are killed after it, so they cannot take the next test's jobs."""
+    before = set(st.procs)
+    try:
+        yield
+    finally:
+        for name in set(st.procs) - before:
+            if name.startswith("worker") and st.procs[name].poll() is None:
+                kill9(st, name)
+
+
 def kill9(st: Stack, name: str) -> None:
     """SIGKILL the process (group) `name`, as the OOM killer would, and reap it."""
     p = st.procs[name]

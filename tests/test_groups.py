@@ -29,7 +29,7 @@ import re
 import httpx
 import pytest
 
-from fault_helpers import FAULT_ENV, job_row, kill9, start_slots_worker, wait_for, worker_logs
+from fault_helpers import FAULT_ENV, job_row, kill9, start_slots_worker, wait_for, worker_logs, workers_reaped
 from service_helpers import Stack, base_env, free_port, pg_database, redis_pg_env, require_servers
 
 pytestmark = [pytest.mark.services, pytest.mark.timeout(600)]
@@ -64,6 +64,12 @@ def stack(tiny_models, tmp_path_factory):
 
 def _client(st: Stack, tenant: str = "team-a") -> httpx.Client:
     return httpx.Client(base_url=st.url, timeout=30, headers={"Authorization": f"Bearer {st.keys[tenant]}"})
+
+
+@pytest.fixture(autouse=True)
+def _reap_workers(stack):
+    with workers_reaped(stack):
+        yield
 
 
 def _worker(st: Stack, name: str, slots: int = 4, **env: str):
