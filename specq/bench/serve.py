@@ -38,6 +38,7 @@ path ran.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import random
 import re
@@ -45,7 +46,7 @@ import statistics
 import subprocess
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Iterator
 
 WORDS = ("request handler buffer stream token window cache index record value field query answer "
          "document server client model layer vector matrix kernel thread queue worker result").split()
@@ -142,9 +143,23 @@ def build_requests(w: Workload, kind: str, model: str) -> list[dict[str, Any]]:
     return out
 
 
+@contextlib.contextmanager
+def _recorded(rec: JobRecord, t0: float) -> Iterator[None]:
+    """Around one job's requests: a transport error is recorded and the run goes on; the job's end time
+    is set, and without a usage chunk its output tokens are the content chunks counted."""
+    try:
+        yield
+    except Exception as e:
+        rec.error = f"{type(e).__name__}: {e}"
+    finally:
+        rec.end_s = time.perf_counter() - t0
+        if not rec.output_tokens:
+            rec.output_tokens = rec.chunks
+
+
 async def _one(client, url: str, body: dict, rec: JobRecord, t0: float) -> None:
     rec.sent_s = time.perf_counter() - t0
-    try:
+    with _recorded(rec, t0):
         async with client.stream("POST", url, json=body) as r:
             if r.status_code != 200:
                 rec.error = f"HTTP {r.status_code}: {(await r.aread()).decode(errors='replace')[:200]}"
@@ -176,12 +191,6 @@ async def _one(client, url: str, body: dict, rec: JobRecord, t0: float) -> None:
                 timings = spec.get("timings_ms") or {}
                 if timings:
                     rec.engine = {k: float(v) for k, v in timings.items() if isinstance(v, (int, float))}
-    except Exception as e:  # a transport error: recorded, the run goes on
-        rec.error = f"{type(e).__name__}: {e}"
-    finally:
-        rec.end_s = time.perf_counter() - t0
-        if not rec.output_tokens:
-            rec.output_tokens = rec.chunks
 
 
 def _client(base_url: str, api_key: str, timeout: float, n: int):
@@ -252,7 +261,7 @@ def job_params(w: Workload) -> dict[str, Any]:
 async def _follow_job(client, body: dict, rec: JobRecord, t0: float) -> None:
     """POST /v1/jobs, then its events until `done` (docs/service.md "Job events")."""
     rec.sent_s = time.perf_counter() - t0
-    try:
+    with _recorded(rec, t0):
         r = await client.post("/v1/jobs", json=body)
         if r.status_code != 202:
             rec.error = f"HTTP {r.status_code}: {r.text[:200]}"
@@ -295,12 +304,6 @@ async def _follow_job(client, body: dict, rec: JobRecord, t0: float) -> None:
         rec.engine = {k: float(v) for k, v in timings.items() if isinstance(v, (int, float))}
         if done.get("status") != "succeeded":
             rec.error = f"{done.get('status')}: {done.get('error') or ''}"[:300]
-    except Exception as e:  # a transport error: recorded, the run goes on
-        rec.error = f"{type(e).__name__}: {e}"
-    finally:
-        rec.end_s = time.perf_counter() - t0
-        if not rec.output_tokens:
-            rec.output_tokens = rec.chunks
 
 
 async def _drive_documents(base_url: str, w: Workload, api_key: str,

@@ -72,7 +72,7 @@ from .options import RunParams
 from .prefill import prefill_plan
 from .sampling import Sampler
 from .spec_cache import restore_seq, save_seq
-from .stop import Stop, running
+from .stop import Stop, checked_progress, running
 
 if TYPE_CHECKING:
     from .pipeline import Engine, Progress
@@ -156,13 +156,7 @@ def _fallback(engine, document, questions, params, why, *, scope, progress, stop
 
 def _run_group(engine: "Engine", document: str, questions: list[str], params: RunParams, *, scope: str,
                progress, stop: Stop | None, layout: str, reused_document: bool) -> list["RunResult"]:
-    user_report = progress or (lambda phase, done, total: None)
-
-    def report(phase: str, done: int, total: int) -> None:
-        if stop is not None:
-            stop.check()
-        user_report(phase, done, total)
-
+    report = checked_progress(progress, stop)
     t_start = time.perf_counter()
     k = len(questions)
     qparams = [dataclasses.replace(params, question=q) for q in questions]

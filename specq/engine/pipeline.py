@@ -30,7 +30,7 @@ from .chat_prompt import build_chat_prompt, build_raw_prompt
 from .prompt import Prompt, build_prompt
 from .result import CORE_PHASES, DraftInfo, EngineInfo, RunResult, SpecInfo, Usage
 from .sampling import Sampler
-from .stop import Stop, running
+from .stop import Stop, checked_progress, running
 from .textstream import TextStream
 
 Progress = Callable[[str, int, int], None]
@@ -286,12 +286,7 @@ class Engine:
              messages: list[tuple[str, str]] | None, raw: bool, on_text: OnText | None, scope: str,
              reused_document: bool, stop: Stop | None, kept_override: list[int] | None = None) -> RunResult:
         params = params or RunParams()
-        user_report = progress or (lambda phase, done, total: None)
-
-        def report(phase: str, done: int, total: int) -> None:
-            if stop is not None:
-                stop.check()
-            user_report(phase, done, total)
+        report = checked_progress(progress, stop)
         t_start = time.perf_counter()
         report("tokenize", 0, 1)
         prompt, mode, positions, warnings, timings, spec = self.prepare(

@@ -118,4 +118,18 @@ def current() -> Stop | None:
     return getattr(_CURRENT, "stop", None)
 
 
-__all__ = ["Stop", "current", "running"]
+def checked_progress(progress: Callable[[str, int, int], None] | None,
+                     stop: Stop | None) -> Callable[[str, int, int], None]:
+    """The caller's progress callback (or none), with `stop.check()` before each report: cancel and the
+    deadline then also land at every phase step of a run."""
+    user_report = progress or (lambda phase, done, total: None)
+
+    def report(phase: str, done: int, total: int) -> None:
+        if stop is not None:
+            stop.check()
+        user_report(phase, done, total)
+
+    return report
+
+
+__all__ = ["Stop", "checked_progress", "current", "running"]
