@@ -19,6 +19,13 @@ safe: only the one whose UPDATE changes the row publishes. A message that cannot
 is undone in the store, so the next sweep tries again; a stray duplicate message (Redis redelivering
 the dead worker's message later) finds the job claimed or finished and does nothing.
 
+A database outage is not a dead worker: while the store is unreachable no worker can heartbeat, so
+when it comes back every running job looks stale. A reconciler thread whose sweep failed therefore
+holds back the stale-job transitions for SPECQ_STALE_AFTER seconds after its first sweep that reaches
+the store again ("outage grace"): a live worker heartbeats or saves its result in that time, a dead
+one is still found, stale_after later. (A reconciler that swept on neither side of a short outage
+does not know of it; SPECQ_RECONCILE_INTERVAL well below SPECQ_STALE_AFTER makes that rare.)
+
 Where it runs: in every worker process, a daemon thread sweeping every SPECQ_RECONCILE_INTERVAL seconds
 (so `specq up` and Compose need no extra service), and once with `specq reconcile`. Jobs are re-sent to
 the queue each job was first sent to (`jobs.queue`; SPECQ_QUEUE of the process that reconciles for
@@ -30,6 +37,7 @@ from __future__ import annotations
 import logging
 import random
 import threading
+import time
 from dataclasses import dataclass, field
 
 from .settings import ServiceSettings
@@ -65,15 +73,16 @@ def _why(job: stale.StaleJob) -> str:
     return f"worker {job.worker or '?'} stopped heartbeating{during} (last heartbeat {when})"
 
 
-def reconcile_once(settings: ServiceSettings, *, limit: int = 200) -> Sweep:
-    """One sweep over the stale running jobs (see the module doc). Raises if the store is unreachable."""
+def reconcile_once(settings: ServiceSettings, *, limit: int = 200, act_on_stale: bool = True) -> Sweep:
+    """One sweep over the stale running jobs (see the module doc). Raises if the store is unreachable.
+    `act_on_stale=False` (outage grace) only expires batches."""
     from .broker import enqueue_job
 
     sweep = Sweep()
     before = stale.cutoff(settings.stale_after)
     finished_batches: set[str] = set()
     with db.session() as s:
-        for job in stale.find_stale(s, before, limit=limit):
+        for job in (stale.find_stale(s, before, limit=limit) if act_on_stale else []):
             why = _why(job)
             if job.cancel_requested:
                 if stale.cancel_stale(s, job.id, before, f"cancelled ({why})"):
@@ -135,7 +144,7 @@ def _advance_batches(s, batch_ids: list[str]) -> None:
 
 
 class ReconcilerThread(threading.Thread):
-    """Runs `reconcile_once` every `settings.reconcile_interval` seconds (±20% so that the workers of a
+    """Runs `sweep()` every `settings.reconcile_interval` seconds (±20% so that the workers of a
     deployment do not sweep in step) until stopped."""
 
     def __init__(self, settings: ServiceSettings) -> None:
@@ -143,15 +152,34 @@ class ReconcilerThread(threading.Thread):
         self.settings = settings
         self.sweeps = 0
         self._stop_event = threading.Event()
+        #: the last sweep could not finish (store or broker unreachable)
+        self._failed = False
+        #: monotonic time until which stale jobs are left alone (module doc, "outage grace")
+        self.grace_until = 0.0
 
     def run(self) -> None:
         interval = self.settings.reconcile_interval
         while not self._stop_event.wait(interval * random.uniform(0.8, 1.2)):
-            try:
-                reconcile_once(self.settings)
-            except Exception as e:  # the store or broker is briefly unreachable: the next sweep tries again
-                log.warning("reconciler sweep failed: %s: %s", type(e).__name__, str(e).splitlines()[0] if str(e) else "")
+            self.sweep()
+
+    def sweep(self) -> Sweep | None:
+        """One sweep; None when it failed (the next one tries again)."""
+        # after a failed sweep, the next one that reaches the store starts the grace: it holds back too
+        hold = self._failed or time.monotonic() < self.grace_until
+        try:
+            done = reconcile_once(self.settings, act_on_stale=not hold)
+        except Exception as e:  # the store or broker is briefly unreachable: the next sweep tries again
+            log.warning("reconciler sweep failed: %s: %s", type(e).__name__, str(e).splitlines()[0] if str(e) else "")
+            self._failed = True
+            return None
+        finally:
             self.sweeps += 1
+        if self._failed:
+            self._failed = False
+            self.grace_until = time.monotonic() + self.settings.stale_after
+            log.warning("reconciler: the store is reachable again; running jobs get %.0fs (SPECQ_STALE_AFTER) to "
+                        "heartbeat before any is taken as lost", self.settings.stale_after)
+        return done
 
     def stop(self) -> None:
         self._stop_event.set()

@@ -6,6 +6,7 @@ broker refuses is undone for the next sweep. And the store-write retry through l
 from __future__ import annotations
 
 import threading
+import time
 from datetime import timedelta
 
 import pytest
@@ -13,7 +14,7 @@ from sqlalchemy import update
 from sqlalchemy.exc import IntegrityError, OperationalError
 
 from specq import monitor
-from specq.reconciler import reconcile_once, republish_queued
+from specq.reconciler import ReconcilerThread, reconcile_once, republish_queued
 from specq.settings import ServiceSettings
 from specq.storage import db, jobs
 from specq.storage.models import Job, utcnow
@@ -111,6 +112,23 @@ def test_unsent_message_is_undone_for_the_next_sweep(store, tmp_path):
     assert (after.status, after.worker, after.heartbeat_at, after.error) == ("running", before.worker,
                                                                            before.heartbeat_at, before.error)
     assert reconcile_once(_settings(tmp_path)).requeued == [job_id]  # broker back: sent
+
+
+def test_after_a_store_outage_running_jobs_get_stale_after_to_heartbeat(store, tmp_path, monkeypatch):
+    # a job whose heartbeat went stale while the store was down belongs to a live worker as likely as not
+    settings = _settings(tmp_path, stale_after=1.5, progress_interval=0.2)
+    thread = ReconcilerThread(settings)
+    monkeypatch.setenv("SPECQ_DATABASE_URL", "postgresql://postgres@127.0.0.1:1/none")  # nothing listens
+    assert thread.sweep() is None  # a real failed sweep: connection refused
+    monkeypatch.setenv("SPECQ_DATABASE_URL", store)
+    job_id = _running_job(heartbeat_age_s=300.0)
+    back = thread.sweep()  # the store is back: held, and the grace starts now
+    assert back is not None and not back.requeued and _job(job_id).status == "running"
+    assert thread.sweep().requeued == []  # still within stale_after of the store's return
+    while time.monotonic() < thread.grace_until:
+        time.sleep(0.1)
+    assert thread.sweep().requeued == [job_id]  # no heartbeat in the grace: lost after all
+    assert _job(job_id).status == "queued"
 
 
 def test_republish_queued_sends_every_queued_job(store, tmp_path):
