@@ -153,8 +153,9 @@ class ServiceSettings:
     #: sight: a one-off document costs no ~400 MB device-to-host copy per 32K tokens; docs/serving.md)
     spec_cache_save: str = ""
     #: mode auto's thresholds (EngineOptions.auto_min_tokens, auto_quality_min_tokens; docs/engine.md):
-    #: baseline below the break-even length (0 = the backend's measured one), specprefill only from
-    #: the length where keep 0.3 was measured >= 95% of baseline's quality (-1 = unmeasured: never)
+    #: baseline below the break-even length (0 = the backend's measured one); specprefill only where
+    #: keep 0.3 was measured >= 95% of baseline's quality for the loaded models (-1: the measured
+    #: lengths of engine/quality_evidence.py; N >= 0: from N prompt tokens on)
     auto_min_tokens: int | None = None
     auto_quality_min_tokens: int | None = None
 

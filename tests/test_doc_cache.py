@@ -259,6 +259,17 @@ def test_auto_in_the_engine_records_mode_and_reason(tiny_models):
         e.close()
 
 
+def test_auto_without_quality_evidence_for_the_models_runs_baseline(tiny_models):
+    # the tiny random-weight pair has no row in engine/quality_evidence.py: no band, so baseline
+    e = _engine(tiny_models, auto_min_tokens=64)
+    try:
+        r = e.run(DOC, RunParams(question=QUESTIONS[0], max_tokens=2, window=WINDOW), scope="a")
+        assert r.spec.mode == "baseline" and "quality not measured at" in r.spec.reason
+        assert "measured to hold: nowhere" in r.spec.reason
+    finally:
+        e.close()
+
+
 def test_parallel_windows_restore_into_their_own_streams(tiny_models):
     """n_parallel 2 (the GPU path, here on the CPU): windows scored two at a time as parallel KV streams;
     question 2 restores each window's prefix into its own stream, with the uncached run's scores."""

@@ -13,9 +13,11 @@ In order:
 2. **below the break-even length**: prompts shorter than `min_tokens` (the job's), else
    EngineOptions.auto_min_tokens, else BREAK_EVEN_TOKENS of the backend, run baseline — scoring costs
    more than the sparse prefill saves there.
-3. **quality**: specprefill only from the length where docs/quality.md measured keep 0.3 at >= 95% of
-   baseline's quality (EngineOptions.auto_quality_min_tokens; -1 = not measured, the default until
-   that table exists: auto then runs baseline).
+3. **quality**: specprefill only at prompt lengths where docs/quality.md measured keep 0.3 at >= 95%
+   of baseline's quality for this model pair (quality_evidence.bands: the measured documents' lengths,
+   the exact 90% lower bound of the accuracy ratio >= 0.95); elsewhere, and for any other model pair,
+   baseline. EngineOptions.auto_quality_min_tokens >= 0 replaces the bands with "from this length on"
+   (an operator's own measurement; -1, the default, uses the bands).
 4. otherwise **specprefill**: a long one-off document.
 
 The result records `spec.mode` and `spec.reason` (one line saying which rule decided).
@@ -24,6 +26,9 @@ The result records `spec.mode` and `spec.reason` (one line saying which rule dec
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
+
+from .quality_evidence import Band
 
 #: measured break-even prompt lengths (tokens) per backend, below which baseline is faster;
 #: docs/engine.md says how each was measured (command, commit, load)
@@ -49,10 +54,12 @@ def break_even(backend: str, option: int = 0, job_min_tokens: int = -1) -> int:
 
 
 def decide(n_prompt: int, *, backend: str, cached_tokens: int = 0, min_tokens: int = -1, auto_min_tokens: int = 0,
-           quality_min_tokens: int = -1, reused_document: bool = False) -> Decision:
+           quality_min_tokens: int = -1, quality_bands: Sequence[Band] = (),
+           reused_document: bool = False) -> Decision:
     """Mode auto's choice for a prompt of `n_prompt` tokens of which `cached_tokens` are in the target's
     prompt cache (PrefixCache.lookup); `reused_document`: the job asks about a stored document and the
-    prompt cache is on (rule 1b)."""
+    prompt cache is on (rule 1b); `quality_bands`: where specprefill's quality was measured to hold for
+    the loaded models and the job's keep and scorer (rule 3)."""
     if n_prompt > 0 and cached_tokens >= CACHE_HIT_FRACTION * n_prompt:
         return Decision("baseline", f"prompt cache hit: {cached_tokens} of {n_prompt} prompt tokens cached")
     if reused_document:
@@ -62,8 +69,13 @@ def decide(n_prompt: int, *, backend: str, cached_tokens: int = 0, min_tokens: i
         return Decision("baseline", f"{n_prompt} tokens < break-even {be} ({backend}): scoring would cost more "
                                     "than it saves")
     if quality_min_tokens < 0:
-        return Decision("baseline", "specprefill quality at keep 0.3 not measured (auto_quality_min_tokens -1, "
-                                    "docs/quality.md)")
+        band = next((b for b in quality_bands if b.covers(n_prompt)), None)
+        if band is not None:
+            return Decision("specprefill", f"one-off long document: {n_prompt} tokens >= break-even {be}, in "
+                                           f"{band.lo:,}-{band.hi:,} tokens where {band.describe()}")
+        where = ", ".join(f"{b.lo:,}-{b.hi:,}" for b in quality_bands)
+        return Decision("baseline", f"specprefill quality not measured at {n_prompt} tokens for these models and "
+                                    f"settings (measured to hold: {where or 'nowhere'}; docs/quality.md)")
     if n_prompt < quality_min_tokens:
         return Decision("baseline", f"{n_prompt} tokens < {quality_min_tokens}, where keep 0.3 was measured "
                                     ">= 95% of baseline quality")

@@ -98,9 +98,9 @@ class EngineOptions:
     #: mode auto: prompts shorter than this run baseline; 0 = the measured break-even of the backend
     #: (engine/auto.py BREAK_EVEN_TOKENS, docs/engine.md)
     auto_min_tokens: int = 0
-    #: mode auto: the shortest prompt at which keep 0.3 was measured >= 95% of baseline's quality
-    #: (docs/quality.md); specprefill runs only from there on. -1 = not measured: auto never picks
-    #: specprefill
+    #: mode auto: -1 (default) = specprefill only at the prompt lengths where docs/quality.md measured
+    #: keep 0.3 >= 95% of baseline for the loaded model pair (engine/quality_evidence.py); >= 0 = an
+    #: operator's own measurement: specprefill from this many prompt tokens on
     auto_quality_min_tokens: int = -1
     #: the target's GPU: an index among the visible devices (llama.cpp's main_gpu); used with
     #: speculator_gpu, when both models are each placed whole on one device (split mode none)

@@ -18,7 +18,7 @@ from typing import Callable
 
 import numpy as np
 
-from . import auto, invariance
+from . import auto, invariance, quality_evidence
 from .decode import generate
 from ..contracts import InputError, ModelError
 from .kept_spans import selection_record
@@ -256,6 +256,8 @@ class Engine:
             choice = auto.decide(prompt.n, backend=self.info.backend, cached_tokens=found[1] if found else 0,
                                  min_tokens=params.min_tokens, auto_min_tokens=self.options.auto_min_tokens,
                                  quality_min_tokens=self.options.auto_quality_min_tokens,
+                                 quality_bands=quality_evidence.bands(self.options.target, self.options.speculator,
+                                                                      params.keep, params.scorer),
                                  reused_document=reused_document and prefix is not None)
             mode, reason = choice.mode, "auto: " + choice.reason
         elif mode == "specprefill" and prompt.n < min_tokens:

@@ -1,0 +1,110 @@
+"""Where specprefill's quality was measured, for `mode auto` (auto.py rule 3).
+
+Each row is one answer-right run of `specq bench quality` (docs/quality.md): the same questions
+answered by baseline and by specprefill at `keep` with `scorer`, on documents of `doc_tokens`
+tokens, with one model pair. A row **passes** when the exact one-sided 90% lower bound of the
+accuracy ratio (specprefill / baseline, paired) is at least `MIN_RATIO` — the measurement shows
+keep 0.3 at >= 95% of baseline, rather than a point estimate that happens to be above it. Where a
+length was measured more than once, the row with the most questions stands.
+
+`bands(target, speculator, keep, scorer)`: the prompt lengths where auto may run specprefill — each
+passing row's documents, plus `QUESTION_ALLOWANCE` tokens for the chat template and the question,
+and the lengths between two passing rows with no failing row between them (quality is assumed not to
+dip between two lengths that both pass). Nothing else is extrapolated: another model pair, a smaller
+keep or another scorer has no band, and auto runs baseline there.
+
+The rows are copied from the journals in bench/results (tests/test_quality_evidence.py recomputes
+them from those files, so a row cannot drift from its data); a new measurement adds a row here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import PurePath
+
+#: the lower bound a row's accuracy ratio must reach
+MIN_RATIO = 0.95
+#: prompt tokens on top of a measured document's: chat template + question
+QUESTION_ALLOWANCE = 256
+
+
+@dataclass(frozen=True)
+class QualityRow:
+    target: str  # model registry name (file stem)
+    speculator: str
+    keep: float
+    scorer: str
+    length: int  # the run's nominal document length (`bench quality --lengths`)
+    doc_tokens: tuple[int, int]  # the measured documents' token counts, min and max
+    n: int  # questions (closed-book-right ones left out)
+    documents: int
+    baseline_acc: float
+    specprefill_acc: float
+    ratio: float
+    ratio_lower: float  # exact one-sided 90% lower bound (quality_report.paired)
+    journal: str  # bench/results/… the row is computed from
+    source: str  # where docs/quality.md shows it, and the code it ran
+
+    @property
+    def passes(self) -> bool:
+        return self.ratio_lower >= MIN_RATIO
+
+
+@dataclass(frozen=True)
+class Band:
+    lo: int  # prompt tokens, inclusive
+    hi: int
+    rows: tuple[QualityRow, ...]
+
+    def covers(self, n_prompt: int) -> bool:
+        return self.lo <= n_prompt <= self.hi
+
+    def describe(self) -> str:
+        parts = "; ".join(f"{r.doc_tokens[0]:,}-{r.doc_tokens[1]:,}-token documents: n {r.n} ({r.documents} documents), "
+                          f"ratio {r.ratio:.2f}, 90% lower {r.ratio_lower:.2f}" for r in self.rows)
+        return f"keep {self.rows[0].keep:g} measured >= {MIN_RATIO:.0%} of baseline ({parts}; docs/quality.md)"
+
+
+QWEN_15B, QWEN_05B = "qwen2.5-coder-1.5b-instruct-q4_k_m", "qwen2.5-coder-0.5b-instruct-q4_k_m"
+
+ROWS: tuple[QualityRow, ...] = (
+    # docs/quality.md "Families", answer right at 4K: 40 questions of 4 documents, CPU, commit 110167e,
+    # scripts/quality_cpu_families.sh (step answer:4000:40). Supersedes the per-task 4K run of
+    # 2026-12-01 (n 19, ratio 1.067, 90% lower 0.889: fewer questions).
+    QualityRow(QWEN_15B, QWEN_05B, 0.3, "windowed", 4000, (3670, 3980), 40, 4, 0.825, 0.900, 1.091, 0.962,
+               "bench/results/quality-cpu-families-answer-4000.jsonl",
+               "docs/quality.md, Families: answer right at 4K (commit 110167e)"),
+)
+
+
+def model_key(name: str) -> str:
+    """A registry name or a GGUF path, as the rows name models: the file stem, lower case."""
+    stem = PurePath(name).name
+    return (stem[:-5] if stem.lower().endswith(".gguf") else stem).lower()
+
+
+def bands(target: str, speculator: str, keep: float, scorer: str,
+          rows: tuple[QualityRow, ...] = ROWS) -> list[Band]:
+    """The prompt-length bands where `keep` (>= a row's keep) with `scorer` was measured to pass for
+    this model pair (module doc)."""
+    mine = sorted((r for r in rows if r.target == model_key(target) and r.speculator == model_key(speculator)
+                   and r.scorer == scorer and keep >= r.keep), key=lambda r: r.doc_tokens)
+    # per measured length, the row with the most questions
+    best: dict[tuple[float, int], QualityRow] = {}
+    for r in mine:
+        key = (r.keep, r.length)
+        if key not in best or r.n > best[key].n:
+            best[key] = r
+    out: list[Band] = []
+    run: list[QualityRow] = []
+    for r in sorted(best.values(), key=lambda r: r.doc_tokens) + [None]:
+        if r is not None and r.passes:
+            run.append(r)
+            continue
+        if run:
+            out.append(Band(run[0].doc_tokens[0], run[-1].doc_tokens[1] + QUESTION_ALLOWANCE, tuple(run)))
+            run = []
+    return out
+
+
+__all__ = ["QualityRow", "Band", "ROWS", "MIN_RATIO", "QUESTION_ALLOWANCE", "bands", "model_key"]

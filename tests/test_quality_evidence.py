@@ -1,0 +1,66 @@
+"""Mode auto's quality evidence (engine/quality_evidence.py): every row equals what its journal in
+bench/results says (recomputed with the report's own statistics, so a row cannot drift from its data),
+and the bands auto may run specprefill in are exactly the measured lengths for the measured pair."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from specq.bench.quality_report import aggregate, read_journal
+from specq.engine import auto
+from specq.engine.quality_evidence import QUESTION_ALLOWANCE, QWEN_05B, QWEN_15B, ROWS, bands, model_key
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize("row", ROWS, ids=lambda r: f"{r.length}-{r.keep}")
+def test_each_row_is_what_its_journal_says(row):
+    records = read_journal(REPO / row.journal)
+    assert records, row.journal
+    cells = [a for a in aggregate(records)["answer"] if a["length"] == row.length]
+    assert len(cells) == 1
+    a = cells[0]
+    assert (a["keep"], a["scorer"], a["n"], a["documents"]) == (row.keep, row.scorer, row.n, row.documents)
+    assert round(a["baseline_acc"], 3) == row.baseline_acc and round(a["specprefill_acc"], 3) == row.specprefill_acc
+    assert round(a["ratio"], 3) == row.ratio and round(a["ratio_lower"], 3) == row.ratio_lower
+    answered = [r for r in records if r.get("half") == "answer" and not r["closed_book"]["correct"]]
+    assert (min(r["doc_tokens"] for r in answered), max(r["doc_tokens"] for r in answered)) == row.doc_tokens
+
+
+def test_bands_are_the_measured_lengths_of_the_measured_pair():
+    (band,) = bands(QWEN_15B, QWEN_05B, 0.3, "windowed")
+    assert (band.lo, band.hi) == (3670, 3980 + QUESTION_ALLOWANCE)
+    # a path to the same model files names the same pair; more kept chunks keep the measured ones
+    assert bands(f"/models/{QWEN_15B}.gguf", f"/x/{QWEN_05B.upper()}.GGUF", 0.5, "windowed") == [band]
+    assert model_key("/a/b/Qwen.GGUF") == "qwen"
+    assert bands(QWEN_15B, QWEN_05B, 0.2, "windowed") == []  # fewer kept: not what was measured
+    assert bands(QWEN_15B, QWEN_05B, 0.3, "full") == []
+    assert bands("some-7b", QWEN_05B, 0.3, "windowed") == []
+
+
+def test_bands_join_passing_lengths_and_stop_at_a_failing_one():
+    r4 = ROWS[0]
+    r16 = replace(r4, length=16000, doc_tokens=(15900, 15990))
+    bad8 = replace(r4, length=8000, doc_tokens=(7900, 7990), ratio=0.9, ratio_lower=0.7)
+    weak16 = replace(r16, n=10, ratio_lower=0.5)  # fewer questions at the same length: not the one that stands
+    args = (QWEN_15B, QWEN_05B, 0.3, "windowed")
+    joined = bands(*args, rows=(r4, r16, weak16))
+    assert [(b.lo, b.hi) for b in joined] == [(3670, 15990 + QUESTION_ALLOWANCE)]
+    split = bands(*args, rows=(r4, bad8, r16))
+    assert [(b.lo, b.hi) for b in split] == [(3670, 3980 + QUESTION_ALLOWANCE), (15900, 15990 + QUESTION_ALLOWANCE)]
+
+
+def test_auto_runs_specprefill_only_inside_a_band():
+    bs = bands(QWEN_15B, QWEN_05B, 0.3, "windowed")
+    inside = auto.decide(3900, backend="cpu", quality_bands=bs)
+    assert inside.mode == "specprefill" and "3,670-4,236 tokens" in inside.reason and "90% lower 0.96" in inside.reason
+    for n in (3000, 9000):
+        out = auto.decide(n, backend="cpu", quality_bands=bs)
+        assert out.mode == "baseline" and f"not measured at {n} tokens" in out.reason and "3,670-4,236" in out.reason
+    # on CUDA the break-even (8,192) is above the band: baseline
+    assert auto.decide(3900, backend="cuda", quality_bands=bs).mode == "baseline"
+    # an operator's own threshold replaces the bands
+    assert auto.decide(9000, backend="cpu", quality_bands=bs, quality_min_tokens=8000).mode == "specprefill"
