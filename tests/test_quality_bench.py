@@ -206,3 +206,38 @@ def test_families_are_deterministic_and_fill_n():
     # the family setting is part of the journal key; journals written before families keep theirs
     assert QualitySettings(family=16).key("recall") != QualitySettings().key("recall")
     assert QualitySettings().key("recall") == QualitySettings(family=0).key("recall")
+
+
+def test_group_half_pairs_with_the_answer_half(tiny_models, tmp_path):
+    """The group half (one group-sparse prefill per family) on the tiny models: every open task of the
+    family gets a group answer from one run_group call (no fallback), a rerun skips them, and the report
+    pairs them with the answer half's records by task id. (Random weights: the answers are noise; the
+    real-pair run is in docs/quality.md.)"""
+    from specq.bench.quality import Journal, QualitySettings, build_report, run_answer, run_group
+    from specq.engine.options import EngineOptions
+    from specq.engine.pipeline import Engine
+
+    eng = Engine(EngineOptions(target=str(tiny_models.target), speculator=str(tiny_models.speculator), n_gpu_layers=0,
+                               n_ctx=4096, n_threads=2, cache_bytes=256 << 20))
+    try:
+        s = QualitySettings(lengths=[1200], n=3, family=3, window=600, max_tokens=4)
+        answers, groups = tmp_path / "a.jsonl", tmp_path / "g.jsonl"
+        run_answer(eng, s, Journal(answers, s))
+        run_group(eng, s, Journal(groups, s))
+        lines = groups.read_text().count("\n")
+        run_group(eng, s, Journal(groups, s))  # resumed: nothing to do
+        assert groups.read_text().count("\n") == lines == 3
+        recs = read_journal(groups)
+        open_ = [r for r in recs if "group" in r]
+        assert len({r["family"] for r in recs}) == 1 and open_
+        assert all(r["group"]["fallback"] is None and r["group"]["size"] == len(open_) for r in open_)
+        own = min(r["group"]["own_kept_tokens"] for r in open_)
+        assert all(0 < r["group"]["union_kept_fraction"] <= 1 for r in open_) and own > 0
+        rep = build_report([answers, groups])
+        (row,) = rep["group"]
+        assert row["n"] == len(open_) and row["documents"] == 1 and row["fallbacks"] == 0
+        assert 0 <= row["same_text_as_specprefill"] <= row["n"]
+        with pytest.raises(ValueError):
+            run_group(eng, QualitySettings(lengths=[1200], n=1), Journal(tmp_path / "x.jsonl", s))
+    finally:
+        eng.close()

@@ -324,6 +324,57 @@ def run_answer(engine, settings: QualitySettings, journal: Journal, say: Say = p
                 say(f"answer {task.id}: closed-book right ({cb.text.strip()[:30]!r}): left out; load {rec['load1']}")
 
 
+def run_group(engine, settings: QualitySettings, journal: Journal, say: Say = print) -> None:
+    """#17 item 4 on real weights: each family's questions (closed-book-right ones left out) served by ONE
+    group-sparse prefill (`Engine.run_group`: every question scored, the target prefilled once on the
+    union of their kept chunks, each question's tail + answer on top). Same settings as the answer half,
+    so each record pairs with that half's baseline and specprefill answers by task id
+    (quality_report.group_rows). Journaled per family (a family is one engine call)."""
+    if not settings.family:
+        raise ValueError("the group half needs families (--family)")
+    count = _count(engine)
+    for L in settings.lengths:
+        fams: dict[str, list[qt.Task]] = {}
+        for task, scope in tasks_for(settings, L, count):
+            fams.setdefault(scope, []).append(task)
+        for scope, tasks in fams.items():
+            todo = [t for t in tasks if not journal.done("group", t.id)]
+            if not todo:
+                continue
+            open_: list[qt.Task] = []
+            closed: dict[str, dict] = {}
+            for task in todo:
+                cb = engine.run("", RunParams(question=closed_book_question(task), mode="baseline", max_tokens=settings.max_tokens))
+                closed[task.id] = {"text": cb.text, "correct": qt.is_correct(task, cb.text)}
+                if not closed[task.id]["correct"]:
+                    open_.append(task)
+            spec = RunParams(mode="specprefill", keep=settings.keep, scorer=settings.scorer, lookahead=settings.lookahead,
+                             pool=settings.pool, window=settings.window, chunk=settings.chunk, min_tokens=0,
+                             max_tokens=settings.max_tokens)
+            results = engine.run_group(open_[0].document, [t.question for t in open_], spec, scope=scope) if open_ else []
+            by_id = dict(zip((t.id for t in open_), results))
+            for task in todo:
+                rec: dict[str, Any] = {"task": task.id, "kind": task.kind, "planted": task.planted, "length": L,
+                                       "depth": task.depth, "answer": task.answer, "family": scope,
+                                       "settings": {"keep": settings.keep, "scorer": settings.scorer},
+                                       "closed_book": closed[task.id]}
+                r = by_id.get(task.id)
+                if r is not None:
+                    g = r.group or {}
+                    rec["group"] = {"text": r.text, "correct": qt.is_correct(task, r.text), "size": g.get("size"),
+                                    "fallback": g.get("fallback"), "union_kept_fraction": g.get("union_kept_fraction"),
+                                    "own_kept_tokens": r.usage.kept_tokens, "ttft_ms": round(r.timings_ms["ttft"], 1),
+                                    "wall_ms": g.get("wall_ms")}
+                rec["load1"] = round(os.getloadavg()[0], 2)
+                rec["t"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+                journal.append("group", rec)
+            if results:
+                g = results[0].group or {}
+                right = sum(qt.is_correct(t, r.text) for t, r in zip(open_, results))
+                say(f"group {scope}: {len(open_)} questions, right {right}, union {g.get('union_kept_fraction')}, "
+                    f"fallback {g.get('fallback') or 'none'}, wall {(g.get('wall_ms') or 0) / 1000:.1f} s, load {os.getloadavg()[0]:.2f}")
+
+
 def build_report(journals: list[Path], engine=None, settings: QualitySettings | None = None) -> dict[str, Any]:
     records = [r for p in journals for r in read_journal(p)]
     report = {"benchmark": "quality", "journals": [str(p) for p in journals], "records": len(records),

@@ -183,7 +183,34 @@ def aggregate(records: list[dict], conf: float = 0.9) -> dict[str, Any]:
             "by_kind": _answer_by_kind(open_),
         })
     return {"recall": recall_rows, "recall_full_vs_windowed": pair_rows, "answer": answer_rows,
-            "load1_median": statistics.median(loads) if loads else None}
+            "group": group_rows(records, conf), "load1_median": statistics.median(loads) if loads else None}
+
+
+def group_rows(records: list[dict], conf: float = 0.9) -> list[dict]:
+    """Group-sparse answers (half "group") against the answer half's baseline and specprefill answers
+    of the same tasks (joined by task id; same settings): accuracy, the paired ratio vs baseline, and
+    how often the group answer is the single specprefill run's answer."""
+    answers = {r["task"]: r for r in records if r.get("half") == "answer" and "baseline" in r}
+    groups: dict[int, list] = defaultdict(list)
+    for r in records:
+        if r.get("half") == "group" and "group" in r and r["task"] in answers:
+            groups[r["length"]].append((r, answers[r["task"]]))
+    out = []
+    for L, pairs in sorted(groups.items()):
+        vs_base = paired([(a["baseline"]["correct"], g["group"]["correct"]) for g, a in pairs], conf)
+        vs_spec = paired([(a["specprefill"]["correct"], g["group"]["correct"]) for g, a in pairs], conf)
+        same = sum(g["group"]["text"].strip() == a["specprefill"]["text"].strip() for g, a in pairs)
+        unions = [g["group"]["union_kept_fraction"] for g, _ in pairs if g["group"].get("union_kept_fraction") is not None]
+        out.append({
+            "length": L, "n": len(pairs), "documents": len({g.get("family") for g, _ in pairs}),
+            "fallbacks": sum(bool(g["group"].get("fallback")) for g, _ in pairs),
+            "baseline_acc": vs_base["baseline_acc"], "specprefill_acc": vs_spec["baseline_acc"],
+            "group_acc": vs_base["specprefill_acc"], "ratio_vs_baseline": vs_base["ratio"],
+            "ratio_vs_baseline_lower": vs_base["ratio_lower"], "group_only_vs_specprefill": vs_spec["specprefill_only"],
+            "specprefill_only_vs_group": vs_spec["baseline_only"], "same_text_as_specprefill": same,
+            "union_kept_fraction_median": statistics.median(unions) if unions else None,
+        })
+    return out
 
 
 def _answer_by_kind(rs: list[dict]) -> dict:
@@ -234,6 +261,18 @@ def table_markdown(agg: dict[str, Any]) -> str:
             lines.append(f"| {r['length']:,} | {r['scorer']} {r['keep']} | {r['tasks']} | {r['closed_book_right']} | {r['n']} ({r.get('documents', r['n'])}) | "
                          f"{_f(r['baseline_acc'])} | {_f(r['specprefill_acc'])} | {_f(r['ratio'])} | {_f(r['ratio_lower'])} | "
                          f"{r['baseline_only']} | {r['specprefill_only']} | {_f(r['evidence_kept'])} | {tt} |")
+        lines.append("")
+    if agg.get("group"):
+        lines += ["Group-sparse (one target prefill on the union of a family's kept chunks) vs the same questions' "
+                  "baseline and single specprefill answers:", "",
+                  "| doc tokens | n (documents) | baseline acc | specprefill acc | group acc | group / baseline | 90% lower | "
+                  "group only / specprefill only (vs specprefill) | same text as specprefill | union kept (median) | fallbacks |",
+                  "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        for r in agg["group"]:
+            lines.append(f"| {r['length']:,} | {r['n']} ({r['documents']}) | {_f(r['baseline_acc'])} | {_f(r['specprefill_acc'])} | "
+                         f"{_f(r['group_acc'])} | {_f(r['ratio_vs_baseline'])} | {_f(r['ratio_vs_baseline_lower'])} | "
+                         f"{r['group_only_vs_specprefill']} / {r['specprefill_only_vs_group']} | {r['same_text_as_specprefill']}/{r['n']} | "
+                         f"{_f(r['union_kept_fraction_median'])} | {r['fallbacks']} |")
         lines.append("")
     return "\n".join(lines)
 

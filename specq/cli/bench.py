@@ -445,7 +445,8 @@ def bench_selection(
 
 @bench_app.command("quality")
 def bench_quality(
-    half: str = typer.Argument(..., help="recall (speculator only: every scorer and keep), answer (target: baseline vs specprefill) or report."),
+    half: str = typer.Argument(..., help="recall (speculator only: every scorer and keep), answer (target: baseline vs specprefill), "
+                                          "group (families: one group-sparse prefill per family, paired with answer's records) or report."),
     journal: list[Path] = typer.Option(..., help="JSONL journal: results are appended per task and a rerun skips done tasks (report: one or more)."),
     lengths: str = typer.Option("4000,8000,16000", help="Comma-separated document lengths in tokens."),
     n: int = typer.Option(200, help="Tasks per length."),
@@ -473,8 +474,10 @@ def bench_quality(
     from ..contracts import EngineError
     from ..engine.options import EngineOptions
 
-    if half not in ("recall", "answer", "report"):
-        raise fail(f"half must be recall, answer or report, not {half!r}")
+    if half not in ("recall", "answer", "group", "report"):
+        raise fail(f"half must be recall, answer, group or report, not {half!r}")
+    if half == "group" and not family:
+        raise fail("the group half needs --family (questions per document)")
     try:
         sizes = [int(x.replace("_", "")) for x in lengths.split(",") if x.strip()]
         keep_list = [float(x) for x in keeps.split(",") if x.strip()]
@@ -493,7 +496,7 @@ def bench_quality(
     engine = None
     if half != "report":
         if len(journal) != 1:
-            raise fail("recall and answer write one --journal")
+            raise fail("recall, answer and group write one --journal")
         opts = with_models(EngineOptions(n_gpu_layers=n_gpu_layers, n_threads=threads, n_ctx=max(sizes) + 1024,
                                          cache_bytes=cache_bytes if family else 0),
                            target=target, speculator=speculator)
@@ -504,7 +507,7 @@ def bench_quality(
             jr = q.Journal(journal[0], settings)
             say = lambda m: typer.echo(m, err=True)  # noqa: E731
             say(f"provenance: {q.provenance(engine, settings)}")
-            (q.run_recall if half == "recall" else q.run_answer)(engine, settings, jr, say=say)
+            {"recall": q.run_recall, "answer": q.run_answer, "group": q.run_group}[half](engine, settings, jr, say=say)
         except EngineError as e:
             raise fail(str(e)) from None
         except KeyboardInterrupt:
