@@ -287,3 +287,31 @@ def test_model_drafting_jobs_during_scoring_return_their_text_alone(tiny_models,
     finally:
         loop.close()
         eng.close()
+
+
+def test_submit_tokenizes_in_the_calling_thread(tiny_models):
+    """The loop's thread never tokenizes: `submit` does, in the caller's thread, so a prompt that cannot
+    fit fails there — its future is done before any loop runs — and a job's `tokenize` timing is the
+    caller's tokenization (plus the loop's mode decision), its `slot_wait` counts from then."""
+    from specq.contracts import InputError
+    from specq.engine.serving import ServingEngine
+
+    eng = _engine(tiny_models, slots=1)
+    sv = ServingEngine(eng)  # not started: nothing runs on a loop thread yet
+    try:
+        too_long = sv.submit(DOC * 40, _decoder(max_tokens=8))
+        assert too_long.done()
+        with pytest.raises(InputError, match="exceeds the target's context"):
+            too_long.result(0)
+        bad = sv.submit(SHORT, _decoder(max_tokens=-1))
+        assert bad.done() and isinstance(bad.future.exception(0), InputError)
+        ok = sv.submit(DOC, _decoder(max_tokens=4))
+        assert not ok.done() and ok._job.prompt is not None and ok._job.tokenize_ms > 0
+        sv.start()
+        r = ok.result(120)
+        tm = r.timings_ms
+        assert tm["tokenize"] >= ok._job.tokenize_ms and tm["slot_wait"] >= 0
+        assert r.usage.prompt_tokens == ok._job.prompt.n
+    finally:
+        sv.close()
+        eng.close()

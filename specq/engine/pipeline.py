@@ -226,20 +226,23 @@ class Engine:
 
     def prepare(self, document: str, params: RunParams, *, messages: list[tuple[str, str]] | None = None,
                 raw: bool = False, scope: str = "", reused_document: bool = False,
-                prompt_cache: bool = True) -> tuple[Prompt, str, str, list[str], dict, SpecInfo]:
+                prompt_cache: bool = True, prompt: Prompt | None = None,
+                tokenize_ms: float = 0.0) -> tuple[Prompt, str, str, list[str], dict, SpecInfo]:
         """The first phase of a job: params checked, prompt tokenized, the mode and positions that will
         run decided; (prompt, mode, positions, warnings, timings, spec). `scope` (the tenant) keys the
         caches: saved KV is only ever reused within one scope. `reused_document`: the job asks about a
         stored document (more questions expected: mode auto then fills the prompt cache, auto.py 1b).
         `prompt_cache=False`: the caller prefills without the target's prompt cache, so mode auto does
-        not count on it."""
+        not count on it. `prompt`: already tokenized by the caller (`tokenize_prompt`, in `tokenize_ms`;
+        the serving loop's submitting threads do it beside the loop's model work)."""
         params.validate()
         timings = {p: 0.0 for p in CORE_PHASES}
         timings["cache_restore"] = 0.0
         warnings: list[str] = []
         t0 = time.perf_counter()
-        prompt = self.tokenize_prompt(document, params, messages=messages, raw=raw)
-        timings["tokenize"] = _ms(t0)
+        if prompt is None:
+            prompt = self.tokenize_prompt(document, params, messages=messages, raw=raw)
+        timings["tokenize"] = _ms(t0) + tokenize_ms
 
         positions = params.positions
         if positions == "original" and not self.gaps_supported:

@@ -16,7 +16,8 @@ Each step of the loop:
 1. cancels and time limits (`JobHandle.cancel`) drop their jobs: the job's cells are removed
    (seq_rm of its sequence), its future gets the exception, nothing else changes;
 2. waiting jobs take free slots (FIFO);
-3. one unit of preparation of the oldest admitted job that is not decoding: tokenize, or its whole
+3. one unit of preparation of the oldest admitted job that is not decoding: its mode decision (the
+   prompt was tokenized by `submit()` in the submitting thread, beside the loop), or its whole
    scoring + selection, or setting up its prefill (drafter, kept tokens). During the scoring the
    decoding jobs get one decode batch after each of the speculator's llama_decode calls of a window's
    prefill (at most call_tokens tokens each: `_select(between_calls=...)`, scoring.py "Between
@@ -53,8 +54,9 @@ goes"); `timings_ms.cache_save` is the time a job spent saving.
 Timings (`timings_ms`, per job): each phase's wall-clock span (`tokenize`, `score`, `select`,
 `sparse_prefill`, `decode`) and the engine time of this job's own work in it (`<phase>_engine`:
 its units, and the batches that held its tokens); `interleave_wait` = the spans minus the engine
-times (other jobs' work in between); `slot_wait` = submission to a free slot; `ttft` and `total`
-count from submission.
+times (other jobs' work in between); `slot_wait` = tokenized (in `submit`) to a free slot;
+`tokenize` = the submitting thread's tokenization + the loop's mode-decision step; `ttft` and
+`total` count from submission.
 """
 
 from __future__ import annotations
@@ -127,6 +129,8 @@ class _Job:
     reused_document: bool = False
     future: Future = field(default_factory=Future)
     t_submit: float = field(default_factory=_now)
+    t_queued: float = 0.0  # tokenized and handed to the loop
+    tokenize_ms: float = 0.0  # the prompt's tokenization, in the submitting thread
     cancel_exc: BaseException | None = None
     slot: int = -1
     stage: str = "waiting"  # waiting, tokenize, score, setup, prefill, decode
@@ -232,6 +236,18 @@ class ServingEngine:
         job = _Job(document, params or RunParams(), progress or (lambda phase, done, total: None), on_text,
                    messages, raw, scope, reused_document)
         job.faulty = bool(self._fault) and job.params.question == self._fault
+        # tokenized here, in the submitting thread (llama_tokenize reads only the vocabulary, and ctypes
+        # lets go of the GIL), beside the loop's model work rather than as a step of the loop with every
+        # other job waiting (~0.16 s for a 32K-token document; docs/serving.md "Where the time goes");
+        # a prompt that does not fit fails here, before it takes a slot
+        try:
+            job.params.validate()
+            job.prompt = self.engine.tokenize_prompt(document, job.params, messages=messages, raw=raw)
+        except BaseException as e:
+            job.future.set_exception(e)
+            return JobHandle(self, job)
+        job.t_queued = _now()
+        job.tokenize_ms = (job.t_queued - job.t_submit) * 1000.0
         with self._cond:
             if not self._admitting or self._closed:
                 job.future.set_exception(Drained("the worker is shutting down"))
@@ -316,7 +332,7 @@ class ServingEngine:
             job.t_admit = job.t_phase = _now()
             job.stage = "tokenize"
             self._active.append(job)
-            self.slot_wait_ms_total += (job.t_admit - job.t_submit) * 1000.0
+            self.slot_wait_ms_total += (job.t_admit - job.t_queued) * 1000.0
         prep = next((j for j in self._active if self._preparable(j)), None)
         if prep is not None:
             self._guard(prep, self._prepare, prep)
@@ -338,7 +354,7 @@ class ServingEngine:
             job.progress("tokenize", 0, 1)
             job.prompt, job.mode, job.positions, job.warnings, job.timings, job.spec = eng.prepare(
                 job.document, job.params, messages=job.messages, raw=job.raw, scope=job.scope,
-                reused_document=job.reused_document)
+                reused_document=job.reused_document, prompt=job.prompt, tokenize_ms=job.tokenize_ms)
             t1 = _now()
             job.engine_ms["tokenize"] += (t1 - t0) * 1000.0
             job.end_phase("tokenize", t1)
@@ -605,13 +621,13 @@ class ServingEngine:
         t_end = _now()
         job.end_phase("decode", t_end)
         tm = job.timings
-        tm["tokenize"] = job.span_ms["tokenize"]
+        tm["tokenize"] = job.tokenize_ms + job.span_ms["tokenize"]  # in the submitting thread + the loop's step
         if job.mode == "specprefill":
             tm["score"] = max(0.0, job.span_ms["score"] - tm.get("select", 0.0))
         tm["decode"] = job.span_ms["decode"]
         tm["ttft"] = ((job.first[0] if job.first else t_end) - job.t_submit) * 1000.0
         tm["total"] = (t_end - job.t_submit) * 1000.0
-        tm["slot_wait"] = (job.t_admit - job.t_submit) * 1000.0
+        tm["slot_wait"] = (job.t_admit - job.t_queued) * 1000.0
         wait = 0.0
         for ph in PHASES:
             tm[f"{ph}_engine"] = round(job.engine_ms[ph], 3)
