@@ -263,7 +263,7 @@ def test_cancel_cuts_one_long_call(real_one_call):
 
     eng = real_one_call
     doc = _long_doc(eng)
-    prompt = eng.tokenize_prompt(doc, RunParams(question="What license?", max_tokens=4))
+    prompt = eng.tokenize_prompt(doc, RunParams(question="What license?", mode="baseline", max_tokens=4))
     assert 4000 <= prompt.n <= eng.ctx.call_tokens == 4096  # the whole prefill is one llama_decode call
     stop = Stop()
     phases = []
@@ -277,7 +277,7 @@ def test_cancel_cuts_one_long_call(real_one_call):
     threading.Thread(target=cancel_soon, daemon=True).start()
     t0 = time.monotonic()
     with pytest.raises(RunCancelled, match="cancelled by test"):
-        eng.run(doc, RunParams(question="What license?", max_tokens=4), stop=stop,
+        eng.run(doc, RunParams(question="What license?", mode="baseline", max_tokens=4), stop=stop,
                 progress=lambda ph, d, t: phases.append(ph))
     t_end = time.monotonic()
     assert phases[-1] == "sparse_prefill" and eng.ctx.aborted_calls >= 1
@@ -295,7 +295,7 @@ def test_deadline_cuts_one_long_call(real_one_call):
     t0 = time.monotonic()
     stop = Stop.after(3.0, limit_message="job exceeded the time limit of 3s (test)")
     with pytest.raises(JobTimeLimit, match="time limit of 3s"):
-        eng.run(doc, RunParams(question="What license?", max_tokens=4), stop=stop)
+        eng.run(doc, RunParams(question="What license?", mode="baseline", max_tokens=4), stop=stop)
     late = time.monotonic() - stop.deadline
     assert late < 2.0, f"the run ended {late:.2f} s after its deadline"
     print(f"deadline → end {late:.3f} s (run {time.monotonic() - t0:.1f} s)")

@@ -65,7 +65,7 @@ def _poll(c: httpx.Client, job_id: str, until, timeout: float = 300.0, every: fl
 
 def test_cancel_during_a_long_prefill_ends_the_job_within_2s(stack):
     with httpx.Client(base_url=stack.url, timeout=30) as c:
-        job_id = c.post("/v1/jobs", json={"text": _doc(), "params": {"max_tokens": 4}}).json()["id"]
+        job_id = c.post("/v1/jobs", json={"text": _doc(), "params": {"mode": "baseline", "max_tokens": 4}}).json()["id"]
         job, _ = _poll(c, job_id, lambda j: j["status"] == "running" and j["progress"]["phase"] == "sparse_prefill")
         time.sleep(1.0)  # well inside the one 4,096-token call
         r = c.delete(f"/v1/jobs/{job_id}")
@@ -79,7 +79,7 @@ def test_cancel_during_a_long_prefill_ends_the_job_within_2s(stack):
 
 def test_time_limit_ends_a_long_prefill_on_the_solo_pool(stack):
     with httpx.Client(base_url=stack.url, timeout=30) as c:
-        job_id = c.post("/v1/jobs", json={"text": _doc(), "params": {"max_tokens": 4}}).json()["id"]
+        job_id = c.post("/v1/jobs", json={"text": _doc(), "params": {"mode": "baseline", "max_tokens": 4}}).json()["id"]
         _, t_running = _poll(c, job_id, lambda j: j["status"] == "running")
         job, t_end = _poll(c, job_id, lambda j: j["status"] in ("succeeded", "failed", "cancelled"))
     assert job["status"] == "failed" and job["attempts"] == 1, job

@@ -228,7 +228,7 @@ def test_cli_missing_file(tiny_models, tmp_path):
 
 @pytest.mark.real_models
 def test_real_pair_baseline_answers(real_engine):
-    r = real_engine.run(TEXT, RunParams(question="Which company did the Python core development team move to in May 2000? Answer with the company name only.", max_tokens=16))
+    r = real_engine.run(TEXT, RunParams(question="Which company did the Python core development team move to in May 2000? Answer with the company name only.", mode="baseline", max_tokens=16))
     assert "BeOpen" in r.text, r.text
     d = r.to_dict()
     assert d["spec"]["mode"] == "baseline" and d["usage"]["kept_tokens"] == d["usage"]["prompt_tokens"] > 2500
