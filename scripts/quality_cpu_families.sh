@@ -3,6 +3,8 @@
 # questions; the service's caches make each later question cheap), in steps HALF:LENGTH:N. Every step
 # appends to its journal and skips what it holds, so running this again resumes where it stopped.
 #   nohup nice -n 19 scripts/quality_cpu_families.sh >> bench/results/quality-cpu-families.log 2>&1 &
+# The families' saved KV is kept in CACHE_DIR (default ~/.cache/specq/quality-families-kv; "" = memory
+# only), so a run resumed after a stop hits its family's document instead of prefilling it again.
 # Environment: TAG (default quality-cpu-families), THREADS (default 2), FAMILY (default 16),
 # STEPS (default "answer:4000:40 answer:16000:20 recall:8000:200 recall:16000:200 recall:4000:200").
 set -uo pipefail
@@ -15,7 +17,7 @@ for step in ${STEPS:-answer:4000:40 answer:16000:20 recall:8000:200 recall:16000
   IFS=: read -r half len n <<< "$step"
   journal=$R/$tag-$half-$len.jsonl
   .venv/bin/specq bench quality "$half" --journal "$journal" --lengths "$len" --n "$n" --family "$family" \
-    --threads "$threads" > /dev/null
+    --threads "$threads" --cache-dir "${CACHE_DIR-$HOME/.cache/specq/quality-families-kv}" > /dev/null
   echo "step $step done rc $? $(date -u +%FT%TZ) load $(cut -d' ' -f1-3 /proc/loadavg)"
 done
 echo "all done $(date -u +%FT%TZ)"

@@ -148,6 +148,9 @@ class ServiceSettings:
     #: bytes of host memory for the worker's saved KV states (the speculator's document windows and
     #: the target's prompt prefixes, one LRU budget; EngineOptions.cache_bytes); 0 = no caches
     cache_bytes: int = 2 << 30
+    #: a directory that mirrors those saved states, so they outlive a worker restart (EngineOptions.cache_dir;
+    #: engine/cache_disk.py); "" = host memory only
+    cache_dir: str = ""
     #: which speculator scoring windows go into that cache (EngineOptions.spec_cache_save): always
     #: (default: every document's) or repeat (a stored document's at once, any other's at its second
     #: sight: a one-off document costs no ~400 MB device-to-host copy per 32K tokens; docs/serving.md)
@@ -342,6 +345,8 @@ class ServiceSettings:
             opts.batch_invariant = self.batch_invariant
         if self.spec_cache_save:
             opts.spec_cache_save = self.spec_cache_save
+        if self.cache_dir:
+            opts.cache_dir = self.cache_dir
         if self.speculator_gpu != "":
             # devices as the worker made them visible (visible_devices): the target first
             opts.main_gpu, opts.speculator_gpu = (0, 1) if self.speculator_gpu != self.gpu else (0, 0)

@@ -88,6 +88,9 @@ class EngineOptions:
     #: and the target's prompt prefixes (prefix_cache.py), one LRU budget; 0 = no caches (the
     #: default for the CLI and benchmarks; the worker's SPECQ_CACHE_BYTES defaults to 2 GiB)
     cache_bytes: int = 0
+    #: a directory that mirrors those saved states (engine/cache_disk.py): a new engine loads the newest
+    #: that fit cache_bytes, so the caches outlive a restart; "" = host memory only
+    cache_dir: str = ""
     #: which of the speculator's scoring windows are saved to that cache (spec_cache.py, "Which windows
     #: are saved"): always (every window prefilled: a further question about any document hits) or
     #: repeat (a stored document's at once, any other's only at its second sight, so a one-off

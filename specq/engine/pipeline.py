@@ -134,11 +134,24 @@ class Engine:
         self._eagle3: tuple[Model, Context, list[int]] | None = None
         self._eagle3_why: str | None = None
         #: saved KV states of both caches under one byte budget (EngineOptions.cache_bytes)
-        self.cache_store = StateStore(opts.cache_bytes)
+        self.cache_store = StateStore(opts.cache_bytes, disk=self._cache_disk(opts))
         self._prefix_cache: PrefixCache | None = None
         self._spec_cache: SpeculatorCache | None = None
 
     # -- caches ------------------------------------------------------------------------------------
+    @staticmethod
+    def _cache_disk(opts: EngineOptions):
+        """The caches' directory copy (EngineOptions.cache_dir), keyed to this llama.cpp build."""
+        if not opts.cache_dir or opts.cache_bytes <= 0:
+            return None
+        from .cache_disk import DiskTier
+        from .llama import library_version
+
+        try:
+            return DiskTier(opts.cache_dir, library_version())
+        except OSError as e:
+            raise ModelError(f"cache directory {opts.cache_dir}: {e}") from None
+
     def prefix_cache(self) -> PrefixCache | None:
         """The target's prompt cache (prefix_cache.py), or None when cache_bytes is 0."""
         if not self.cache_store.enabled:

@@ -32,7 +32,8 @@ spent saving.
 
 Budget. One `StateStore` per engine, `SPECQ_CACHE_BYTES` (EngineOptions.cache_bytes) for both caches,
 in host memory; least recently used entries are evicted first; an entry larger than the budget is
-not stored. 0 turns both caches off.
+not stored. 0 turns both caches off. `SPECQ_CACHE_DIR` (EngineOptions.cache_dir) mirrors the store in
+a directory, so it outlives the process (cache_disk.py).
 
 Save/restore vs sequence copy: the saved state is host memory, so it survives the context being used
 for other prompts and it is bounded by bytes. A `llama_memory_seq_cp` cache would keep the cells in
@@ -158,12 +159,19 @@ class StateStore:
     """Saved KV states under one byte budget, least recently used evicted first. Thread-safe (the
     serving loop and a status reader may touch it from two threads)."""
 
-    def __init__(self, budget_bytes: int = DEFAULT_CACHE_BYTES) -> None:
+    def __init__(self, budget_bytes: int = DEFAULT_CACHE_BYTES, disk=None) -> None:
         self.budget = max(0, int(budget_bytes))
         self._entries: OrderedDict[tuple, Entry] = OrderedDict()
         self.used = 0
         self.stats = StoreStats()
         self._lock = threading.Lock()
+        #: a cache_disk.DiskTier: every entry also on disk, loaded back by the next store (SPECQ_CACHE_DIR)
+        self.disk = disk if self.budget > 0 else None
+        if self.disk is not None:
+            for key, data, tokens in self.disk.load(self.budget):
+                e = Entry(key, data, tokens)
+                self._entries[key] = e
+                self.used += e.nbytes
 
     @property
     def enabled(self) -> bool:
@@ -201,12 +209,16 @@ class StateStore:
             if old is not None:
                 self.used -= old.nbytes
             while self._entries and self.used + e.nbytes > self.budget:
-                _, gone = self._entries.popitem(last=False)
+                gone_key, gone = self._entries.popitem(last=False)
                 self.used -= gone.nbytes
                 self.stats.evictions += 1
+                if self.disk is not None:
+                    self.disk.remove(gone_key)
             self._entries[key] = e
             self.used += e.nbytes
             self.stats.stores += 1
+            if self.disk is not None:  # queued in order, after the removals above
+                self.disk.write(key, data, e.tokens)
             return True
 
     def entries(self, prefix: tuple) -> Iterator[Entry]:
@@ -217,12 +229,18 @@ class StateStore:
 
     def clear(self) -> None:
         with self._lock:
+            if self.disk is not None:
+                for key in self._entries:
+                    self.disk.remove(key)
             self._entries.clear()
             self.used = 0
 
     def summary(self) -> dict[str, Any]:
-        return {"budget_bytes": self.budget, "used_bytes": self.used, "entries": len(self._entries),
-                **self.stats.as_dict()}
+        out = {"budget_bytes": self.budget, "used_bytes": self.used, "entries": len(self._entries),
+               **self.stats.as_dict()}
+        if self.disk is not None:
+            out["disk"] = self.disk.summary()
+        return out
 
 
 # --- the speculator's window prefixes ----------------------------------------------------------------------
