@@ -34,11 +34,11 @@ def test_bands_are_the_measured_lengths_of_the_measured_pair():
     (band,) = bands(QWEN_15B, QWEN_05B, 0.3, "windowed")
     assert (band.lo, band.hi) == (3670, 3980 + QUESTION_ALLOWANCE)
     # a path to the same model files names the same pair; more kept chunks keep the measured ones
-    assert bands(f"/models/{QWEN_15B}.gguf", f"/x/{QWEN_05B.upper()}.GGUF", 0.5, "windowed") == [band]
+    assert bands(f"/models/{QWEN_15B}.gguf", f"/x/{QWEN_05B.upper()}.GGUF", 0.5, "windowed") == (band,)
     assert model_key("/a/b/Qwen.GGUF") == "qwen"
-    assert bands(QWEN_15B, QWEN_05B, 0.2, "windowed") == []  # fewer kept: not what was measured
-    assert bands(QWEN_15B, QWEN_05B, 0.3, "full") == []
-    assert bands("some-7b", QWEN_05B, 0.3, "windowed") == []
+    assert bands(QWEN_15B, QWEN_05B, 0.2, "windowed") == ()  # fewer kept: not what was measured
+    assert bands(QWEN_15B, QWEN_05B, 0.3, "full") == ()
+    assert bands("some-7b", QWEN_05B, 0.3, "windowed") == ()
 
 
 def test_bands_join_passing_lengths_and_stop_at_a_failing_one():

@@ -283,22 +283,36 @@ def closed_book_question(task: qt.Task) -> str:
     return task.question.replace("In the code above, ", "In the Python standard library's source code, ")
 
 
+def _task_record(task: qt.Task, length: int, settings: QualitySettings) -> dict[str, Any]:
+    """The fields an answer or group record starts with."""
+    return {"task": task.id, "kind": task.kind, "planted": task.planted, "length": length, "depth": task.depth,
+            "answer": task.answer, "source": task.source, "settings": {"keep": settings.keep, "scorer": settings.scorer}}
+
+
+def _closed_book(engine, task: qt.Task, settings: QualitySettings) -> dict[str, Any]:
+    """The question asked without its document: {"text", "correct"} (a right one is left out of the ratio)."""
+    cb = engine.run("", RunParams(question=closed_book_question(task), mode="baseline", max_tokens=settings.max_tokens))
+    return {"text": cb.text, "correct": qt.is_correct(task, cb.text)}
+
+
+def _spec_params(settings: QualitySettings, question: str = "") -> RunParams:
+    """The specprefill runs of the answer and group halves."""
+    return RunParams(question=question, mode="specprefill", keep=settings.keep, scorer=settings.scorer,
+                     lookahead=settings.lookahead, pool=settings.pool, window=settings.window, chunk=settings.chunk,
+                     min_tokens=0, max_tokens=settings.max_tokens)
+
+
 def run_answer(engine, settings: QualitySettings, journal: Journal, say: Say = print) -> None:
     count = _count(engine)
     for L in settings.lengths:
         for task, scope in tasks_for(settings, L, count):
             if journal.done("answer", task.id):
                 continue
-            rec: dict[str, Any] = {"task": task.id, "kind": task.kind, "planted": task.planted, "length": L, "depth": task.depth,
-                                   "answer": task.answer, "source": task.source,
-                                   "settings": {"keep": settings.keep, "scorer": settings.scorer}}
-            cb = engine.run("", RunParams(question=closed_book_question(task), mode="baseline", max_tokens=settings.max_tokens))
-            rec["closed_book"] = {"text": cb.text, "correct": qt.is_correct(task, cb.text)}
+            rec = _task_record(task, L, settings)
+            rec["closed_book"] = _closed_book(engine, task, settings)
             if not rec["closed_book"]["correct"]:
                 base = RunParams(question=task.question, mode="baseline", max_tokens=settings.max_tokens)
-                spec = RunParams(question=task.question, mode="specprefill", keep=settings.keep, scorer=settings.scorer,
-                                 lookahead=settings.lookahead, pool=settings.pool, window=settings.window, chunk=settings.chunk,
-                                 min_tokens=0, max_tokens=settings.max_tokens)
+                spec = _spec_params(settings, task.question)
                 prompt, ev = task_prompt(engine, task, spec)
                 rb = engine.run(task.document, base, scope=scope)
                 rs = engine.run(task.document, spec, scope=scope)
@@ -321,7 +335,8 @@ def run_answer(engine, settings: QualitySettings, journal: Journal, say: Say = p
                     f"specprefill {s['correct']} ({s['text'].strip()[:30]!r}, {s['ttft_ms'] / 1000:.1f} s, evidence kept {s['evidence_kept']}) "
                     f"load {rec['load1']}")
             else:
-                say(f"answer {task.id}: closed-book right ({cb.text.strip()[:30]!r}): left out; load {rec['load1']}")
+                say(f"answer {task.id}: closed-book right ({rec['closed_book']['text'].strip()[:30]!r}): left out; "
+                    f"load {rec['load1']}")
 
 
 def run_group(engine, settings: QualitySettings, journal: Journal, say: Say = print) -> None:
@@ -341,23 +356,13 @@ def run_group(engine, settings: QualitySettings, journal: Journal, say: Say = pr
             todo = [t for t in tasks if not journal.done("group", t.id)]
             if not todo:
                 continue
-            open_: list[qt.Task] = []
-            closed: dict[str, dict] = {}
-            for task in todo:
-                cb = engine.run("", RunParams(question=closed_book_question(task), mode="baseline", max_tokens=settings.max_tokens))
-                closed[task.id] = {"text": cb.text, "correct": qt.is_correct(task, cb.text)}
-                if not closed[task.id]["correct"]:
-                    open_.append(task)
-            spec = RunParams(mode="specprefill", keep=settings.keep, scorer=settings.scorer, lookahead=settings.lookahead,
-                             pool=settings.pool, window=settings.window, chunk=settings.chunk, min_tokens=0,
-                             max_tokens=settings.max_tokens)
-            results = engine.run_group(open_[0].document, [t.question for t in open_], spec, scope=scope) if open_ else []
+            closed = {t.id: _closed_book(engine, t, settings) for t in todo}
+            open_ = [t for t in todo if not closed[t.id]["correct"]]
+            results = (engine.run_group(open_[0].document, [t.question for t in open_], _spec_params(settings), scope=scope)
+                       if open_ else [])
             by_id = dict(zip((t.id for t in open_), results))
             for task in todo:
-                rec: dict[str, Any] = {"task": task.id, "kind": task.kind, "planted": task.planted, "length": L,
-                                       "depth": task.depth, "answer": task.answer, "family": scope,
-                                       "settings": {"keep": settings.keep, "scorer": settings.scorer},
-                                       "closed_book": closed[task.id]}
+                rec = {**_task_record(task, L, settings), "family": scope, "closed_book": closed[task.id]}
                 r = by_id.get(task.id)
                 if r is not None:
                     g = r.group or {}

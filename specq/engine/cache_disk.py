@@ -15,8 +15,10 @@ read back by the same library build, so files of another build are deleted at lo
 not parse (a torn write, a foreign file) is deleted too.
 
 Writes never block the caller (the serving loop saves on its own thread): one writer thread takes
-writes and removals in order from a queue; each file is written to a temporary name and renamed, so a
-crash leaves either the old file or the new one. The directory is created 0700: it holds KV computed
+writes and removals in order from a queue (a write that would put more than `max_pending_bytes`
+in it is skipped: the queue keeps the states alive, and a slow disk must not grow memory); each
+file is written to a temporary name and renamed, so a crash leaves either the old file or the new
+one. The directory is created 0700: it holds KV computed
 from the tenants' documents.
 
 File format: b"SPECQKV1", header length (uint32, little endian), header JSON {"key": [...], "build":
@@ -52,12 +54,17 @@ def file_name(key: tuple) -> str:
 class DiskTier:
     """The directory half of a StateStore (module doc)."""
 
-    def __init__(self, directory: str | os.PathLike, build: str) -> None:
+    def __init__(self, directory: str | os.PathLike, build: str, max_pending_bytes: int = 1 << 30) -> None:
         self.dir = Path(directory).expanduser()
         self.dir.mkdir(parents=True, exist_ok=True)
         os.chmod(self.dir, 0o700)
         self.build = build
-        self.loaded = self.dropped = self.written = self.write_errors = 0
+        self.loaded = self.dropped = self.written = self.write_errors = self.skipped = 0
+        #: bytes queued for writing; a save beyond max_pending_bytes is not written (the queue holds
+        #: the states alive, so a slow disk must not grow memory past the budget)
+        self.max_pending = max_pending_bytes
+        self._pending = 0
+        self._pending_lock = threading.Lock()
         self._q: queue.Queue = queue.Queue()
         self._thread = threading.Thread(target=self._writer, name="specq-cache-disk", daemon=True)
         self._thread.start()
@@ -71,24 +78,24 @@ class DiskTier:
         heads = []
         for path in self.dir.glob("*" + SUFFIX):
             try:
-                head, _ = self._head(path)
+                head, off = self._head(path)
                 n_tok = int(head["n_tokens"])
-                heads.append((int(head["t"]), path, int(head["nbytes"]) + 4 * max(n_tok, 0)))
+                heads.append((int(head["t"]), path, head, off, int(head["nbytes"]) + 4 * max(n_tok, 0)))
             except (OSError, ValueError, KeyError, TypeError) as e:
                 self._drop(path, e)
         keep: list[tuple[tuple, bytes, np.ndarray | None]] = []
         used = 0
-        for _, path, size in sorted(heads, key=lambda h: h[0], reverse=True):
+        for _, path, head, off, size in sorted(heads, key=lambda h: h[0], reverse=True):
             if used + size > budget:  # the entry's bytes, as the store counts them
                 self._drop(path, None)
                 continue
             try:
-                key, data, tokens = self._read(path)
-            except (OSError, ValueError, KeyError, TypeError) as e:
+                data, tokens = self._body(path, head, off)
+            except (OSError, ValueError) as e:
                 self._drop(path, e)
                 continue
-            used += len(data) + (0 if tokens is None else tokens.nbytes)
-            keep.append((key, data, tokens))
+            used += size
+            keep.append((tuple(head["key"]), data, tokens))
         self.loaded = len(keep)
         return iter(reversed(keep))
 
@@ -112,8 +119,9 @@ class DiskTier:
             raise ValueError("file name does not match its key")
         return head, 12 + n
 
-    def _read(self, path: Path) -> tuple[tuple, bytes, np.ndarray | None]:
-        head, off = self._head(path)
+    @staticmethod
+    def _body(path: Path, head: dict, off: int) -> tuple[bytes, np.ndarray | None]:
+        """The state bytes and tokens after a header read by `_head`."""
         raw = path.read_bytes()
         n_tok = int(head["n_tokens"])
         tokens = None
@@ -122,12 +130,17 @@ class DiskTier:
                 raise ValueError("truncated")
             tokens = np.frombuffer(raw, dtype=np.int32, count=n_tok, offset=off).copy()
             off += 4 * n_tok
-        if len(raw) - off != int(head.get("nbytes", -1)):
+        if len(raw) - off != int(head["nbytes"]):
             raise ValueError("truncated")
-        return tuple(head["key"]), raw[off:], tokens
+        return raw[off:], tokens
 
     # -- while serving -----------------------------------------------------------------------------
     def write(self, key: tuple, data: bytes, tokens: np.ndarray | None) -> None:
+        with self._pending_lock:
+            if self._pending + len(data) > self.max_pending:
+                self.skipped += 1
+                return
+            self._pending += len(data)
         self._q.put(("write", key, (time.time_ns(), data), tokens))
 
     def remove(self, key: tuple) -> None:
@@ -165,6 +178,9 @@ class DiskTier:
                 self.write_errors += 1
                 log.warning("cache dir: could not write %s (%s)", path.name, e)
                 self._unlink(tmp)
+            finally:
+                with self._pending_lock:
+                    self._pending -= len(data)
 
     @staticmethod
     def _unlink(path: Path) -> None:
@@ -177,7 +193,7 @@ class DiskTier:
 
     def summary(self) -> dict:
         return {"dir": str(self.dir), "loaded": self.loaded, "dropped": self.dropped, "written": self.written,
-                "write_errors": self.write_errors}
+                "write_errors": self.write_errors, "skipped": self.skipped}
 
 
 __all__ = ["DiskTier", "file_name"]

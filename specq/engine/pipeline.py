@@ -20,7 +20,7 @@ import numpy as np
 
 from . import auto, invariance, quality_evidence
 from .decode import generate
-from ..contracts import InputError, ModelError
+from ..contracts import EngineError, InputError, ModelError
 from .kept_spans import selection_record
 from .options import EngineOptions, RunParams
 from .prefill import PrefillResult, sparse_prefill
@@ -148,9 +148,9 @@ class Engine:
         from .llama import library_version
 
         try:
-            return DiskTier(opts.cache_dir, library_version())
+            return DiskTier(opts.cache_dir, library_version(), max_pending_bytes=opts.cache_bytes)
         except OSError as e:
-            raise ModelError(f"cache directory {opts.cache_dir}: {e}") from None
+            raise EngineError(f"SPECQ_CACHE_DIR {opts.cache_dir}: {e}") from None
 
     def prefix_cache(self) -> PrefixCache | None:
         """The target's prompt cache (prefix_cache.py), or None when cache_bytes is 0."""
@@ -239,15 +239,14 @@ class Engine:
 
     def prepare(self, document: str, params: RunParams, *, messages: list[tuple[str, str]] | None = None,
                 raw: bool = False, scope: str = "", reused_document: bool = False,
-                prompt_cache: bool = True, prompt: Prompt | None = None,
-                tokenize_ms: float = 0.0) -> tuple[Prompt, str, str, list[str], dict, SpecInfo]:
+                prompt_cache: bool = True, prompt: Prompt | None = None) -> tuple[Prompt, str, str, list[str], dict, SpecInfo]:
         """The first phase of a job: params checked, prompt tokenized, the mode and positions that will
         run decided; (prompt, mode, positions, warnings, timings, spec). `scope` (the tenant) keys the
         caches: saved KV is only ever reused within one scope. `reused_document`: the job asks about a
         stored document (more questions expected: mode auto then fills the prompt cache, auto.py 1b).
         `prompt_cache=False`: the caller prefills without the target's prompt cache, so mode auto does
-        not count on it. `prompt`: already tokenized by the caller (`tokenize_prompt`, in `tokenize_ms`;
-        the serving loop's submitting threads do it beside the loop's model work)."""
+        not count on it. `prompt`: already tokenized by the caller (`tokenize_prompt`; the serving loop's
+        submitting threads do it beside the loop's model work, and time it themselves)."""
         params.validate()
         timings = {p: 0.0 for p in CORE_PHASES}
         timings["cache_restore"] = 0.0
@@ -255,7 +254,7 @@ class Engine:
         t0 = time.perf_counter()
         if prompt is None:
             prompt = self.tokenize_prompt(document, params, messages=messages, raw=raw)
-        timings["tokenize"] = _ms(t0) + tokenize_ms
+        timings["tokenize"] = _ms(t0)
 
         positions = params.positions
         if positions == "original" and not self.gaps_supported:
@@ -619,6 +618,8 @@ class Engine:
         return ctx, {"layers": layers, "n_embd_target": self.target.n_embd}
 
     def close(self) -> None:
+        if self.cache_store.disk is not None:  # the saves still queued for the cache directory
+            self.cache_store.disk.flush(timeout=30.0)
         if self._mtp_ctx is not None:
             self._mtp_ctx.close()
         if self._eagle3 is not None:

@@ -20,6 +20,7 @@ them from those files, so a row cannot drift from its data); a new measurement a
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import PurePath
 
 #: the lower bound a row's accuracy ratio must reach
@@ -83,12 +84,13 @@ def model_key(name: str) -> str:
     return (stem[:-5] if stem.lower().endswith(".gguf") else stem).lower()
 
 
+@lru_cache(maxsize=256)
 def bands(target: str, speculator: str, keep: float, scorer: str,
-          rows: tuple[QualityRow, ...] = ROWS) -> list[Band]:
+          rows: tuple[QualityRow, ...] = ROWS) -> tuple[Band, ...]:
     """The prompt-length bands where `keep` (>= a row's keep) with `scorer` was measured to pass for
-    this model pair (module doc)."""
-    mine = sorted((r for r in rows if r.target == model_key(target) and r.speculator == model_key(speculator)
-                   and r.scorer == scorer and keep >= r.keep), key=lambda r: r.doc_tokens)
+    this model pair (module doc). Cached: mode auto asks once per job with the same few arguments."""
+    mine = [r for r in rows if r.target == model_key(target) and r.speculator == model_key(speculator)
+            and r.scorer == scorer and keep >= r.keep]
     # per measured length, the row with the most questions
     best: dict[tuple[float, int], QualityRow] = {}
     for r in mine:
@@ -104,7 +106,7 @@ def bands(target: str, speculator: str, keep: float, scorer: str,
         if run:
             out.append(Band(run[0].doc_tokens[0], run[-1].doc_tokens[1] + QUESTION_ALLOWANCE, tuple(run)))
             run = []
-    return out
+    return tuple(out)
 
 
 __all__ = ["QualityRow", "Band", "ROWS", "MIN_RATIO", "QUESTION_ALLOWANCE", "bands", "model_key"]

@@ -129,8 +129,7 @@ class _Job:
     reused_document: bool = False
     future: Future = field(default_factory=Future)
     t_submit: float = field(default_factory=_now)
-    t_queued: float = 0.0  # tokenized and handed to the loop
-    tokenize_ms: float = 0.0  # the prompt's tokenization, in the submitting thread
+    t_queued: float = 0.0  # tokenized (in the submitting thread, from t_submit) and handed to the loop
     cancel_exc: BaseException | None = None
     slot: int = -1
     stage: str = "waiting"  # waiting, tokenize, score, setup, prefill, decode
@@ -247,7 +246,6 @@ class ServingEngine:
             job.future.set_exception(e)
             return JobHandle(self, job)
         job.t_queued = _now()
-        job.tokenize_ms = (job.t_queued - job.t_submit) * 1000.0
         with self._cond:
             if not self._admitting or self._closed:
                 job.future.set_exception(Drained("the worker is shutting down"))
@@ -354,7 +352,7 @@ class ServingEngine:
             job.progress("tokenize", 0, 1)
             job.prompt, job.mode, job.positions, job.warnings, job.timings, job.spec = eng.prepare(
                 job.document, job.params, messages=job.messages, raw=job.raw, scope=job.scope,
-                reused_document=job.reused_document, prompt=job.prompt, tokenize_ms=job.tokenize_ms)
+                reused_document=job.reused_document, prompt=job.prompt)
             t1 = _now()
             job.engine_ms["tokenize"] += (t1 - t0) * 1000.0
             job.end_phase("tokenize", t1)
@@ -621,7 +619,8 @@ class ServingEngine:
         t_end = _now()
         job.end_phase("decode", t_end)
         tm = job.timings
-        tm["tokenize"] = job.tokenize_ms + job.span_ms["tokenize"]  # in the submitting thread + the loop's step
+        # in the submitting thread + the loop's step
+        tm["tokenize"] = (job.t_queued - job.t_submit) * 1000.0 + job.span_ms["tokenize"]
         if job.mode == "specprefill":
             tm["score"] = max(0.0, job.span_ms["score"] - tm.get("select", 0.0))
         tm["decode"] = job.span_ms["decode"]
