@@ -31,8 +31,10 @@ def test_each_row_is_what_its_journal_says(row):
 
 
 def test_bands_are_the_measured_lengths_of_the_measured_pair():
+    # 4K and 16K both pass and nothing measured between them fails: one band over both
     (band,) = bands(QWEN_15B, QWEN_05B, 0.3, "windowed")
-    assert (band.lo, band.hi) == (3670, 3980 + QUESTION_ALLOWANCE)
+    assert (band.lo, band.hi) == (3670, 15978 + QUESTION_ALLOWANCE)
+    assert [r.length for r in band.rows] == [4000, 16000]
     # a path to the same model files names the same pair; more kept chunks keep the measured ones
     assert bands(f"/models/{QWEN_15B}.gguf", f"/x/{QWEN_05B.upper()}.GGUF", 0.5, "windowed") == (band,)
     assert model_key("/a/b/Qwen.GGUF") == "qwen"
@@ -56,11 +58,12 @@ def test_bands_join_passing_lengths_and_stop_at_a_failing_one():
 def test_auto_runs_specprefill_only_inside_a_band():
     bs = bands(QWEN_15B, QWEN_05B, 0.3, "windowed")
     inside = auto.decide(3900, backend="cpu", quality_bands=bs)
-    assert inside.mode == "specprefill" and "3,670-4,236 tokens" in inside.reason and "90% lower 0.96" in inside.reason
-    for n in (3000, 9000):
+    assert inside.mode == "specprefill" and "3,670-16,234 tokens" in inside.reason and "90% lower 0.96" in inside.reason
+    assert "90% lower 1.13" in inside.reason  # the 16K row is named too
+    for n in (3000, 17000):
         out = auto.decide(n, backend="cpu", quality_bands=bs)
-        assert out.mode == "baseline" and f"not measured at {n} tokens" in out.reason and "3,670-4,236" in out.reason
+        assert out.mode == "baseline" and f"not measured at {n} tokens" in out.reason and "3,670-16,234" in out.reason
     # on CUDA the break-even (8,192) is above the band: baseline
     assert auto.decide(3900, backend="cuda", quality_bands=bs).mode == "baseline"
     # an operator's own threshold replaces the bands
-    assert auto.decide(9000, backend="cpu", quality_bands=bs, quality_min_tokens=8000).mode == "specprefill"
+    assert auto.decide(20000, backend="cpu", quality_bands=bs, quality_min_tokens=8000).mode == "specprefill"

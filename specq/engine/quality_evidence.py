@@ -75,6 +75,11 @@ ROWS: tuple[QualityRow, ...] = (
     QualityRow(QWEN_15B, QWEN_05B, 0.3, "windowed", 4000, (3670, 3980), 40, 4, 0.825, 0.900, 1.091, 0.962,
                "bench/results/quality-cpu-families-answer-4000.jsonl",
                "docs/quality.md, Families: answer right at 4K (commit 110167e)"),
+    # docs/quality.md "Families", answer right at 16K: 20 questions of 2 documents, CPU (AMD EPYC, then
+    # Intel Xeon after a restart), commits 8936bed..6e48ea9, step answer:16000:20.
+    QualityRow(QWEN_15B, QWEN_05B, 0.3, "windowed", 16000, (15919, 15978), 20, 2, 0.4, 0.65, 1.625, 1.133,
+               "bench/results/quality-cpu-families-answer-16000.jsonl",
+               "docs/quality.md, Families: answer right at 16K (commits 8936bed..6e48ea9)"),
 )
 
 
