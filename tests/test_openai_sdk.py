@@ -94,10 +94,14 @@ def wait_batch(client, batch_id: str, timeout: float = 240):
         time.sleep(0.3)
 
 
-def batch_file(client, n: int, prefix: str = "r", max_tokens: int = 4, bad: bool = False) -> str:
+def batch_file(client, n: int, prefix: str = "r", max_tokens: int = 4, bad: bool = False,
+               ignore_eos: bool = False) -> str:
     lines = [{"custom_id": f"{prefix}{i}", "method": "POST", "url": "/v1/chat/completions",
               "body": {"model": "target", "max_tokens": max_tokens,
                        "messages": [{"role": "user", "content": f"Frage {i}: was ist π?"}]}} for i in range(n)]
+    if ignore_eos:  # exactly max_tokens per request: the work per request does not depend on the weights
+        for line in lines:
+            line["body"]["specq"] = {"ignore_eos": True}
     if bad:
         lines.append({"custom_id": "bad", "method": "POST", "url": "/v1/chat/completions", "body": {"model": "nope", "messages": [{"role": "user", "content": "x"}]}})
     data = "\n".join(json.dumps(x, ensure_ascii=False) for x in lines).encode()
@@ -275,12 +279,13 @@ def test_chat_behind_a_big_batch_starts_at_the_next_free_slot_and_cancel(stack):
 
 
 def test_a_batch_expires_after_its_completion_window(stack):
-    """120 requests of 32 tokens each take one worker far longer than the 2 s window (about 0.15 s a job
-    with the tiny models on an idle machine, so ~18 s), so the window ends with most of them unfinished
-    whatever the machine's speed; 12 once finished inside 2 s on an idle CI machine."""
+    """120 requests of exactly 512 tokens each (ignore_eos) take one worker far longer than the 2 s
+    window, so the window ends with most of them unfinished whatever the machine's speed. (With 32
+    tokens and the tiny models' early end-of-text, a fast 2-core machine finished 65 of 120 inside
+    the window.)"""
     n = 120
     client = sdk(stack)
-    b = client.batches.create(input_file_id=batch_file(client, n, "late", max_tokens=32),
+    b = client.batches.create(input_file_id=batch_file(client, n, "late", max_tokens=512, ignore_eos=True),
                               endpoint="/v1/chat/completions", completion_window="2s")
     assert b.expires_at - b.created_at == 2
     done = wait_batch(client, b.id)
@@ -325,7 +330,10 @@ def test_tenants_take_turns(stack):
 
 def test_native_job_events_and_submit_wait_print_the_answer(stack, tmp_path):
     with rest(stack) as c:
-        job_id = c.post("/v1/jobs", json={"text": DOC, "question": QUESTION, "params": {"max_tokens": 24}}).json()["id"]
+        # exactly 1,024 tokens (ignore_eos): the job stays running long enough for the stream's status
+        # polls (0.25 s) to see its phases on any machine; 24 tokens ended before the first poll on a fast one
+        job_id = c.post("/v1/jobs", json={"text": DOC, "question": QUESTION,
+                                          "params": {"max_tokens": 1024, "ignore_eos": True}}).json()["id"]
         events = []
         with c.stream("GET", f"/v1/jobs/{job_id}/events") as r:
             assert r.headers["content-type"].startswith("text/event-stream")
