@@ -7,9 +7,14 @@
    limit), `ctypes` (a Python callback through ctypes returning False: what patch 0003 avoids).
 2. Prefill in bounded calls: one prompt prefilled with call_tokens of each size; total time and the
    longest single call (the bound on how late a cancel is seen where llama.cpp cannot abort a call).
-3. Cancel latency inside one call: a prefill in one call, Stop.cancel() from another thread after 1 s.
+3. Cancel latency: a prefill in one call (CPU: the C abort cuts it) or, with --gpu, in calls of
+   --cancel-calls tokens (a GPU cannot abort inside a call, so the bounded calls are the bound),
+   Stop.cancel() from another thread --cancel-after seconds in.
 
     nice -n 10 .venv/bin/python scripts/measure_abort.py [--prompt 4096] [--decode 48] [--rounds 3]
+    # on the H200 (bench/gpu/README.md): the 7B shape at 128K, calls of 2,048 tokens, no decode part
+    python3 scripts/measure_abort.py --gpu --target /tmp/models/7b.gguf --prompt 131072 --skip-decode \
+        --calls 2048 --cancel-calls 2048 --cancel-after 15 --out $OUT/abort-gpu.json
 """
 
 from __future__ import annotations
@@ -38,27 +43,41 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--calls", default="64,128,512,4096", help="call_tokens sizes for the prefill part")
     ap.add_argument("--skip-prefill", action="store_true")
+    ap.add_argument("--skip-decode", action="store_true", help="skip part 1 (the decode cost of the check)")
+    ap.add_argument("--gpu", action="store_true", help="all layers on the GPU, n_ubatch 2048 (the engine's GPU defaults)")
+    ap.add_argument("--target", default="", help="model file (default: the configured target, the real pair's)")
+    ap.add_argument("--cancel-calls", type=int, default=4096, help="call_tokens of the cancel part")
+    ap.add_argument("--cancel-after", type=float, default=1.0, help="seconds into the prefill to cancel")
     ap.add_argument("--out", default="")
     args = ap.parse_args()
 
-    opts = EngineOptions(n_gpu_layers=0)
-    num = resolve(opts, "cpu")
-    path = models.resolve_model(opts.target)
-    model = llama.Model(path, n_gpu_layers=0, repack=num.repack)
+    ngl = -1 if args.gpu else 0
+    opts = EngineOptions(n_gpu_layers=ngl)
+    num = resolve(opts, "gpu" if args.gpu else "cpu")
+    path = args.target or models.resolve_model(opts.target)
+    model = llama.Model(path, n_gpu_layers=ngl, repack=num.repack)
     threads = os.cpu_count() or 1
     text = open("examples/python-license.txt").read()
     toks = model.tokenize(text)
     toks = (toks * (args.prompt // len(toks) + 1))[: args.prompt]
     report: dict = {"commit": subprocess.run(["git", "describe", "--always", "--dirty"], capture_output=True, text=True).stdout.strip(),
                     "model": os.path.basename(str(path)), "threads": threads, "prompt": args.prompt,
+                    "backend": "gpu" if args.gpu else "cpu",
                     "numerics": {"repack": num.repack, "type_k": num.type_k, "flash_attn": num.flash_attn},
                     "load_before": os.getloadavg()}
 
     def ctx_for(call_tokens: int = 0) -> llama.Context:
-        return llama.Context(model, n_ctx=args.prompt + args.decode * args.rounds * 4 + 64, n_batch=4096, n_ubatch=512,
+        return llama.Context(model, n_ctx=args.prompt + args.decode * args.rounds * 4 + 64, n_batch=4096,
+                             n_ubatch=2048 if args.gpu else 512,
                              n_threads=threads, flash_attn=num.flash_attn, type_k=num.type_k, call_tokens=call_tokens)
 
-    # 1. decode cost
+    if not args.skip_decode:
+        decode_cost(args, report, ctx_for, toks)
+    prefill_and_cancel(args, report, ctx_for, toks)
+
+
+def decode_cost(args, report: dict, ctx_for, toks: list[int]) -> None:
+    """Part 1: single-token decodes under the four abort-callback variants, interleaved."""
     ctx = ctx_for()
     t0 = time.perf_counter()
     ctx.decode(toks, range(len(toks)), logits="last")
@@ -109,7 +128,9 @@ def main() -> None:
     report["ctypes_calls_per_token"] = py_calls[0] / max(1, args.decode * args.rounds)
     ctx.close()
 
-    # 2. prefill in bounded calls
+
+def prefill_and_cancel(args, report: dict, ctx_for, toks: list[int]) -> None:
+    """Parts 2 and 3: the prompt in bounded calls (the longest call), then a cancel during a prefill."""
     if not args.skip_prefill:
         report["prefill"] = {}
         for c in [int(x) for x in args.calls.split(",")]:
@@ -117,9 +138,12 @@ def main() -> None:
             times: list[float] = []
             orig = pctx.run_decode
 
-            def timed(*a, _orig=orig, _times=times, **kw):
+            def timed(*a, _orig=orig, _times=times, _ctx=pctx, **kw):
+                # a GPU decode without outputs returns before its kernels end: wait for them, so each
+                # call's time is its work (the next call would wait for them anyway)
                 t = time.perf_counter()
                 _orig(*a, **kw)
+                llama_cpp.llama_synchronize(_ctx.ptr)
                 _times.append(time.perf_counter() - t)
 
             pctx.run_decode = timed
@@ -132,14 +156,13 @@ def main() -> None:
                   flush=True)
             pctx.close()
 
-    # 3. cancel latency inside one call
-    cctx = ctx_for(4096)
+    cctx = ctx_for(args.cancel_calls)
     stop = Stop()
     cctx.stop = stop
     when: list[float] = []
 
     def cancel() -> None:
-        time.sleep(1.0)
+        time.sleep(args.cancel_after)
         when.append(time.monotonic())
         stop.cancel()
 
@@ -148,8 +171,11 @@ def main() -> None:
         cctx.decode(toks, range(len(toks)), logits="last")
         report["cancel_latency_s"] = None
     except RunCancelled:
+        llama_cpp.llama_synchronize(cctx.ptr)  # the job ends when the device is free again
         report["cancel_latency_s"] = round(time.monotonic() - when[0], 4)
-    print(f"cancel inside one {len(toks)}-token call: ended {report['cancel_latency_s']} s after cancel()", flush=True)
+    report["cancel"] = {"call_tokens": args.cancel_calls, "after_s": args.cancel_after}
+    print(f"cancel {args.cancel_after} s into a {len(toks)}-token prefill in calls of {args.cancel_calls}: "
+          f"ended {report['cancel_latency_s']} s after cancel()", flush=True)
     cctx.close()
     report["load_after"] = os.getloadavg()
     print(json.dumps(report, indent=1))
