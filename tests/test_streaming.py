@@ -87,6 +87,52 @@ def test_chat_prompt_protects_template_and_the_last_paragraph(tiny_models):
         model.close()
 
 
+def test_protected_tail_is_counted_from_the_end(tiny_models):
+    """The last paragraph's tokens are found walking back from the end: the same answer as walking every
+    token from the start (the rule as first written), with work bounded by DEFAULT_PROTECT_TAIL rather
+    than the document's length (a 128K-token prompt spent 0.5 s of GIL-held Python there)."""
+    import random
+
+    from specq.engine.chat_prompt import protected_count
+    from specq.engine.llama import Model
+    from specq.engine.options import DEFAULT_PROTECT_TAIL
+
+    model = Model(tiny_models.target, n_gpu_layers=0)
+
+    def from_start(content: str, tokens: list[int]) -> int:
+        body = content.rstrip()
+        cut = body.rfind("\n\n")
+        start_byte = len(body[: cut + 2].encode("utf-8")) if cut >= 0 else 0
+        seen = 0
+        for i, tok in enumerate(tokens):
+            seen += len(model.token_bytes(tok))
+            if seen > start_byte:
+                return min(len(tokens) - i, DEFAULT_PROTECT_TAIL)
+        return min(len(tokens), 1)
+
+    try:
+        rng = random.Random(3)
+        alphabet = ["a", " ", "\n", "\n\n", "é", "字", "😀", "\t", "\r\n", "x = 1"]
+        for _ in range(300):
+            content = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 300)))
+            tokens = model.tokenize(content, add_special=False, parse_special=False)
+            assert protected_count(model, content, tokens, -1) == from_start(content, tokens), repr(content)
+        calls = [0]
+        real = model.token_bytes
+
+        def counted(tok):
+            calls[0] += 1
+            return real(tok)
+
+        model.token_bytes = counted
+        long_doc = "word " * 20000 + "\n\nWhat is it?"
+        tokens = model.tokenize(long_doc, add_special=False, parse_special=False)
+        assert protected_count(model, long_doc, tokens, -1) == len(model.tokenize("What is it?", add_special=False))
+        assert calls[0] <= DEFAULT_PROTECT_TAIL + 1 < len(tokens) // 10
+    finally:
+        model.close()
+
+
 @pytest.fixture(params=["sqlite", "postgresql"])
 def store_url(request, tmp_path, monkeypatch):
     from specq.storage import db

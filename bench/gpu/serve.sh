@@ -44,9 +44,15 @@ server=$build/vendor/llama.cpp/bin/llama-server
 cpt=${CHARS_PER_TOKEN:-2.6}; doc_tokens=$(( len - len / 16 ))
 
 models() {
+  # the model's trained context caps both servers' (specq: "up to the model's"; llama-server caps each
+  # slot at n_ctx_train): a model written for a smaller CTX is written again (a 128K run after `build`)
+  local n=$(( ctx > 32768 ? ctx : 32768 ))
   for s in 0.5b 7b; do
-    [ -f /tmp/models/$s.gguf ] || python3 -m specq.cli bench make-model --shape $s --vocab .gpu/ggml-vocab-qwen2.gguf \
-      --n-ctx $(( ctx > 32768 ? ctx : 32768 )) --out /tmp/models/$s.gguf || exit 1
+    f=/tmp/models/$s.gguf
+    if [ ! -f "$f" ] || [ "$(cat "$f.ctx" 2>/dev/null || echo 0)" -lt "$n" ]; then
+      python3 -m specq.cli bench make-model --shape $s --vocab .gpu/ggml-vocab-qwen2.gguf --n-ctx $n --out "$f" || exit 1
+      echo "$n" > "$f.ctx"
+    fi
   done
 }
 
