@@ -317,8 +317,13 @@ def test_serving_slots_use_the_prompt_cache(tiny_models):
                     t = r.spec.cache["target"]
                     assert t["hit"] and t["reused_tokens"] >= prompt.doc_end, t
                     assert t["prefilled_tokens"] == r.usage.prompt_tokens - t["reused_tokens"]
-                    assert r.spec.cache["bytes_restored"] == t["bytes_restored"] > 0
-                    assert r.timings_ms["cache_restore"] > 0
+                    if t["from_slot"]:  # its slot still held question 1's (or 2's) prompt: nothing restored
+                        assert r.spec.cache["bytes_restored"] == t["bytes_restored"] == 0
+                    else:
+                        assert r.spec.cache["bytes_restored"] == t["bytes_restored"] > 0
+                        assert r.timings_ms["cache_restore"] > 0
+                # question 2 took question 1's slot; question 3 the empty one (a restore from the store)
+                assert [r.spec.cache["target"]["from_slot"] for r in rest[:2]] == [True, False]
                 other = loop.submit(DOC, p[1], scope="team-b").result(120)
                 assert not other.spec.cache["target"]["hit"]
                 # the entries are keyed by the slots' layout, apart from a one-sequence context's
@@ -355,3 +360,67 @@ def test_questions_arriving_together_prefill_the_document_once(tiny_models):
             loop.close()
             e.close()
     assert answers[64 << 20] == answers[0]
+
+
+def test_a_documents_next_question_reuses_its_slot(tiny_models):
+    """Questions about one document one after another (each sent when the last ended), another
+    document's beside them: each later question gets the slot that served its document (its prompt's
+    cells stay there, the answer's go) and prefills only the question, with nothing restored from host
+    memory; the answers are the tokens of the loop without any cache. Another tenant does not get the
+    slot's cells; a specprefill job that takes the slot clears them (the next baseline question
+    restores from the store instead)."""
+    from specq.engine.serving import ServingEngine
+
+    doc_b = DOC.replace("item_", "entry_")
+    answers = {}
+    for budget in (64 << 20, 0):
+        e = _engine(tiny_models, cache_bytes=budget, slots=2)
+        loop = ServingEngine(e).start()
+        try:
+            p = [_params(q, mode="baseline", max_tokens=6) for q in QUESTIONS]
+            a, b = loop.submit(DOC, p[0]), loop.submit(doc_b, p[0])
+            runs = [a.result(120), b.result(120)]
+            for q in p[1:3]:  # both documents' next questions, together
+                ha, hb = loop.submit(DOC, q), loop.submit(doc_b, q)
+                runs += [ha.result(120), hb.result(120)]
+            answers[budget] = [r.tokens for r in runs]
+            if budget:
+                t = [r.spec.cache["target"] for r in runs]
+                assert [x["from_slot"] for x in t] == [False, False, True, True, True, True], t
+                doc_end = e.tokenize_prompt(DOC, p[1]).doc_end
+                for x, r in zip(t[2:], runs[2:]):
+                    assert x["reused_tokens"] >= doc_end and x["bytes_restored"] == 0 and x["resave_skipped"]
+                    assert r.timings_ms["cache_restore"] == 0
+                assert loop.slot_prefix_hits == 4 and loop.stats()["slots_resident"] == 2
+                other = loop.submit(DOC, p[3], scope="team-b").result(120)
+                assert not other.spec.cache["target"]["hit"]  # not its tenant's cells: a miss, then a prefill
+                # specprefill jobs (sparse cells) in both slots clear them; then the store serves the document
+                for h in [loop.submit(DOC, _params(QUESTIONS[3])), loop.submit(doc_b, _params(QUESTIONS[3]))]:
+                    assert h.result(120).spec.mode == "specprefill"
+                assert loop.stats()["slots_resident"] == 0
+                again = loop.run(DOC, p[3])
+                assert again.spec.cache["target"]["hit"] and not again.spec.cache["target"]["from_slot"]
+            else:
+                assert loop.stats()["slots_resident"] == 0
+        finally:
+            loop.close()
+            e.close()
+    assert answers[64 << 20] == answers[0]
+
+
+def test_no_residents_in_a_unified_cache(tiny_models):
+    """With one unified KV cache (kv_unified) a slot's idle cells would be cells no other slot gets:
+    the loop keeps none."""
+    from specq.engine.serving import ServingEngine
+
+    e = _engine(tiny_models, slots=2, kv_unified=True)
+    loop = ServingEngine(e).start()
+    try:
+        p = [_params(q, mode="baseline", max_tokens=4) for q in QUESTIONS[:2]]
+        loop.run(DOC, p[0])
+        second = loop.run(DOC, p[1])
+        assert loop.stats()["slots_resident"] == 0 and loop.slot_prefix_hits == 0
+        assert second.spec.cache["target"]["hit"] and not second.spec.cache["target"]["from_slot"]
+    finally:
+        loop.close()
+        e.close()

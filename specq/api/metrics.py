@@ -136,6 +136,9 @@ class _Collector:
                                         "waited while the engine ran other jobs' work", labels=["worker", "queue"])
             swait = CounterMetricFamily("specq_worker_slot_wait_seconds", "Time its jobs waited for a free slot "
                                         "(after the broker's queue wait)", labels=["worker", "queue"])
+            shits = CounterMetricFamily("specq_worker_slot_prefix_hits", "Full prefills that began after the "
+                                        "prompt prefix still in their serving slot (no restore from host memory)",
+                                        labels=["worker", "queue"])
             now = time.time()
             for b in beats:  # records of workers of any version: read through worker_view, defensively
                 w = worker_view(b, now, admin=False)
@@ -147,6 +150,7 @@ class _Collector:
                 cells.add_metric(labels, _num(b.get("kv_cells_used")))
                 inter.add_metric(labels, _num(b.get("interleave_wait_ms_total")) / 1000.0)
                 swait.add_metric(labels, _num(b.get("slot_wait_ms_total")) / 1000.0)
+                shits.add_metric(labels, _num(b.get("slot_prefix_hits")))
             yield ts
             yield busy
             yield done
@@ -154,6 +158,7 @@ class _Collector:
             yield cells
             yield inter
             yield swait
+            yield shits
         yield errors
 
 

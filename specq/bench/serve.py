@@ -446,6 +446,8 @@ def reuse(recs: list[JobRecord]) -> dict[str, Any]:
         # hits that restored at least half the job's prompt: a document's KV reused, not a template's
         "target_cache_hits_half": sum(int(cache(r.spec, "target").get("reused_tokens") or 0) * 2 >= r.prompt_tokens > 0
                                       for r in recs if r.spec),
+        # hits served by the prefix still in the job's own slot (no restore from host memory)
+        "target_slot_hits": sum(bool(cache(sp, "target").get("from_slot")) for sp in specs),
         "target_reused_tokens": reused,
         "target_reused_fraction": round(reused / prompt, 4) if prompt else None,
         "speculator_window_hits": sum(int(cache(sp, "speculator").get("hits") or 0) for sp in specs),

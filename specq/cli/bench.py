@@ -349,7 +349,8 @@ def bench_serve(
                    f"{s['jobs_per_min_with_upload']} jobs/min)")
     if "modes" in s:
         typer.echo(f"  modes {s['modes']}; target prompt-cache hits {s['target_cache_hits']} "
-                   f"({s['target_reused_tokens']} tokens reused); speculator windows restored "
+                   f"({s.get('target_slot_hits', 0)} from their slot; {s['target_reused_tokens']} tokens reused); "
+                   f"speculator windows restored "
                    f"{s['speculator_window_hits']}, prefilled {s['speculator_window_misses']}")
     for e in s["errors"]:
         typer.echo(f"error: {e}", err=True)

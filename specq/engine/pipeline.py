@@ -239,14 +239,17 @@ class Engine:
 
     def prepare(self, document: str, params: RunParams, *, messages: list[tuple[str, str]] | None = None,
                 raw: bool = False, scope: str = "", reused_document: bool = False,
-                prompt_cache: bool = True, prompt: Prompt | None = None) -> tuple[Prompt, str, str, list[str], dict, SpecInfo]:
+                prompt_cache: bool = True, prompt: Prompt | None = None,
+                slot_tokens: int = 0) -> tuple[Prompt, str, str, list[str], dict, SpecInfo]:
         """The first phase of a job: params checked, prompt tokenized, the mode and positions that will
         run decided; (prompt, mode, positions, warnings, timings, spec). `scope` (the tenant) keys the
         caches: saved KV is only ever reused within one scope. `reused_document`: the job asks about a
         stored document (more questions expected: mode auto then fills the prompt cache, auto.py 1b).
         `prompt_cache=False`: the caller prefills without the target's prompt cache, so mode auto does
         not count on it. `prompt`: already tokenized by the caller (`tokenize_prompt`; the serving loop's
-        submitting threads do it beside the loop's model work, and time it themselves)."""
+        submitting threads do it beside the loop's model work, and time it themselves). `slot_tokens`:
+        this prompt's prefix already in the caller's serving slot (serving.py's resident prompt), which
+        mode auto counts as cached like the prompt cache's."""
         params.validate()
         timings = {p: 0.0 for p in CORE_PHASES}
         timings["cache_restore"] = 0.0
@@ -268,7 +271,8 @@ class Engine:
         prefix = self.prefix_cache() if prompt_cache else None
         if mode == "auto":
             found = prefix.lookup(scope, prompt.tokens) if prefix is not None else None
-            choice = auto.decide(prompt.n, backend=self.info.backend, cached_tokens=found[1] if found else 0,
+            cached = max(found[1] if found else 0, slot_tokens if prefix is not None else 0)
+            choice = auto.decide(prompt.n, backend=self.info.backend, cached_tokens=cached,
                                  min_tokens=params.min_tokens, auto_min_tokens=self.options.auto_min_tokens,
                                  quality_min_tokens=self.options.auto_quality_min_tokens,
                                  quality_bands=quality_evidence.bands(self.options.target, self.options.speculator,

@@ -67,11 +67,13 @@ class PrefixUse:
     resave_skipped: bool = False
     restore_ms: float = 0.0
     save_ms: float = 0.0
+    #: the reused prefix was still in the job's own serving slot (serving.py), not restored from the store
+    from_slot: bool = False
 
     def as_dict(self) -> dict:
         return {"hit": self.hit, "reused_tokens": self.reused_tokens, "prefilled_tokens": self.prefilled_tokens,
                 "bytes_restored": self.bytes_restored, "bytes_saved": self.bytes_saved,
-                "resave_skipped": self.resave_skipped}
+                "resave_skipped": self.resave_skipped, "from_slot": self.from_slot}
 
 
 def common_prefix(a: np.ndarray, b: np.ndarray) -> int:

@@ -28,7 +28,13 @@ Each step of the loop:
    the rest, and saves the whole prompt once prefilled (prefix_cache.py, entries keyed by the slots'
    layout "streams"); one whose prompt shares a longer prefix with a job prefilling now than the
    cache holds sets up after that job's save (`_prefix_owner`: questions about one document arriving
-   together prefill the document once);
+   together prefill the document once). Before the host cache, a full prefill looks at its own slot:
+   a slot keeps the prompt cells of the last full prefill it served (its "resident" prompt; the
+   answer's cells are removed), admission gives a job the free slot whose resident shares the
+   longest prefix with its prompt, and setup then removes only the cells past that prefix — a
+   document's next question prefills only the question, with no copy from host memory (llama-server
+   picks its slot by prompt similarity for the same reason; `slot_prefix_hits`). Residents are kept
+   only with one KV stream per slot (a unified cache would lend their cells to no one);
 4. one target batch (one `llama_decode`, at most n_batch rows): the next tokens of every decoding
    job (its last token + its draft, at its own positions, in its own sequence) plus a chunk of at
    most `prefill_chunk` kept tokens of one job being prefilled. Each decoding job then verifies its
@@ -221,6 +227,13 @@ class ServingEngine:
         self.steps = 0
         #: set-ups deferred because another job was prefilling the same prompt prefix (_prefix_owner)
         self.prefix_waits = 0
+        #: slot -> (scope, prompt tokens) whose cells 0..n-1 that idle slot still holds (module doc, step 3)
+        self._resident: dict[int, tuple[str, np.ndarray]] = {}
+        self._resident_at: dict[int, float] = {}  # when each slot's resident was left there
+        self._keep_residents = engine.prefix_cache() is not None and (
+            self.slots == 1 or not getattr(getattr(engine, "options", None), "kv_unified", False))
+        #: full prefills that started after their own slot's resident prefix (no restore from host memory)
+        self.slot_prefix_hits = 0
 
     # -- other threads ---------------------------------------------------------------------------
     def start(self) -> "ServingEngine":
@@ -326,7 +339,8 @@ class ServingEngine:
                 self._drop(job, job.cancel_exc)
         while admitting and self._free and self._waiting:
             job = self._waiting.popleft()
-            job.slot = self._free.pop(0)
+            job.slot = self._pick_slot(job)
+            self._free.remove(job.slot)
             job.t_admit = job.t_phase = _now()
             job.stage = "tokenize"
             self._active.append(job)
@@ -352,7 +366,8 @@ class ServingEngine:
             job.progress("tokenize", 0, 1)
             job.prompt, job.mode, job.positions, job.warnings, job.timings, job.spec = eng.prepare(
                 job.document, job.params, messages=job.messages, raw=job.raw, scope=job.scope,
-                reused_document=job.reused_document, prompt=job.prompt)
+                reused_document=job.reused_document, prompt=job.prompt,
+                slot_tokens=self._resident_prefix(job, forget=False))
             t1 = _now()
             job.engine_ms["tokenize"] += (t1 - t0) * 1000.0
             job.end_phase("tokenize", t1)
@@ -393,17 +408,63 @@ class ServingEngine:
         job.drafter = eng._drafter(job.params, job.prompt, scored=(job.mode == "specprefill"), seq=job.slot)
         job.progress("sparse_prefill", 0, 1)
         job.pre_toks, job.pre_pos, job.next_pos = prefill_plan(job.prompt.tokens, job.kept, job.positions)
-        self.ctx.seq_rm(job.slot, -1, -1)
+        resident = self._resident_prefix(job)
         job.offset = 0
         cache = eng.prefix_cache()
-        if job.mode == "baseline" and cache is not None and getattr(job.drafter, "observe", None) is None:
+        full = job.mode == "baseline" and cache is not None and getattr(job.drafter, "observe", None) is None
+        if full and resident >= cache.min_reuse and resident >= self._host_prefix(job, cache):
+            # the slot still holds this prompt's first `resident` tokens: keep them, prefill the rest
+            self.ctx.seq_rm(job.slot, resident, -1)
+            job.prefix_use = PrefixUse(hit=True, reused_tokens=resident, from_slot=True)
+            job.offset = resident
+            self.slot_prefix_hits += 1
+        elif full:
             # a full prefill (tokens 0..n-1 in order): the longest cached prefix goes into this slot's
             # sequence and the prefill starts after it; the whole prompt is saved when it is prefilled
+            self.ctx.seq_rm(job.slot, -1, -1)
             job.prefix_use = PrefixUse()
             job.offset = cache.restore(self.ctx, job.slot, job.scope, job.prompt.tokens, job.prefix_use)
             job.timings["cache_restore"] += job.prefix_use.restore_ms
+        else:
+            self.ctx.seq_rm(job.slot, -1, -1)
         job.stage = "prefill"
         job.engine_ms["sparse_prefill"] += (_now() - t0) * 1000.0
+
+    def _pick_slot(self, job: _Job) -> int:
+        """The free slot for `job`: the one whose resident prompt shares the longest prefix with its
+        prompt (at least the cache's min_reuse tokens), else an empty one, else the one whose resident
+        was left there first."""
+        best, best_n = -1, 0
+        toks = np.asarray(job.prompt.tokens, dtype=np.int32) if job.prompt is not None else None
+        for slot in self._free:
+            res = self._resident.get(slot)
+            if res is None or toks is None or res[0] != job.scope:
+                continue
+            n = common_prefix(res[1], toks)
+            if n > best_n:
+                best, best_n = slot, n
+        cache = self.engine.prefix_cache()
+        if best >= 0 and cache is not None and best_n >= cache.min_reuse:
+            return best
+        empty = [slot for slot in self._free if slot not in self._resident]
+        if empty:
+            return empty[0]
+        return min(self._free, key=lambda slot: self._resident_at.get(slot, 0.0))  # the least recently used
+
+    def _resident_prefix(self, job: _Job, forget: bool = True) -> int:
+        """How many of `job`'s prompt tokens its slot's resident prompt holds (at most n-1: the last
+        token is decoded again for its logits). `forget`: the resident is forgotten here either way
+        (at setup: the slot's cells past that prefix are about to be removed or replaced). 0 when the
+        slot's cells are not the resident's any more (checked against llama.cpp's own position count)."""
+        res = self._resident.pop(job.slot, None) if forget else self._resident.get(job.slot)
+        if res is None or res[0] != job.scope or self.ctx.seq_pos_max(job.slot) != res[1].size - 1:
+            return 0
+        n = common_prefix(res[1], np.asarray(job.prompt.tokens, dtype=np.int32))
+        return min(n, job.prompt.n - 1)
+
+    def _host_prefix(self, job: _Job, cache) -> int:
+        found = cache.lookup(job.scope, job.prompt.tokens)
+        return found[1] if found else 0
 
     def _preparable(self, job: _Job) -> bool:
         if job.stage not in ("tokenize", "score", "setup"):
@@ -633,7 +694,7 @@ class ServingEngine:
             wait += max(0.0, job.span_ms[ph] - job.engine_ms[ph])
         tm["interleave_wait"] = wait
         self.interleave_wait_ms_total += wait
-        self._release(job)
+        self._release(job, keep_prompt=job.prefix_use is not None)
         try:
             res = self.engine.finish_result(job.document, job.prompt, job.params, job.dec.result(), job.text,
                                             job.on_text, tm, job.spec, job.warnings, job.kept, job.doc_scores)
@@ -643,12 +704,19 @@ class ServingEngine:
         self.jobs_finished += 1
         job.future.set_result(res)
 
-    def _release(self, job: _Job) -> None:
+    def _release(self, job: _Job, keep_prompt: bool = False) -> None:
+        """Free the job's slot. keep_prompt (a finished full prefill, cells 0..n-1 = its prompt): only
+        the answer's cells go, and the prompt stays resident for a later job with the same prefix."""
         if job in self._active:
             self._active.remove(job)
         if job.slot >= 0:
+            self._resident.pop(job.slot, None)
+            keep = keep_prompt and self._keep_residents
             try:
-                self.ctx.seq_rm(job.slot, -1, -1)
+                self.ctx.seq_rm(job.slot, job.prompt.n if keep else -1, -1)
+                if keep:
+                    self._resident[job.slot] = (job.scope, np.asarray(job.prompt.tokens, dtype=np.int32))
+                    self._resident_at[job.slot] = _now()
             except Exception:  # pragma: no cover - a context that cannot remove cells is beyond repair
                 log.exception("engine loop: could not clear slot %d", job.slot)
             self._free.append(job.slot)
@@ -674,7 +742,8 @@ class ServingEngine:
         return {"slots": self.slots, "slots_busy": self.busy, "slots_waiting": self.waiting,
                 "kv_cells_used": self.kv_cells_used, "kv_cells": self.ctx.n_ctx,
                 "interleave_wait_ms_total": round(self.interleave_wait_ms_total, 1),
-                "slot_wait_ms_total": round(self.slot_wait_ms_total, 1), "jobs_finished": self.jobs_finished}
+                "slot_wait_ms_total": round(self.slot_wait_ms_total, 1), "jobs_finished": self.jobs_finished,
+                "slot_prefix_hits": self.slot_prefix_hits, "slots_resident": len(self._resident)}
 
 
 __all__ = ["ServingEngine", "JobHandle", "Drained", "FAULT_ENV"]
