@@ -32,6 +32,20 @@ def _engine(tiny_models, cache_bytes=64 << 20, **kw) -> Engine:
                                 n_ctx=4096, n_threads=2, cache_bytes=cache_bytes, **kw))
 
 
+def _loops(tiny_models, slots: int):
+    """(budget, engine, loop): the serving loop with the caches on (64 MiB), then off, each closed after."""
+    from specq.engine.serving import ServingEngine
+
+    for budget in (64 << 20, 0):
+        e = _engine(tiny_models, cache_bytes=budget, slots=slots)
+        loop = ServingEngine(e).start()
+        try:
+            yield budget, e, loop
+        finally:
+            loop.close()
+            e.close()
+
+
 @pytest.fixture(scope="module")
 def engine(tiny_models):
     e = _engine(tiny_models)
@@ -299,40 +313,32 @@ def test_serving_slots_use_the_prompt_cache(tiny_models):
     questions 2-4, decoded together, restore it into whichever slot they get, prefill only the rest, and
     answer what the loop answers without a cache (batch-invariant numerics: the restored cells are the
     bytes question 1 computed). Another tenant misses."""
-    from specq.engine.serving import ServingEngine
-
     answers = {}
-    for budget in (64 << 20, 0):
-        e = _engine(tiny_models, cache_bytes=budget, slots=2)
-        loop = ServingEngine(e).start()
-        try:
-            p = [_params(q, mode="baseline", max_tokens=6) for q in QUESTIONS]
-            first = loop.run(DOC, p[0])
-            rest = [h.result(120) for h in [loop.submit(DOC, x, scope="") for x in p[1:]]]
-            answers[budget] = [r.tokens for r in [first, *rest]]
-            if budget:
-                prompt = e.tokenize_prompt(DOC, p[1])
-                assert not first.spec.cache["target"]["hit"] and first.spec.cache["target"]["bytes_saved"] > 0
-                for r in rest:
-                    t = r.spec.cache["target"]
-                    assert t["hit"] and t["reused_tokens"] >= prompt.doc_end, t
-                    assert t["prefilled_tokens"] == r.usage.prompt_tokens - t["reused_tokens"]
-                    if t["from_slot"]:  # its slot still held question 1's (or 2's) prompt: nothing restored
-                        assert r.spec.cache["bytes_restored"] == t["bytes_restored"] == 0
-                    else:
-                        assert r.spec.cache["bytes_restored"] == t["bytes_restored"] > 0
-                        assert r.timings_ms["cache_restore"] > 0
-                # question 2 took question 1's slot; question 3 the empty one (a restore from the store)
-                assert [r.spec.cache["target"]["from_slot"] for r in rest[:2]] == [True, False]
-                other = loop.submit(DOC, p[1], scope="team-b").result(120)
-                assert not other.spec.cache["target"]["hit"]
-                # the entries are keyed by the slots' layout, apart from a one-sequence context's
-                assert {entry.key[8] for entry in e.cache_store.entries(("target-prefix",))} == {"streams"}
-            else:
-                assert first.spec.cache["target"] == "off"
-        finally:
-            loop.close()
-            e.close()
+    for budget, e, loop in _loops(tiny_models, slots=2):
+        p = [_params(q, mode="baseline", max_tokens=6) for q in QUESTIONS]
+        first = loop.run(DOC, p[0])
+        rest = [h.result(120) for h in [loop.submit(DOC, x, scope="") for x in p[1:]]]
+        answers[budget] = [r.tokens for r in [first, *rest]]
+        if budget:
+            prompt = e.tokenize_prompt(DOC, p[1])
+            assert not first.spec.cache["target"]["hit"] and first.spec.cache["target"]["bytes_saved"] > 0
+            for r in rest:
+                t = r.spec.cache["target"]
+                assert t["hit"] and t["reused_tokens"] >= prompt.doc_end, t
+                assert t["prefilled_tokens"] == r.usage.prompt_tokens - t["reused_tokens"]
+                if t["from_slot"]:  # its slot still held question 1's (or 2's) prompt: nothing restored
+                    assert r.spec.cache["bytes_restored"] == t["bytes_restored"] == 0
+                else:
+                    assert r.spec.cache["bytes_restored"] == t["bytes_restored"] > 0
+                    assert r.timings_ms["cache_restore"] > 0
+            # question 2 took question 1's slot; question 3 the empty one (a restore from the store)
+            assert [r.spec.cache["target"]["from_slot"] for r in rest[:2]] == [True, False]
+            other = loop.submit(DOC, p[1], scope="team-b").result(120)
+            assert not other.spec.cache["target"]["hit"]
+            # the entries are keyed by the slots' layout, apart from a one-sequence context's
+            assert {entry.key[8] for entry in e.cache_store.entries(("target-prefix",))} == {"streams"}
+        else:
+            assert first.spec.cache["target"] == "off"
     assert answers[64 << 20] == answers[0]
 
 
@@ -340,25 +346,17 @@ def test_questions_arriving_together_prefill_the_document_once(tiny_models):
     """Four baseline questions about one document submitted at once to four slots: the first prefills
     the document, the other three set up after its save and restore it (without that, all four would
     miss: none is saved when the others set up). Same tokens as four uncached runs through the loop."""
-    from specq.engine.serving import ServingEngine
-
     answers = {}
-    for budget in (64 << 20, 0):
-        e = _engine(tiny_models, cache_bytes=budget, slots=4)
-        loop = ServingEngine(e).start()
-        try:
-            rs = [h.result(120) for h in [loop.submit(DOC, _params(q, mode="baseline", max_tokens=6), scope="a")
-                                         for q in QUESTIONS]]
-            answers[budget] = [r.tokens for r in rs]
-            if budget:
-                hits = [r.spec.cache["target"]["hit"] for r in rs]
-                assert hits == [False, True, True, True], [r.spec.cache for r in rs]
-                doc_end = e.tokenize_prompt(DOC, _params(QUESTIONS[0])).doc_end
-                assert all(r.spec.cache["target"]["reused_tokens"] >= doc_end for r in rs[1:])
-                assert loop.prefix_waits >= 1  # the later ones may set up after the save itself
-        finally:
-            loop.close()
-            e.close()
+    for budget, e, loop in _loops(tiny_models, slots=4):
+        rs = [h.result(120) for h in [loop.submit(DOC, _params(q, mode="baseline", max_tokens=6), scope="a")
+                                     for q in QUESTIONS]]
+        answers[budget] = [r.tokens for r in rs]
+        if budget:
+            hits = [r.spec.cache["target"]["hit"] for r in rs]
+            assert hits == [False, True, True, True], [r.spec.cache for r in rs]
+            doc_end = e.tokenize_prompt(DOC, _params(QUESTIONS[0])).doc_end
+            assert all(r.spec.cache["target"]["reused_tokens"] >= doc_end for r in rs[1:])
+            assert loop.prefix_waits >= 1  # the later ones may set up after the save itself
     assert answers[64 << 20] == answers[0]
 
 
@@ -369,42 +367,34 @@ def test_a_documents_next_question_reuses_its_slot(tiny_models):
     memory; the answers are the tokens of the loop without any cache. Another tenant does not get the
     slot's cells; a specprefill job that takes the slot clears them (the next baseline question
     restores from the store instead)."""
-    from specq.engine.serving import ServingEngine
-
     doc_b = DOC.replace("item_", "entry_")
     answers = {}
-    for budget in (64 << 20, 0):
-        e = _engine(tiny_models, cache_bytes=budget, slots=2)
-        loop = ServingEngine(e).start()
-        try:
-            p = [_params(q, mode="baseline", max_tokens=6) for q in QUESTIONS]
-            a, b = loop.submit(DOC, p[0]), loop.submit(doc_b, p[0])
-            runs = [a.result(120), b.result(120)]
-            for q in p[1:3]:  # both documents' next questions, together
-                ha, hb = loop.submit(DOC, q), loop.submit(doc_b, q)
-                runs += [ha.result(120), hb.result(120)]
-            answers[budget] = [r.tokens for r in runs]
-            if budget:
-                t = [r.spec.cache["target"] for r in runs]
-                assert [x["from_slot"] for x in t] == [False, False, True, True, True, True], t
-                doc_end = e.tokenize_prompt(DOC, p[1]).doc_end
-                for x, r in zip(t[2:], runs[2:]):
-                    assert x["reused_tokens"] >= doc_end and x["bytes_restored"] == 0 and x["resave_skipped"]
-                    assert r.timings_ms["cache_restore"] == 0
-                assert loop.slot_prefix_hits == 4 and loop.stats()["slots_resident"] == 2
-                other = loop.submit(DOC, p[3], scope="team-b").result(120)
-                assert not other.spec.cache["target"]["hit"]  # not its tenant's cells: a miss, then a prefill
-                # specprefill jobs (sparse cells) in both slots clear them; then the store serves the document
-                for h in [loop.submit(DOC, _params(QUESTIONS[3])), loop.submit(doc_b, _params(QUESTIONS[3]))]:
-                    assert h.result(120).spec.mode == "specprefill"
-                assert loop.stats()["slots_resident"] == 0
-                again = loop.run(DOC, p[3])
-                assert again.spec.cache["target"]["hit"] and not again.spec.cache["target"]["from_slot"]
-            else:
-                assert loop.stats()["slots_resident"] == 0
-        finally:
-            loop.close()
-            e.close()
+    for budget, e, loop in _loops(tiny_models, slots=2):
+        p = [_params(q, mode="baseline", max_tokens=6) for q in QUESTIONS]
+        a, b = loop.submit(DOC, p[0]), loop.submit(doc_b, p[0])
+        runs = [a.result(120), b.result(120)]
+        for q in p[1:3]:  # both documents' next questions, together
+            ha, hb = loop.submit(DOC, q), loop.submit(doc_b, q)
+            runs += [ha.result(120), hb.result(120)]
+        answers[budget] = [r.tokens for r in runs]
+        if budget:
+            t = [r.spec.cache["target"] for r in runs]
+            assert [x["from_slot"] for x in t] == [False, False, True, True, True, True], t
+            doc_end = e.tokenize_prompt(DOC, p[1]).doc_end
+            for x, r in zip(t[2:], runs[2:]):
+                assert x["reused_tokens"] >= doc_end and x["bytes_restored"] == 0 and x["resave_skipped"]
+                assert r.timings_ms["cache_restore"] == 0
+            assert loop.slot_prefix_hits == 4 and loop.stats()["slots_resident"] == 2
+            other = loop.submit(DOC, p[3], scope="team-b").result(120)
+            assert not other.spec.cache["target"]["hit"]  # not its tenant's cells: a miss, then a prefill
+            # specprefill jobs (sparse cells) in both slots clear them; then the store serves the document
+            for h in [loop.submit(DOC, _params(QUESTIONS[3])), loop.submit(doc_b, _params(QUESTIONS[3]))]:
+                assert h.result(120).spec.mode == "specprefill"
+            assert loop.stats()["slots_resident"] == 0
+            again = loop.run(DOC, p[3])
+            assert again.spec.cache["target"]["hit"] and not again.spec.cache["target"]["from_slot"]
+        else:
+            assert loop.stats()["slots_resident"] == 0
     assert answers[64 << 20] == answers[0]
 
 
