@@ -435,12 +435,8 @@ class ServingEngine:
         prompt (at least the cache's min_reuse tokens), else an empty one, else the one whose resident
         was left there first."""
         best, best_n = -1, 0
-        toks = np.asarray(job.prompt.tokens, dtype=np.int32) if job.prompt is not None else None
         for slot in self._free:
-            res = self._resident.get(slot)
-            if res is None or toks is None or res[0] != job.scope:
-                continue
-            n = common_prefix(res[1], toks)
+            n = self._shared(slot, job)
             if n > best_n:
                 best, best_n = slot, n
         cache = self.engine.prefix_cache()
@@ -456,11 +452,18 @@ class ServingEngine:
         token is decoded again for its logits). `forget`: the resident is forgotten here either way
         (at setup: the slot's cells past that prefix are about to be removed or replaced). 0 when the
         slot's cells are not the resident's any more (checked against llama.cpp's own position count)."""
-        res = self._resident.pop(job.slot, None) if forget else self._resident.get(job.slot)
-        if res is None or res[0] != job.scope or self.ctx.seq_pos_max(job.slot) != res[1].size - 1:
+        n = self._shared(job.slot, job)
+        if forget:
+            self._resident.pop(job.slot, None)
+        return n
+
+    def _shared(self, slot: int, job: _Job) -> int:
+        """Tokens of `job`'s prompt (at most n-1) that `slot`'s resident prompt holds: 0 for another
+        tenant's, or when the slot's cells are no longer the resident's (llama.cpp's position count)."""
+        res = self._resident.get(slot)
+        if res is None or job.prompt is None or res[0] != job.scope or self.ctx.seq_pos_max(slot) != res[1].size - 1:
             return 0
-        n = common_prefix(res[1], np.asarray(job.prompt.tokens, dtype=np.int32))
-        return min(n, job.prompt.n - 1)
+        return min(common_prefix(res[1], np.asarray(job.prompt.tokens, dtype=np.int32)), job.prompt.n - 1)
 
     def _host_prefix(self, job: _Job, cache) -> int:
         found = cache.lookup(job.scope, job.prompt.tokens)
