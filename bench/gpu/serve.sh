@@ -20,6 +20,7 @@
 #       # not in the makespan); files and labels carry "-docs". The worker's SPECQ_CACHE_BYTES (2 GiB) holds
 #       # ~1 prompt of 32K tokens of the 7B (~1.8 GB of KV): set it (e.g. SPECQ_CACHE_BYTES=$((32<<30)))
 #       # to keep 8 documents; a set value names the files ("-cache32G")
+#   bash bench/gpu/serve.sh image 32768   # the worker image's CMD/ENV (Dockerfile, compose.yaml) outside Docker, one job
 #   ARRIVAL=per-doc ... bash bench/gpu/serve.sh specq|llama 32768 64   # each document's questions in sequence
 #       # (the next sent when the last ended), the documents in parallel; default t0 (all at once); "-perdoc"
 #
@@ -123,5 +124,47 @@ llama)
   kill -TERM $pid; wait $pid
   grep -m3 -i "error" "$out/llama-server-$len.log"
   ;;
-*) echo "usage: serve.sh build | specq LEN JOBS | llama LEN JOBS"; exit 2 ;;
+image)
+  # The worker image's own command and environment, outside Docker (no image is built anywhere we can
+  # run): the Dockerfile's worker ENV and CMD, compose.yaml's worker command and environment, compose's
+  # migrate one-shot, then the API image's CMD in a second process and ONE job through `specq submit
+  # --wait` (defaults everywhere: mode auto, the worker's default slots, context, n_batch/n_ubatch,
+  # CUDA graphs and warm-up). Differences, and why: no PostgreSQL/Redis on the device (no network, no
+  # images), so the store and broker are the embedded defaults; no model pull (no network), so
+  # SPECQ_TARGET / SPECQ_SPECULATOR name the random-weight 7B / 0.5B shapes; `python3 -m specq` for the
+  # `specq` console script; SPECQ_HOME under /tmp if /var/lib/specq cannot be made.
+  models
+  home=/var/lib/specq; mkdir -p $home 2>/dev/null && rm -rf $home/* || home=/tmp/var-lib-specq
+  mkdir -p $home
+  export PYTHONUNBUFFERED=1 SPECQ_HOME=$home SPECQ_MIGRATIONS_DIR=$PWD/migrations NVIDIA_VISIBLE_DEVICES=all \
+    NVIDIA_DRIVER_CAPABILITIES=compute,utility SPECQ_QUEUE=specq SPECQ_TIME_LIMIT=1800 SPECQ_GPU=0 \
+    SPECQ_SPEC_CACHE_SAVE=repeat SPECQ_TARGET=/tmp/models/7b.gguf SPECQ_SPECULATOR=/tmp/models/0.5b.gguf
+  python3 -m specq db upgrade || exit 1                                   # compose: migrate
+  python3 -m specq worker --loglevel INFO > "$out/image-worker.log" 2>&1 &  # compose: worker command
+  wpid=$!
+  python3 -m specq api --host 0.0.0.0 > "$out/image-api.log" 2>&1 &       # Dockerfile: api CMD
+  apid=$!
+  t0=$(date +%s)
+  for i in $(seq 400); do
+    curl -sf localhost:8178/readyz 2>/dev/null | grep -q '"workers_ready":[1-9]' && break; sleep 1
+  done
+  echo "worker ready after $(( $(date +%s) - t0 )) s"; curl -s localhost:8178/readyz; echo
+  grep -m5 "warm-up\|ready: target\|slots\|graphs" "$out/image-worker.log"
+  python3 -c "from specq.bench.serve import make_document; open('/tmp/image-doc.txt','w').write(make_document(0, $doc_tokens, $cpt))"
+  SPECQ_API_URL=http://127.0.0.1:8178 python3 -m specq submit /tmp/image-doc.txt -q "$(python3 -c 'from specq.bench.serve import question_text; print(question_text(0, 0))')" \
+    --max-tokens $max_tokens --wait --json > "$out/image-job.json"
+  echo "submit rc $?"
+  python3 - "$out/image-job.json" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+r = r.get("result", r)
+print("status", r.get("status"), "mode", (r.get("spec") or {}).get("mode"), "reason", (r.get("spec") or {}).get("reason"))
+print("timings_ms", json.dumps(r.get("timings_ms")))
+print("prompt_tokens", (r.get("usage") or {}).get("prompt_tokens"), "warnings", r.get("warnings"))
+PY
+  nvidia-smi --query-gpu=memory.used --format=csv,noheader
+  kill -TERM $apid $wpid; wait $wpid; echo "worker exit $?"
+  tail -5 "$out/image-worker.log"
+  ;;
+*) echo "usage: serve.sh build | specq LEN JOBS | llama LEN JOBS | image [LEN]"; exit 2 ;;
 esac
