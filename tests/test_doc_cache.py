@@ -310,7 +310,8 @@ def test_parallel_windows_restore_into_their_own_streams(tiny_models):
 
 def test_serving_slots_use_the_prompt_cache(tiny_models):
     """Two serving slots (engine/serving.py): question 1's full prefill is saved from its slot's KV stream;
-    questions 2-4, decoded together, restore it into whichever slot they get, prefill only the rest, and
+    questions 2-4, decoded together, reuse it in whichever slot they get (still there, copied from the
+    other slot, or restored from the store), prefill only the rest, and
     answer what the loop answers without a cache (batch-invariant numerics: the restored cells are the
     bytes question 1 computed). Another tenant misses."""
     answers = {}
@@ -326,13 +327,15 @@ def test_serving_slots_use_the_prompt_cache(tiny_models):
                 t = r.spec.cache["target"]
                 assert t["hit"] and t["reused_tokens"] >= prompt.doc_end, t
                 assert t["prefilled_tokens"] == r.usage.prompt_tokens - t["reused_tokens"]
-                if t["from_slot"]:  # its slot still held question 1's (or 2's) prompt: nothing restored
+                if t["from_slot"] or t["from_other_slot"]:  # in a slot (its own, or copied from another's)
                     assert r.spec.cache["bytes_restored"] == t["bytes_restored"] == 0
                 else:
                     assert r.spec.cache["bytes_restored"] == t["bytes_restored"] > 0
                     assert r.timings_ms["cache_restore"] > 0
-            # question 2 took question 1's slot; question 3 the empty one (a restore from the store)
+            # question 2 took question 1's slot; question 3 the empty one, and copied the document there
+            # from question 2's slot (on the device) rather than restore it from the store
             assert [r.spec.cache["target"]["from_slot"] for r in rest[:2]] == [True, False]
+            assert rest[1].spec.cache["target"]["from_other_slot"]
             other = loop.submit(DOC, p[1], scope="team-b").result(120)
             assert not other.spec.cache["target"]["hit"]
             # the entries are keyed by the slots' layout, apart from a one-sequence context's
@@ -344,8 +347,10 @@ def test_serving_slots_use_the_prompt_cache(tiny_models):
 
 def test_questions_arriving_together_prefill_the_document_once(tiny_models):
     """Four baseline questions about one document submitted at once to four slots: the first prefills
-    the document, the other three set up after its save and restore it (without that, all four would
-    miss: none is saved when the others set up). Same tokens as four uncached runs through the loop."""
+    the document, the other three set up after it and copy its KV stream on the device from its slot
+    (nothing restored from host memory; without the wait, all four would miss: none is saved when the
+    others set up). Same tokens as four uncached runs through the loop: the copied cells are the
+    document's own."""
     answers = {}
     for budget, e, loop in _loops(tiny_models, slots=4):
         rs = [h.result(120) for h in [loop.submit(DOC, _params(q, mode="baseline", max_tokens=6), scope="a")
@@ -357,6 +362,10 @@ def test_questions_arriving_together_prefill_the_document_once(tiny_models):
             doc_end = e.tokenize_prompt(DOC, _params(QUESTIONS[0])).doc_end
             assert all(r.spec.cache["target"]["reused_tokens"] >= doc_end for r in rs[1:])
             assert loop.prefix_waits >= 1  # the later ones may set up after the save itself
+            t = [r.spec.cache["target"] for r in rs[1:]]
+            assert all(x["from_other_slot"] and not x["from_slot"] and x["bytes_restored"] == 0 for x in t), t
+            assert all(r.timings_ms["cache_restore"] == 0 for r in rs[1:])
+            assert loop.slot_copy_hits == 3 and loop.stats()["slot_copy_hits"] == 3
     assert answers[64 << 20] == answers[0]
 
 

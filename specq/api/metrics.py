@@ -139,6 +139,9 @@ class _Collector:
             shits = CounterMetricFamily("specq_worker_slot_prefix_hits", "Full prefills that began after the "
                                         "prompt prefix still in their serving slot (no restore from host memory)",
                                         labels=["worker", "queue"])
+            scopies = CounterMetricFamily("specq_worker_slot_copy_hits", "Full prefills that began after a "
+                                          "prompt prefix copied on the device from another serving slot",
+                                          labels=["worker", "queue"])
             now = time.time()
             for b in beats:  # records of workers of any version: read through worker_view, defensively
                 w = worker_view(b, now, admin=False)
@@ -151,6 +154,7 @@ class _Collector:
                 inter.add_metric(labels, _num(b.get("interleave_wait_ms_total")) / 1000.0)
                 swait.add_metric(labels, _num(b.get("slot_wait_ms_total")) / 1000.0)
                 shits.add_metric(labels, _num(b.get("slot_prefix_hits")))
+                scopies.add_metric(labels, _num(b.get("slot_copy_hits")))
             yield ts
             yield busy
             yield done
@@ -159,6 +163,7 @@ class _Collector:
             yield inter
             yield swait
             yield shits
+            yield scopies
         yield errors
 
 

@@ -448,6 +448,7 @@ def reuse(recs: list[JobRecord]) -> dict[str, Any]:
                                       for r in recs if r.spec),
         # hits served by the prefix still in the job's own slot (no restore from host memory)
         "target_slot_hits": sum(bool(cache(sp, "target").get("from_slot")) for sp in specs),
+        "target_slot_copies": sum(bool(cache(sp, "target").get("from_other_slot")) for sp in specs),
         "target_reused_tokens": reused,
         "target_reused_fraction": round(reused / prompt, 4) if prompt else None,
         "speculator_window_hits": sum(int(cache(sp, "speculator").get("hits") or 0) for sp in specs),

@@ -473,6 +473,12 @@ class Context:
         if not llama_cpp.llama_memory_seq_rm(self.mem, seq_id, p0, p1):
             raise DecodeError(f"could not remove positions [{p0}, {p1}) of sequence {seq_id} from the KV cache")
 
+    def seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
+        """Copy sequence src's cells with positions in [p0, p1) to sequence dst. Between two KV streams
+        (one per slot) llama.cpp copies only whole streams (p0 = p1 = -1): dst's cells become src's, and
+        the buffer copy (on the device where the cache lives) runs at the next llama_decode."""
+        llama_cpp.llama_memory_seq_cp(self.mem, src, dst, p0, p1)
+
     def seq_pos_max(self, seq_id: int = 0) -> int:
         return int(llama_cpp.llama_memory_seq_pos_max(self.mem, seq_id))
 

@@ -69,11 +69,15 @@ class PrefixUse:
     save_ms: float = 0.0
     #: the reused prefix was still in the job's own serving slot (serving.py), not restored from the store
     from_slot: bool = False
+    #: the reused prefix was copied on the device from another serving slot that holds it (a job of the
+    #: same document decoding there, or that slot's resident prompt), not restored from the store
+    from_other_slot: bool = False
 
     def as_dict(self) -> dict:
         return {"hit": self.hit, "reused_tokens": self.reused_tokens, "prefilled_tokens": self.prefilled_tokens,
                 "bytes_restored": self.bytes_restored, "bytes_saved": self.bytes_saved,
-                "resave_skipped": self.resave_skipped, "from_slot": self.from_slot}
+                "resave_skipped": self.resave_skipped, "from_slot": self.from_slot,
+                "from_other_slot": self.from_other_slot}
 
 
 def common_prefix(a: np.ndarray, b: np.ndarray) -> int:

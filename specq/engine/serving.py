@@ -33,8 +33,13 @@ Each step of the loop:
    answer's cells are removed), admission gives a job the free slot whose resident shares the
    longest prefix with its prompt, and setup then removes only the cells past that prefix — a
    document's next question prefills only the question, with no copy from host memory (llama-server
-   picks its slot by prompt similarity for the same reason; `slot_prefix_hits`). Residents are kept
-   only with one KV stream per slot (a unified cache would lend their cells to no one);
+   picks its slot by prompt similarity for the same reason; `slot_prefix_hits`). When another slot
+   holds more of the prompt than the job's own slot and the host cache do (a question of the same
+   document decoding there, e.g. the owner a `_prefix_owner` wait was for, or another free slot's
+   resident), setup copies that slot's KV stream on the device (`seq_cp`: llama.cpp copies whole
+   streams, ~1.8 GB for 32K tokens of the 7B, in a device-to-device copy at the next llama_decode)
+   and removes the cells past the shared prefix (`slot_copy_hits`, `spec.cache.target.from_other_slot`).
+   Residents are kept only with one KV stream per slot (a unified cache would lend their cells to no one);
 4. one target batch (one `llama_decode`, at most n_batch rows): the next tokens of every decoding
    job (its last token + its draft, at its own positions, in its own sequence) plus a chunk of at
    most `prefill_chunk` kept tokens of one job being prefilled. Each decoding job then verifies its
@@ -234,6 +239,8 @@ class ServingEngine:
             self.slots == 1 or not getattr(getattr(engine, "options", None), "kv_unified", False))
         #: full prefills that started after their own slot's resident prefix (no restore from host memory)
         self.slot_prefix_hits = 0
+        #: full prefills that started after a prefix copied on the device from another slot
+        self.slot_copy_hits = 0
 
     # -- other threads ---------------------------------------------------------------------------
     def start(self) -> "ServingEngine":
@@ -367,7 +374,7 @@ class ServingEngine:
             job.prompt, job.mode, job.positions, job.warnings, job.timings, job.spec = eng.prepare(
                 job.document, job.params, messages=job.messages, raw=job.raw, scope=job.scope,
                 reused_document=job.reused_document, prompt=job.prompt,
-                slot_tokens=self._resident_prefix(job, forget=False))
+                slot_tokens=max(self._resident_prefix(job, forget=False), self._other_slot_prefix(job)[1]))
             t1 = _now()
             job.engine_ms["tokenize"] += (t1 - t0) * 1000.0
             job.end_phase("tokenize", t1)
@@ -412,12 +419,24 @@ class ServingEngine:
         job.offset = 0
         cache = eng.prefix_cache()
         full = job.mode == "baseline" and cache is not None and getattr(job.drafter, "observe", None) is None
-        if full and resident >= cache.min_reuse and resident >= self._host_prefix(job, cache):
+        other, copied = self._other_slot_prefix(job) if full else (-1, 0)
+        local = max(resident, copied)
+        if full and local >= cache.min_reuse and local >= self._host_prefix(job, cache) and resident >= copied:
             # the slot still holds this prompt's first `resident` tokens: keep them, prefill the rest
             self.ctx.seq_rm(job.slot, resident, -1)
             job.prefix_use = PrefixUse(hit=True, reused_tokens=resident, from_slot=True)
             job.offset = resident
             self.slot_prefix_hits += 1
+        elif full and local >= cache.min_reuse and local >= self._host_prefix(job, cache):
+            # another slot holds more of it: copy that slot's KV stream on the device (llama.cpp copies
+            # whole streams, at the next llama_decode, which this job's first prefill chunk is part of
+            # or follows), then drop the cells past the shared prefix (the other job's answer, or
+            # the rest of another prompt)
+            self.ctx.seq_cp(other, job.slot)
+            self.ctx.seq_rm(job.slot, copied, -1)
+            job.prefix_use = PrefixUse(hit=True, reused_tokens=copied, from_other_slot=True)
+            job.offset = copied
+            self.slot_copy_hits += 1
         elif full:
             # a full prefill (tokens 0..n-1 in order): the longest cached prefix goes into this slot's
             # sequence and the prefill starts after it; the whole prompt is saved when it is prefilled
@@ -464,6 +483,29 @@ class ServingEngine:
         if res is None or job.prompt is None or res[0] != job.scope or self.ctx.seq_pos_max(slot) != res[1].size - 1:
             return 0
         return min(common_prefix(res[1], np.asarray(job.prompt.tokens, dtype=np.int32)), job.prompt.n - 1)
+
+    def _other_slot_prefix(self, job: _Job) -> tuple[int, int]:
+        """(slot, n): the other slot whose cells 0..n-1 hold the longest prefix of `job`'s prompt (at
+        most n-1 tokens), in order: a same-tenant job that finished its full prefill and decodes there,
+        or a free slot's resident prompt; (-1, 0) when there is none or the slots share one KV stream
+        (no residents then: module doc, step 3)."""
+        best, best_n = -1, 0
+        if not self._keep_residents or job.prompt is None or self.slots < 2:
+            return best, best_n
+        toks = np.asarray(job.prompt.tokens, dtype=np.int32)
+        for other in self._active:
+            if (other is job or other.slot < 0 or other.stage != "decode" or other.prefix_use is None
+                    or other.scope != job.scope):
+                continue
+            n = min(common_prefix(np.asarray(other.prompt.tokens, dtype=np.int32), toks), job.prompt.n - 1)
+            if n > best_n:
+                best, best_n = other.slot, n
+        for slot in self._free:
+            if slot != job.slot:
+                n = self._shared(slot, job)
+                if n > best_n:
+                    best, best_n = slot, n
+        return best, best_n
 
     def _host_prefix(self, job: _Job, cache) -> int:
         found = cache.lookup(job.scope, job.prompt.tokens)
@@ -746,7 +788,8 @@ class ServingEngine:
                 "kv_cells_used": self.kv_cells_used, "kv_cells": self.ctx.n_ctx,
                 "interleave_wait_ms_total": round(self.interleave_wait_ms_total, 1),
                 "slot_wait_ms_total": round(self.slot_wait_ms_total, 1), "jobs_finished": self.jobs_finished,
-                "slot_prefix_hits": self.slot_prefix_hits, "slots_resident": len(self._resident)}
+                "slot_prefix_hits": self.slot_prefix_hits, "slot_copy_hits": self.slot_copy_hits,
+                "slots_resident": len(self._resident)}
 
 
 __all__ = ["ServingEngine", "JobHandle", "Drained", "FAULT_ENV"]
