@@ -421,13 +421,15 @@ class ServingEngine:
         full = job.mode == "baseline" and cache is not None and getattr(job.drafter, "observe", None) is None
         other, copied = self._other_slot_prefix(job) if full else (-1, 0)
         local = max(resident, copied)
-        if full and local >= cache.min_reuse and local >= self._host_prefix(job, cache) and resident >= copied:
+        # the host cache is looked up only when a slot's prefix qualifies (one lookup per set-up)
+        in_slots = full and local >= cache.min_reuse and local >= self._host_prefix(job, cache)
+        if in_slots and resident >= copied:
             # the slot still holds this prompt's first `resident` tokens: keep them, prefill the rest
             self.ctx.seq_rm(job.slot, resident, -1)
             job.prefix_use = PrefixUse(hit=True, reused_tokens=resident, from_slot=True)
             job.offset = resident
             self.slot_prefix_hits += 1
-        elif full and local >= cache.min_reuse and local >= self._host_prefix(job, cache):
+        elif in_slots:
             # another slot holds more of it: copy that slot's KV stream on the device (llama.cpp copies
             # whole streams, at the next llama_decode, which this job's first prefill chunk is part of
             # or follows), then drop the cells past the shared prefix (the other job's answer, or
