@@ -168,6 +168,20 @@ class _Job:
     faulty: bool = False
     prefix_use: PrefixUse | None = None  # a full prefill through the target's prompt cache
     wait_for: "_Job | None" = None  # the job whose prompt (sharing this one's prefix) is being prefilled
+    _toks: Any = None  # token_array()'s copy, and the prompt it was made of
+    _toks_of: Any = None
+
+    def token_array(self) -> np.ndarray:
+        """The prompt's tokens as int32, made once per prompt: admission, set-up and the mode decision
+        compare them with every slot's (a 128K-token list takes milliseconds to convert)."""
+        if self._toks_of is not self.prompt:
+            self._toks, self._toks_of = np.asarray(self.prompt.tokens, dtype=np.int32), self.prompt
+        return self._toks
+
+    def shares(self, tokens: np.ndarray) -> int:
+        """Tokens of this job's prompt (at most n-1: the last is decoded again for its logits) that a
+        sequence holding `tokens` in cells 0.. already has."""
+        return min(common_prefix(tokens, self.token_array()), self.prompt.n - 1)
 
     def end_phase(self, phase: str, t: float) -> None:
         self.span_ms[phase] += (t - self.t_phase) * 1000.0
@@ -484,7 +498,7 @@ class ServingEngine:
         res = self._resident.get(slot)
         if res is None or job.prompt is None or res[0] != job.scope or self.ctx.seq_pos_max(slot) != res[1].size - 1:
             return 0
-        return min(common_prefix(res[1], np.asarray(job.prompt.tokens, dtype=np.int32)), job.prompt.n - 1)
+        return job.shares(res[1])
 
     def _other_slot_prefix(self, job: _Job) -> tuple[int, int]:
         """(slot, n): the other slot whose cells 0..n-1 hold the longest prefix of `job`'s prompt (at
@@ -494,12 +508,11 @@ class ServingEngine:
         best, best_n = -1, 0
         if not self._keep_residents or job.prompt is None or self.slots < 2:
             return best, best_n
-        toks = np.asarray(job.prompt.tokens, dtype=np.int32)
         for other in self._active:
             if (other is job or other.slot < 0 or other.stage != "decode" or other.prefix_use is None
                     or other.scope != job.scope):
                 continue
-            n = min(common_prefix(np.asarray(other.prompt.tokens, dtype=np.int32), toks), job.prompt.n - 1)
+            n = job.shares(other.token_array())
             if n > best_n:
                 best, best_n = other.slot, n
         for slot in self._free:
@@ -533,11 +546,10 @@ class ServingEngine:
             return None
         found = cache.lookup(job.scope, job.prompt.tokens)
         have = found[1] if found else 0
-        toks = np.asarray(job.prompt.tokens, dtype=np.int32)
         for other in self._active:
             if other is job or other.stage != "prefill" or other.prefix_use is None or other.scope != job.scope:
                 continue
-            shared = min(common_prefix(np.asarray(other.prompt.tokens, dtype=np.int32), toks), len(toks) - 1)
+            shared = job.shares(other.token_array())
             if shared >= cache.min_reuse and shared > have + cache.min_reuse:
                 return other
         return None
@@ -762,7 +774,7 @@ class ServingEngine:
             try:
                 self.ctx.seq_rm(job.slot, job.prompt.n if keep else -1, -1)
                 if keep:
-                    self._resident[job.slot] = (job.scope, np.asarray(job.prompt.tokens, dtype=np.int32))
+                    self._resident[job.slot] = (job.scope, job.token_array())
                     self._resident_at[job.slot] = _now()
             except Exception:  # pragma: no cover - a context that cannot remove cells is beyond repair
                 log.exception("engine loop: could not clear slot %d", job.slot)
