@@ -99,6 +99,10 @@ class ServiceSettings:
     #: most kept prompt tokens of one job prefilled per engine step next to the running jobs'
     #: decode tokens (bounds the other jobs' inter-token gap); 0 = n_ubatch
     prefill_chunk: int = 0
+    #: with several slots, the speculator's scoring runs on a thread of its own beside the target's
+    #: decode and prefill batches (engine/score_thread.py): auto (on when the target is on a GPU),
+    #: on or off (scored on the engine thread, between decode batches)
+    score_thread: str = "auto"
     #: with several slots, a worker that claims a job asking about a stored document (`document_id`)
     #: also claims that tenant's other queued jobs on the same document, up to its free slots, and
     #: runs them beside it in the engine loop (their questions share the document's prefill through
@@ -235,6 +239,7 @@ class ServiceSettings:
             (self.concurrency >= 1, "SPECQ_CONCURRENCY must be >= 1"),
             (self.slots is None or 1 <= self.slots <= 256, "SPECQ_SLOTS must be in [1, 256]"),
             (self.prefill_chunk >= 0, "SPECQ_PREFILL_CHUNK must be >= 0 (0 = n_ubatch)"),
+            (self.score_thread in ("auto", "on", "off"), f"SPECQ_SCORE_THREAD must be auto, on or off, not {self.score_thread!r}"),
             (self.drain_grace >= 0, "SPECQ_DRAIN_GRACE must be >= 0 seconds"),
             (self.speculator_gpu == "" or (self.speculator_gpu.isdigit() and (self.gpu == "" or self.gpu.isdigit())),
              "SPECQ_SPECULATOR_GPU must be one GPU index (and SPECQ_GPU, with it, one index too)"),

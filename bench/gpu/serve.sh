@@ -21,6 +21,9 @@
 #       # ~1 prompt of 32K tokens of the 7B (~1.8 GB of KV): set it (e.g. SPECQ_CACHE_BYTES=$((32<<30)))
 #       # to keep 8 documents; a set value names the files ("-cache32G")
 #   bash bench/gpu/serve.sh image 32768   # the worker image's CMD/ENV (Dockerfile, compose.yaml) outside Docker, one job
+#   SPECQ_SCORE_THREAD=off SPECQ_SPEC_CACHE_SAVE=repeat SLOTS_LIST=8 bash bench/gpu/serve.sh specq 32768 64
+#       # A/B: the speculator's scoring on the engine thread between decode batches, as before the score
+#       # thread (engine/score_thread.py; default auto = its own thread on a GPU); files carry "-score-off"
 #   ARRIVAL=per-doc ... bash bench/gpu/serve.sh specq|llama 32768 64   # each document's questions in sequence
 #       # (the next sent when the last ended), the documents in parallel; default t0 (all at once); "-perdoc"
 #
@@ -86,7 +89,8 @@ specq)
   # DOCUMENTS=1: the stored-documents path (bench serve --documents); a set SPECQ_CACHE_BYTES names them too
   docflag=$([ "${DOCUMENTS:-0}" = 1 ] && echo --documents)
   ctag=${SPECQ_CACHE_BYTES:+-cache$(( SPECQ_CACHE_BYTES >> 30 ))G}
-  tag=${SPECQ_SPEC_CACHE_SAVE:+-save-$SPECQ_SPEC_CACHE_SAVE}$ctag$qtag${docflag:+-docs}$atag
+  # SPECQ_SCORE_THREAD (the worker reads it; default auto = on with a GPU target) set names them too
+  tag=${SPECQ_SPEC_CACHE_SAVE:+-save-$SPECQ_SPEC_CACHE_SAVE}${SPECQ_SCORE_THREAD:+-score-$SPECQ_SCORE_THREAD}$ctag$qtag${docflag:+-docs}$atag
   for slots in ${SLOTS_LIST:-8 1}; do
     home=/tmp/specq-home-$slots; rm -rf "$home"; port=$(( 8200 + slots ))
     # CUDA graphs off as production runs them (SPECQ_CUDA_GRAPHS); GRAPHS_ON=1 for the comparison

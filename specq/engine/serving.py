@@ -86,12 +86,14 @@ import numpy as np
 
 from ..contracts import DecodeError, Drained, RunCancelled
 from .decode import SeqDecoder
-from .invariance import MAX_INVARIANT_BATCH
+from .invariance import MAX_INVARIANT_BATCH, on_cpu
 from .options import RunParams
 from .prefill import prefill_plan
 from .prefix_cache import PrefixUse, common_prefix
 from .result import RunResult
 from .sampling import Sampler
+from .score_thread import ScoreThread, resolve_score_thread
+from .stop import Stop, running
 
 log = logging.getLogger("specq.engine")
 
@@ -143,7 +145,8 @@ class _Job:
     t_queued: float = 0.0  # tokenized (in the submitting thread, from t_submit) and handed to the loop
     cancel_exc: BaseException | None = None
     slot: int = -1
-    stage: str = "waiting"  # waiting, tokenize, score, setup, prefill, decode
+    stage: str = "waiting"  # waiting, tokenize, score, scoring (on the score thread), setup, prefill, decode
+    stop: Stop | None = None  # while it is scored on the score thread: its cancel there
     # filled as it runs
     prompt: Any = None
     mode: str = ""
@@ -206,15 +209,19 @@ class JobHandle:
         return self._job.future.result(timeout)
 
     def cancel(self, exc: BaseException | None = None) -> None:
-        if self._job.cancel_exc is None:
-            self._job.cancel_exc = exc or RunCancelled("cancelled")
+        job = self._job
+        if job.cancel_exc is None:
+            job.cancel_exc = exc or RunCancelled("cancelled")
+        stop = job.stop
+        if stop is not None:  # being scored on the score thread: end its llama_decode there too
+            stop.cancel(error=job.cancel_exc)
         self._loop._wake()
 
 
 class ServingEngine:
     """The engine loop over an `Engine` (module doc). `start()` it, then `submit()` / `run()`."""
 
-    def __init__(self, engine, *, prefill_chunk: int = 0) -> None:
+    def __init__(self, engine, *, prefill_chunk: int = 0, score_thread: str = "auto") -> None:
         self.engine = engine
         self.ctx = engine.ctx
         self.slots = int(getattr(engine, "slots", 1))
@@ -255,6 +262,10 @@ class ServingEngine:
         self.slot_prefix_hits = 0
         #: full prefills that started after a prefix copied on the device from another slot
         self.slot_copy_hits = 0
+        #: the speculator's scoring on a thread of its own, beside the target's batches (score_thread.py;
+        #: None: scored on this loop's thread, between its decode batches)
+        beside = resolve_score_thread(score_thread, on_cpu=on_cpu(engine.options, engine.info.backend))
+        self.scoring: ScoreThread | None = ScoreThread(self._wake) if beside else None
 
     # -- other threads ---------------------------------------------------------------------------
     def start(self) -> "ServingEngine":
@@ -325,21 +336,28 @@ class ServingEngine:
     def _loop(self) -> None:
         while True:
             with self._cond:
-                while not self._closed and not self._inbox and not self._active and not (
+                while not self._inbox and not self._has_work() and not (
                         self._waiting and (self._free or not self._admitting)):
-                    self._cond.wait(0.5)
+                    if self._closed and not self._active:
+                        break
+                    # closed with a job still on the score thread: look again soon (its end wakes us too)
+                    self._cond.wait(0.02 if self._closed else 0.5)
                     if any(j.cancel_exc is not None for j in self._waiting):
                         break
-                if self._closed and not self._active:
+                closing = self._closed and not self._active
+                if closing:
                     pending = list(self._inbox) + list(self._waiting)
                     self._inbox.clear()
                     self._waiting.clear()
                     for job in pending:
                         job.future.set_exception(Drained("the engine loop was closed"))
-                    return
                 self._waiting.extend(self._inbox)
                 self._inbox.clear()
                 admitting = self._admitting
+            if closing:
+                if self.scoring is not None:  # a dropped job's scoring ends at its next call (outside the
+                    self.scoring.close()      # lock: the thread's end wakes the loop through it)
+                return
             try:
                 self._step(admitting)
             except BaseException as e:  # a bug of the loop itself: fail every job, never hang them
@@ -349,8 +367,19 @@ class ServingEngine:
             self.busy = len(self._active)
             self.waiting = len(self._waiting)
 
+    def _has_work(self) -> bool:
+        """Whether a step would do something for the admitted jobs; without a score thread, any
+        admitted job. A job on the score thread, or waiting for it, is not this loop's work."""
+        if self.scoring is None or not self._active:
+            return bool(self._active)
+        if self.scoring.finished:
+            return True
+        return any(j.cancel_exc is not None or j.stage in ("prefill", "decode") or self._preparable(j)
+                   for j in self._active)
+
     def _step(self, admitting: bool) -> None:
         self.steps += 1
+        self._collect_scored()
         for job in list(self._waiting):
             if job.cancel_exc is not None or not admitting:
                 self._waiting.remove(job)
@@ -393,6 +422,9 @@ class ServingEngine:
             job.engine_ms["tokenize"] += (t1 - t0) * 1000.0
             job.end_phase("tokenize", t1)
             job.stage = "score" if job.mode == "specprefill" else "setup"
+            return
+        if job.stage == "score" and self.scoring is not None and not self._speculator_shared():
+            self._score_beside(job)
             return
         if job.stage == "score":
             nested = [0.0]
@@ -465,6 +497,45 @@ class ServingEngine:
         job.stage = "prefill"
         job.engine_ms["sparse_prefill"] += (_now() - t0) * 1000.0
 
+    def _speculator_shared(self) -> bool:
+        """A live job drafts with the speculator (`draft model`: it decodes on the scorer's context),
+        so scoring stays on this thread, between its batches (`_interleave`)."""
+        return any(j.params.draft == "model" for j in self._active)
+
+    def _score_beside(self, job: _Job) -> None:
+        """Hand the job's scoring and selection to the score thread; the loop goes on with the
+        target's batches and collects the outcome at a later step (`_collect_scored`)."""
+        eng = self.engine
+        job.stage = "scoring"
+        job.stop = stop = Stop(cancelled=lambda: job.cancel_exc is not None)
+
+        def work():
+            with running(stop):
+                t0 = _now()
+                kept, scores = eng._select(job.prompt, job.params, job.timings, job.spec, job.progress,
+                                           scope=job.scope, reused_document=job.reused_document)
+                return kept, scores, (_now() - t0) * 1000.0
+
+        self.scoring.start(job, work)
+
+    def _collect_scored(self) -> None:
+        """A job the score thread has finished goes on to set-up (or is dropped with its error)."""
+        got = self.scoring.take() if self.scoring is not None else None
+        if got is None:
+            return
+        job, fut = got
+        job.stop = None
+        if job not in self._active or job.cancel_exc is not None:
+            return  # dropped meanwhile, or dropped at this step
+        try:
+            job.kept, job.doc_scores, ms = fut.result()
+        except BaseException as e:
+            self._drop(job, e)
+            return
+        job.engine_ms["score"] += ms
+        job.end_phase("score", _now())
+        job.stage = "setup"
+
     def _pick_slot(self, job: _Job) -> int:
         """The free slot for `job`: the one whose resident prompt shares the longest prefix with its
         prompt (at least the cache's min_reuse tokens), else an empty one, else the one whose resident
@@ -529,6 +600,9 @@ class ServingEngine:
     def _preparable(self, job: _Job) -> bool:
         if job.stage not in ("tokenize", "score", "setup"):
             return False
+        if self.scoring is not None and self.scoring.busy and (
+                job.stage == "score" or (job.stage == "setup" and job.params.draft == "model")):
+            return False  # the speculator's contexts are the score thread's until it is done
         if job.wait_for is not None:
             if job.wait_for.stage == "prefill" and job.wait_for in self._active:
                 return False
@@ -783,6 +857,8 @@ class ServingEngine:
             job.slot = -1
 
     def _drop(self, job: _Job, exc: BaseException) -> None:
+        if job.stop is not None:  # on the score thread: its scoring ends at its next llama_decode
+            job.stop.cancel(error=exc)
         self._release(job)
         if not job.future.done():
             job.future.set_exception(exc)
@@ -803,7 +879,8 @@ class ServingEngine:
                 "interleave_wait_ms_total": round(self.interleave_wait_ms_total, 1),
                 "slot_wait_ms_total": round(self.slot_wait_ms_total, 1), "jobs_finished": self.jobs_finished,
                 "slot_prefix_hits": self.slot_prefix_hits, "slot_copy_hits": self.slot_copy_hits,
-                "slots_resident": len(self._resident)}
+                "slots_resident": len(self._resident),
+                "scored_beside": self.scoring.jobs_scored if self.scoring is not None else 0}
 
 
 __all__ = ["ServingEngine", "JobHandle", "Drained", "FAULT_ENV"]

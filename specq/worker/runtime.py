@@ -231,7 +231,8 @@ class WorkerRuntime:
         # one slot: the single-job pipeline in the task's thread (its Stop cuts a running llama_decode,
         # and the target's prompt cache serves mode auto); several: the engine loop of serving.py
         if slots > 1:
-            self.serving = ServingEngine(self.engine, prefill_chunk=self.settings.prefill_chunk).start()
+            self.serving = ServingEngine(self.engine, prefill_chunk=self.settings.prefill_chunk,
+                                         score_thread=self.settings.score_thread).start()
             self.slots = slots
         if self.settings.warm_up:
             t1 = time.perf_counter()
@@ -242,7 +243,8 @@ class WorkerRuntime:
                         res.usage.prompt_tokens, res.spec.windows, self.engine.n_ubatch, self.warm_up_s)
         self.name = worker_name()
         info = self.engine.info
-        groups_on = "" if slots == 1 else f", group claims {'on' if self.settings.group_claims else 'off'}"
+        groups_on = "" if slots == 1 else (f", group claims {'on' if self.settings.group_claims else 'off'}, scoring on "
+                                           + ("its own thread" if self.serving.scoring is not None else "the engine thread"))
         log.warning(
             "specq worker %s ready: target %s, speculator %s, backend %s, n_gpu_layers %s, n_ctx %s, %d slot%s%s (%.1fs)",
             self.name, info.target, info.speculator or "(on first use)", info.backend, info.n_gpu_layers,
