@@ -23,29 +23,19 @@ import pytest
 llama_cpp = pytest.importorskip("llama_cpp")
 
 from specq.contracts import RunCancelled  # noqa: E402
-from specq.engine.options import EngineOptions, RunParams  # noqa: E402
+from specq.engine.options import RunParams  # noqa: E402
 from specq.engine.scoring import plan_windows  # noqa: E402
 
-from serving_text import CALL, DOC, SHORT, WINDOW  # noqa: E402
+from serving_text import CALL, DOC, SHORT, decoder_params, loop_engine, scorer_params  # noqa: E402
 
 pytestmark = [pytest.mark.timeout(600)]
-
-
-
-def _engine(tiny_models, **kw):
-    from specq.engine.pipeline import Engine
-
-    opts = dict(target=str(tiny_models.target), speculator=str(tiny_models.speculator), n_gpu_layers=0, n_ctx=2048,
-                n_threads=1, slots=2, call_tokens=CALL, cache_bytes=1 << 26, batch_invariant="on")
-    opts.update(kw)
-    return Engine(EngineOptions(**opts))
 
 
 @pytest.fixture(scope="module")
 def loop(tiny_models):
     from specq.engine.serving import ServingEngine
 
-    eng = _engine(tiny_models)
+    eng = loop_engine(tiny_models)
     sv = ServingEngine(eng).start()
     yield sv
     sv.close()
@@ -96,19 +86,6 @@ def _calls_per_window(eng, doc: str, p: RunParams, *, hit: bool) -> list[int]:
     return calls
 
 
-def _decoder(**kw) -> RunParams:
-    base = dict(question="go on", mode="baseline", draft="none", max_tokens=500, ignore_eos=True, seed=1)
-    base.update(kw)
-    return RunParams(**base)
-
-
-def _scorer(**kw) -> RunParams:
-    base = dict(question="Who holds the copyright?", mode="specprefill", min_tokens=0, window=WINDOW, keep=0.3,
-                chunk=16, max_tokens=8, seed=1, draft="none")
-    base.update(kw)
-    return RunParams(**base)
-
-
 def _together(loop, decoders: dict[str, tuple[str, RunParams]], scoring: tuple[str, RunParams], ev: Events,
               handles: dict | None = None) -> dict:
     """Start the decoding jobs, wait until each decodes, then submit the scoring job ("B"); their
@@ -126,7 +103,7 @@ def test_scorer_calls_between_calls_after_each_prefill_call_with_capture_disarme
     prefill, with the window's partial KV in the context it is handed and the capture not armed; the
     scores are those of a run without it (miss and hit alike)."""
     eng = loop.engine
-    p = _scorer()
+    p = scorer_params()
     prompt = eng.tokenize_prompt(DOC, p)
     scorer = eng.scorer()
     seen = []
@@ -159,7 +136,7 @@ def test_a_decoding_job_gets_a_batch_after_every_scoring_call_within_a_window(lo
     (before: none inside a window, one between two windows). Both jobs return what they return alone,
     and the scoring job's kept tokens are the same on a speculator-cache miss and hit."""
     eng = loop.engine
-    a_params, b_params = _decoder(), _scorer()
+    a_params, b_params = decoder_params(), scorer_params()
     alone_a = loop.run(SHORT, a_params)
     eng.cache_store.clear()
     alone_b = loop.run(DOC, b_params)
@@ -191,7 +168,7 @@ def test_cancels_land_between_two_scoring_calls(loop):
     decoding job at the next batch; the other job goes on unharmed, and the scorer scores the next
     job as before (its context is cleared per window)."""
     eng = loop.engine
-    a_params, b_params = _decoder(), _scorer()
+    a_params, b_params = decoder_params(), scorer_params()
     alone_a = loop.run(SHORT, a_params)
     eng.cache_store.clear()
     alone_b = loop.run(DOC, b_params)
@@ -250,12 +227,12 @@ def test_model_drafting_jobs_during_scoring_return_their_text_alone(tiny_models,
     too. Either way each job's greedy output is what it is alone."""
     from specq.engine.serving import ServingEngine
 
-    eng = _engine(tiny_models, slots=3, n_parallel=n_parallel)
+    eng = loop_engine(tiny_models, slots=3, n_parallel=n_parallel)
     loop = ServingEngine(eng).start()
     try:
-        model_p = _decoder(draft="model", max_tokens=300)
-        plain_p = _decoder(max_tokens=600)
-        b_params = _scorer()
+        model_p = decoder_params(draft="model", max_tokens=300)
+        plain_p = decoder_params(max_tokens=600)
+        b_params = scorer_params()
         docs = {"A": SHORT, "C": SHORT.replace("2", "3")}
         alone = {"A": loop.run(docs["A"], model_p), "C": loop.run(docs["C"], plain_p)}
         eng.cache_store.clear()
@@ -296,16 +273,16 @@ def test_submit_tokenizes_in_the_calling_thread(tiny_models):
     from specq.contracts import InputError
     from specq.engine.serving import ServingEngine
 
-    eng = _engine(tiny_models, slots=1)
+    eng = loop_engine(tiny_models, slots=1)
     sv = ServingEngine(eng)  # not started: nothing runs on a loop thread yet
     try:
-        too_long = sv.submit(DOC * 40, _decoder(max_tokens=8))
+        too_long = sv.submit(DOC * 40, decoder_params(max_tokens=8))
         assert too_long.done()
         with pytest.raises(InputError, match="exceeds the target's context"):
             too_long.result(0)
-        bad = sv.submit(SHORT, _decoder(max_tokens=-1))
+        bad = sv.submit(SHORT, decoder_params(max_tokens=-1))
         assert bad.done() and isinstance(bad.future.exception(0), InputError)
-        ok = sv.submit(DOC, _decoder(max_tokens=4))
+        ok = sv.submit(DOC, decoder_params(max_tokens=4))
         tokenized_ms = (ok._job.t_queued - ok._job.t_submit) * 1000.0
         assert not ok.done() and ok._job.prompt is not None and tokenized_ms > 0
         sv.start()

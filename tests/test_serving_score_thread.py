@@ -16,33 +16,10 @@ import pytest
 llama_cpp = pytest.importorskip("llama_cpp")
 
 from specq.contracts import Drained, RunCancelled  # noqa: E402
-from specq.engine.options import EngineOptions, RunParams  # noqa: E402
 
-from serving_text import CALL, DOC, DOC2, SHORT, WINDOW  # noqa: E402
+from serving_text import DOC, DOC2, SHORT, decoder_params, loop_engine, scorer_params  # noqa: E402
 
 pytestmark = [pytest.mark.timeout(600)]
-
-
-def _engine(tiny_models, **kw):
-    from specq.engine.pipeline import Engine
-
-    opts = dict(target=str(tiny_models.target), speculator=str(tiny_models.speculator), n_gpu_layers=0, n_ctx=2048,
-                n_threads=1, slots=3, call_tokens=CALL, cache_bytes=1 << 26, batch_invariant="on")
-    opts.update(kw)
-    return Engine(EngineOptions(**opts))
-
-
-def _decoder(**kw) -> RunParams:
-    base = dict(question="go on", mode="baseline", draft="none", max_tokens=500, ignore_eos=True, seed=1)
-    base.update(kw)
-    return RunParams(**base)
-
-
-def _scorer(question: str = "Who holds the copyright?", **kw) -> RunParams:
-    base = dict(question=question, mode="specprefill", min_tokens=0, window=WINDOW, keep=0.3, chunk=16,
-                max_tokens=8, seed=1, draft="none")
-    base.update(kw)
-    return RunParams(**base)
 
 
 class Events:
@@ -74,10 +51,10 @@ class Events:
 def beside(tiny_models):
     from specq.engine.serving import ServingEngine
 
-    eng = _engine(tiny_models)
+    eng = loop_engine(tiny_models, slots=3)
     loop = ServingEngine(eng, score_thread="on").start()
     alone = {}
-    a, b, c = _decoder(), _scorer(), _scorer("What does the license permit?")
+    a, b, c = decoder_params(), scorer_params(), scorer_params("What does the license permit?")
     alone["A"] = loop.run(SHORT, a)
     for name, doc, p in (("B", DOC, b), ("C", DOC2, c)):
         eng.cache_store.clear()
@@ -162,10 +139,10 @@ def test_a_job_drafting_with_the_speculator_keeps_the_scoring_on_the_loop_thread
     engine thread (between batches, as without the thread); both return what they return alone."""
     from specq.engine.serving import ServingEngine
 
-    eng = _engine(tiny_models, slots=2)
+    eng = loop_engine(tiny_models, slots=2)
     loop = ServingEngine(eng, score_thread="on").start()
     try:
-        model_p, b_params = _decoder(draft="model", max_tokens=300), _scorer()
+        model_p, b_params = decoder_params(draft="model", max_tokens=300), scorer_params()
         alone_a = loop.run(SHORT, model_p)
         eng.cache_store.clear()
         alone_b = loop.run(DOC, b_params)
@@ -191,9 +168,9 @@ def test_close_during_scoring_drops_the_job_and_waits_for_the_thread(tiny_models
     the same document afterwards as before."""
     from specq.engine.serving import ServingEngine
 
-    eng = _engine(tiny_models, slots=2, cache_bytes=0)
+    eng = loop_engine(tiny_models, slots=2, cache_bytes=0)
     loop = ServingEngine(eng, score_thread="on").start()
-    b_params = _scorer()
+    b_params = scorer_params()
     try:
         alone_b = loop.run(DOC, b_params)
         ev = Events()
