@@ -55,6 +55,12 @@ being prefilled into sits out the batches between that window's calls (`_drafts_
 the batch between two window groups, and those between calls when the windows are prefilled in the
 scorer's parallel-streams context). MTP / EAGLE3 need slots = 1.
 
+Scoring on its own thread (score_thread.py; `score_thread`, SPECQ_SCORE_THREAD: auto = with a GPU
+target): step 3's scoring + selection is handed to the `specq-score` thread (stage `scoring`) and the
+loop goes on with the target's batches, prefill chunks included; a later step collects the outcome
+(`_collect_scored`). One job is scored at a time; while a job drafting with the speculator (`draft
+model`) is live, scoring stays on this thread as described above.
+
 Speculator cache saves: a scoring job's window prefixes are saved to the speculator cache after
 their prefill, on this thread, with every other job waiting (no decode batch between the saves). With
 EngineOptions.spec_cache_save `repeat` (SPECQ_SPEC_CACHE_SAVE; default `always`) only a stored
