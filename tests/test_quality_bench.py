@@ -241,3 +241,33 @@ def test_group_half_pairs_with_the_answer_half(tiny_models, tmp_path):
             run_group(eng, QualitySettings(lengths=[1200], n=1), Journal(tmp_path / "x.jsonl", s))
     finally:
         eng.close()
+
+
+def test_recall_window_arm_pairs_with_the_default_window(tiny_models, tmp_path):
+    """`windowed@W` scores the same tasks with windows of W document tokens (here more windows than
+    the default arm's) and the report pairs it with `windowed` per keep; a malformed arm fails before
+    any work. (Random weights: which chunks are kept is noise; the mechanics are the point.)"""
+    from specq.bench.quality import Journal, QualitySettings, build_report, run_recall
+    from specq.engine.options import EngineOptions
+    from specq.engine.pipeline import Engine
+
+    eng = Engine(EngineOptions(target=str(tiny_models.target), speculator=str(tiny_models.speculator), n_gpu_layers=0,
+                               n_ctx=4096, n_threads=2))
+    try:
+        s = QualitySettings(lengths=[1200], n=2, scorers=["windowed", "windowed@300"], window=600)
+        path = tmp_path / "arm.jsonl"
+        run_recall(eng, s, Journal(path, s))
+        recs = [r for r in read_journal(path) if r["half"] == "recall"]
+        assert len(recs) == 2
+        assert all(r["windows"]["windowed"] == 2 and r["windows"]["windowed@300"] >= 4 for r in recs), recs
+        assert all(set(r["kept"]) == {"windowed", "windowed-max", "windowed-z", "windowed@300"} for r in recs)
+        arms = build_report([path])["recall_window_arms"]
+        assert {r["arm"] for r in arms} == {"windowed@300"} and all(r["n"] == 2 for r in arms)
+        assert sorted(r["keep"] for r in arms) == sorted(s.keeps)
+        assert all(r["both"] + r["default_only"] + r["arm_only"] + r["neither"] == 2 for r in arms)
+        bad = QualitySettings(lengths=[1200], n=1, scorers=["full@300"])
+        with pytest.raises(ValueError, match="windowed@W"):
+            run_recall(eng, bad, Journal(tmp_path / "bad.jsonl", bad))
+        assert not (tmp_path / "bad.jsonl").exists() or read_journal(tmp_path / "bad.jsonl") == []
+    finally:
+        eng.close()

@@ -10,6 +10,8 @@ Two halves, both over the tasks of quality_tasks.py (real text, answer once, dep
   window it is the same pass), `sliding`; and, from the windowed pass at no extra cost, two other
   ways of merging window scores (`windowed-max`: each window's scores over its maximum;
   `windowed-z`: each window's scores standardised, (s − mean) / std) to compare with the engine's merge.
+  `windowed@W`: the windowed scorer with windows of W document tokens, a window-size arm beside the
+  default window (`window`, 0 = the engine's DEFAULT_WINDOW), paired with `windowed` in the report.
 * `answer` (target, expensive): closed-book first (the question without the document); tasks answered
   right closed-book are recorded and not run further (left out of the ratio); the others run
   `baseline` and `specprefill` (windowed, keep 0.3 by default) through `Engine.run`, greedy.
@@ -226,7 +228,19 @@ def _worst_rank(scores: np.ndarray, chunk: int, ev: list[int]) -> float:
 # ----------------------------------------------------------------------------------------- halves
 
 
+def scorer_arm(name: str, window: int) -> tuple[str, int]:
+    """(scorer, window) of a recall scorer name: `windowed@W` is the windowed scorer with windows of W
+    document tokens; any other name runs at the settings' `window`."""
+    base, at, size = name.partition("@")
+    if not at:
+        return name, window
+    if base != "windowed" or not size.isdigit() or int(size) < 1:
+        raise ValueError(f"scorer {name!r}: a window-size arm is windowed@W with W > 0 document tokens")
+    return base, int(size)
+
+
 def run_recall(engine, settings: QualitySettings, journal: Journal, say: Say = print) -> None:
+    arms = {name: scorer_arm(name, settings.window) for name in settings.scorers}  # fails before any work
     count = _count(engine)
     scorer = engine.scorer()
     cache = engine.spec_cache() if settings.family else None
@@ -254,9 +268,10 @@ def run_recall(engine, settings: QualitySettings, journal: Journal, say: Say = p
                     rec["rank"]["full"] = rec["rank"]["windowed"]
                     rec["windows"]["full"] = 1
                     continue
-                use = cache.begin() if cache is not None and name != "sliding" else None
+                base, window = arms[name]
+                use = cache.begin() if cache is not None and base != "sliding" else None
                 t0 = time.perf_counter()
-                res = scorer.score(prompt, scorer=name, lookahead=settings.lookahead, pool=settings.pool, window=settings.window,
+                res = scorer.score(prompt, scorer=base, lookahead=settings.lookahead, pool=settings.pool, window=window,
                                    cache=cache if use is not None else None, scope=scope)
                 rec["score_ms"][name] = round((time.perf_counter() - t0) * 1000.0, 1)
                 if use is not None:

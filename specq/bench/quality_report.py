@@ -150,7 +150,7 @@ def aggregate(records: list[dict], conf: float = 0.9) -> dict[str, Any]:
             "same_pass_as_windowed": scorer == "full" and not own_pass[(L, scorer)],
         })
     # windowed vs full, paired on the same tasks
-    pair_rows = []
+    pair_rows, arm_rows = [], []
     by_task: dict[tuple, dict] = defaultdict(dict)
     for r in records:
         if r.get("half") == "recall":
@@ -163,6 +163,13 @@ def aggregate(records: list[dict], conf: float = 0.9) -> dict[str, Any]:
             p = paired(both, conf)
             pair_rows.append({"length": L, "keep": float(keep), "n": p["n"], "full_only": p["baseline_only"],
                               "windowed_only": p["specprefill_only"], "both": p["both_right"], "neither": p["both_wrong"]})
+        # window-size arms (`windowed@W`, quality.scorer_arm) against the default windowed scorer
+        for arm in sorted({k for t in tasks.values() for k in t if k.startswith("windowed@")}):
+            both = [(t["windowed"], t[arm]) for t in tasks.values() if arm in t and "windowed" in t]
+            if both:
+                p = paired(both, conf)
+                arm_rows.append({"length": L, "keep": float(keep), "arm": arm, "n": p["n"], "default_only": p["baseline_only"],
+                                 "arm_only": p["specprefill_only"], "both": p["both_right"], "neither": p["both_wrong"]})
     answer_rows = []
     groups: dict[int, list] = defaultdict(list)
     for r in records:
@@ -182,7 +189,7 @@ def aggregate(records: list[dict], conf: float = 0.9) -> dict[str, Any]:
             "specprefill_ttft_ms_median": med([r["specprefill"]["ttft_ms"] for r in open_]),
             "by_kind": _answer_by_kind(open_),
         })
-    return {"recall": recall_rows, "recall_full_vs_windowed": pair_rows, "answer": answer_rows,
+    return {"recall": recall_rows, "recall_full_vs_windowed": pair_rows, "recall_window_arms": arm_rows, "answer": answer_rows,
             "group": group_rows(records, conf), "load1_median": statistics.median(loads) if loads else None}
 
 
@@ -249,6 +256,12 @@ def table_markdown(agg: dict[str, Any]) -> str:
                   "| doc tokens | keep | n | both kept | full only | windowed only | neither |", "|---:|---:|---:|---:|---:|---:|---:|"]
         for r in agg["recall_full_vs_windowed"]:
             lines.append(f"| {r['length']:,} | {r['keep']:.1f} | {r['n']} | {r['both']} | {r['full_only']} | {r['windowed_only']} | {r['neither']} |")
+        lines.append("")
+    if agg.get("recall_window_arms"):
+        lines += ["Window-size arms vs the default window, windowed scorer, same tasks (recall discordant pairs):", "",
+                  "| doc tokens | keep | arm | n | both kept | default only | arm only | neither |", "|---:|---:|---|---:|---:|---:|---:|---:|"]
+        for r in agg["recall_window_arms"]:
+            lines.append(f"| {r['length']:,} | {r['keep']:.1f} | {r['arm']} | {r['n']} | {r['both']} | {r['default_only']} | {r['arm_only']} | {r['neither']} |")
         lines.append("")
     if agg["answer"]:
         lines += ["Answer right (target), baseline vs specprefill, paired; closed-book-right tasks left out:", "",

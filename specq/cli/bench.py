@@ -454,7 +454,7 @@ def bench_quality(
     start: int = typer.Option(0, help="First task index (tasks are numbered per length)."),
     seed: int = typer.Option(0, help="Task seed."),
     kinds: str = typer.Option("needle,multikey,raises,const", help="Task kinds, rotated: needle, multikey (planted), raises, const (not planted)."),
-    scorers: str = typer.Option("windowed,full", help="recall: scorers (windowed, full, sliding); windowed also yields windowed-max / windowed-z."),
+    scorers: str = typer.Option("windowed,full", help="recall: scorers (windowed, full, sliding, windowed@W: windows of W document tokens, a window-size arm); windowed also yields windowed-max / windowed-z."),
     keeps: str = typer.Option("0.2,0.3,0.5", help="recall: keep levels (all from one scoring pass)."),
     keep: float = typer.Option(0.3, help="answer: keep of the specprefill runs."),
     scorer: str = typer.Option("windowed", help="answer: scorer of the specprefill runs."),
