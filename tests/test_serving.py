@@ -238,6 +238,9 @@ def test_bench_serve_reports_a_workload_run_against_the_service(stack):
     assert s["jobs"] == s["succeeded"] == 3 and s["output_tokens"] == 18, s
     assert all(j["output_tokens"] == 6 and j["ttft_ms"] and j["ttft_ms"] > 0 for j in report["jobs"])
     assert s["jobs_per_min"] > 0 and report["provenance"]["code"]["commit"]
+    # the prefill-compute floor: each job's own prefill work, which the loop's one thread runs one job
+    # at a time (the CPU scores on that thread too), so jobs/min cannot pass the rate it allows
+    assert s["prefill_floor_ms_p50"] > 0 and s["jobs_per_min"] <= s["jobs_per_min_prefill_floor"], s
     assert report["provenance"]["measured_from"] == "client" and report["provenance"]["host"]["cores"] >= 1
     # a job the worker fails (a document past the worker's 8,192-token context) is counted as an error
     # with the server's message, not as a silent zero (as the first H200 run of 2026-12-02 saw it)

@@ -32,7 +32,10 @@ worker, start/finish times and the result's `spec` (mode, reason, windows, cache
 target prompt-cache hits). Summary: jobs/min over the makespan (first job sent -> last job done),
 TTFT p50/p95, decode tokens/s per job (output tokens after the first / time after the first) and in
 all, queue wait, and the modes and cache hits the results report. The report's `path` says which
-path ran.
+path ran. The per-job prefill-compute floor (`prefill_floor_ms_p50`, specq only): each job's own
+engine time on its scoring, selection and prefill (`prefill_work_ms`), and `jobs_per_min_prefill_floor`,
+the rate if those ran back to back and nothing else, a ceiling while they share one thread (one slot,
+or `SPECQ_SCORE_THREAD=off`); the score thread overlaps the speculator's part with the target's work.
 """
 
 from __future__ import annotations
@@ -385,6 +388,17 @@ def gpu_memory_mib() -> list[int]:
         return []
 
 
+def prefill_work_ms(engine: dict[str, float]) -> float | None:
+    """A specq job's own prefill work in the run (engine time, ms): scoring + selection + the target's
+    prefill. With slots, the `*_engine` times (this job's own units and batches, other jobs' work left
+    out); with one slot, where nothing interleaves, the phases themselves. None without timings."""
+    if "sparse_prefill_engine" in engine:
+        return engine.get("score_engine", 0.0) + engine["sparse_prefill_engine"]
+    if "sparse_prefill" in engine:
+        return engine.get("score", 0.0) + engine.get("select", 0.0) + engine["sparse_prefill"]
+    return None
+
+
 def summarize(recs: list[JobRecord], w: Workload) -> dict[str, Any]:
     ok = [r for r in recs if not r.error and r.first_s is not None]
     makespan = max((r.end_s or 0.0) for r in recs) - min(r.sent_s for r in recs) if recs else 0.0
@@ -393,6 +407,7 @@ def summarize(recs: list[JobRecord], w: Workload) -> dict[str, Any]:
     per_job = [(r.output_tokens - 1) / (r.end_s - r.first_s) for r in ok
                if r.output_tokens > 1 and r.end_s and r.end_s > r.first_s]
     out_tokens = sum(r.output_tokens for r in ok)
+    work = [x for x in (prefill_work_ms(r.engine) for r in ok) if x is not None]
     return {
         "jobs": len(recs), "succeeded": len(ok), "errors": [r.error for r in recs if r.error][:5],
         "makespan_s": round(makespan, 3),
@@ -404,6 +419,8 @@ def summarize(recs: list[JobRecord], w: Workload) -> dict[str, Any]:
         "output_tokens": out_tokens,
         "slot_wait_ms_p50": _pct([r.engine["slot_wait"] for r in ok if "slot_wait" in r.engine], 0.5),
         "interleave_wait_ms_p50": _pct([r.engine["interleave_wait"] for r in ok if "interleave_wait" in r.engine], 0.5),
+        "prefill_floor_ms_p50": _pct(work, 0.5),
+        "jobs_per_min_prefill_floor": round(len(work) / sum(work) * 60000.0, 3) if work and sum(work) > 0 else None,
         "prompt_tokens_p50": _pct([float(r.prompt_tokens) for r in ok if r.prompt_tokens], 0.5),
         "mean_output_tokens": round(statistics.mean([r.output_tokens for r in ok]), 2) if ok else 0,
         "queue_wait_ms_p50": _pct([r.queue_wait_ms for r in ok if r.queue_wait_ms is not None], 0.5),
