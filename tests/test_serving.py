@@ -86,13 +86,18 @@ def _running_together(st: Stack, ids: list[str]) -> bool:
     return all(r.status == "running" and r.progress_phase == "decode" and r.progress_done >= 5 for r in rows)
 
 
-def test_four_jobs_run_at_once_and_each_returns_its_text_alone(stack):
+@pytest.mark.parametrize("score_thread", ["off", "on"])
+def test_four_jobs_run_at_once_and_each_returns_its_text_alone(stack, score_thread):
+    # score_thread on: the GPU default (engine/score_thread.py), here on the CPU: the specprefill job is
+    # scored on a thread of its own while the others decode, and still returns its text alone.
     # Prompt cache off: the four jobs run again on the documents run alone, so with it on they would
     # restore the cached prompt and recompute only its last token. That changes the last token's logits
     # at rounding level (equal within tolerance: tests/test_doc_cache.py) on CPUs without AVX-512
     # (seen on a 2-core AVX2 AMD EPYC, 2026-12-02), enough to flip the seeded sampling of job 3; this
     # test is about co-scheduling in slots, not about the cache.
-    _worker(stack, "worker-four", 4, SPECQ_CACHE_BYTES="0")
+    _worker(stack, "worker-four", 4, SPECQ_CACHE_BYTES="0", SPECQ_SCORE_THREAD=score_thread)
+    where = "its own thread" if score_thread == "on" else "the engine thread"
+    assert f"scoring on {where}" in stack.log("worker-four")
     with httpx.Client(base_url=stack.url, timeout=30) as client:
         alone = []
         for doc, params in zip(DOCS, PARAMS):  # one at a time: nothing shares a batch with them
@@ -103,7 +108,7 @@ def test_four_jobs_run_at_once_and_each_returns_its_text_alone(stack):
         # a running worker, the first could finish before the fourth is claimed on a loaded machine
         kill9(stack, "worker-four")
         ids = [_submit(client, doc, params) for doc, params in zip(DOCS, PARAMS)]
-        _worker(stack, "worker-four-b", 4, SPECQ_CACHE_BYTES="0")
+        _worker(stack, "worker-four-b", 4, SPECQ_CACHE_BYTES="0", SPECQ_SCORE_THREAD=score_thread)
         views = _done(client, ids)
         metrics = client.get("/metrics").text
     assert [v["status"] for v in views] == ["succeeded"] * 4, views
