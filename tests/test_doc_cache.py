@@ -323,6 +323,7 @@ def test_serving_slots_use_the_prompt_cache(tiny_models):
         if budget:
             prompt = e.tokenize_prompt(DOC, p[1])
             assert not first.spec.cache["target"]["hit"] and first.spec.cache["target"]["bytes_saved"] > 0
+            assert first.spec.cache["target"]["save_ms"] > 0
             for r in rest:
                 t = r.spec.cache["target"]
                 assert t["hit"] and t["reused_tokens"] >= prompt.doc_end, t

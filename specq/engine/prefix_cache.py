@@ -76,7 +76,7 @@ class PrefixUse:
     def as_dict(self) -> dict:
         return {"hit": self.hit, "reused_tokens": self.reused_tokens, "prefilled_tokens": self.prefilled_tokens,
                 "bytes_restored": self.bytes_restored, "bytes_saved": self.bytes_saved,
-                "resave_skipped": self.resave_skipped, "from_slot": self.from_slot,
+                "save_ms": round(self.save_ms, 1), "resave_skipped": self.resave_skipped, "from_slot": self.from_slot,
                 "from_other_slot": self.from_other_slot}
 
 
