@@ -197,6 +197,11 @@ class _Job:
         self.t_phase = t
 
 
+def _drafts_with_speculator(job: _Job) -> bool:
+    """`draft model`: the job's drafter decodes on the scorer's speculator context."""
+    return job.params.draft == "model"
+
+
 class JobHandle:
     """A submitted job: `result()` waits for its RunResult (or raises its error); `cancel(exc)`
     drops it at the loop's next step (default RunCancelled)."""
@@ -506,7 +511,7 @@ class ServingEngine:
     def _speculator_shared(self) -> bool:
         """A live job drafts with the speculator (`draft model`: it decodes on the scorer's context),
         so scoring stays on this thread, between its batches (`_interleave`)."""
-        return any(j.params.draft == "model" for j in self._active)
+        return any(_drafts_with_speculator(j) for j in self._active)
 
     def _score_beside(self, job: _Job) -> None:
         """Hand the job's scoring and selection to the score thread; the loop goes on with the
@@ -607,7 +612,7 @@ class ServingEngine:
         if job.stage not in ("tokenize", "score", "setup"):
             return False
         if self.scoring is not None and self.scoring.busy and (
-                job.stage == "score" or (job.stage == "setup" and job.params.draft == "model")):
+                job.stage == "score" or (job.stage == "setup" and _drafts_with_speculator(job))):
             return False  # the speculator's contexts are the score thread's until it is done
         if job.wait_for is not None:
             if job.wait_for.stage == "prefill" and job.wait_for in self._active:
