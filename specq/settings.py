@@ -109,6 +109,11 @@ class ServiceSettings:
     #: the prompt cache); their own broker messages then find them claimed and do nothing
     #: (storage.groups, docs/serving.md "Group claims"). off = every job waits for its own message
     group_claims: bool = True
+    #: with several slots, specprefill questions about one document that are in the engine loop
+    #: together share one sparse prefill of the target: the union of their kept chunks, prefilled once
+    #: and copied on the device to the others' slots, which prefill only their own question
+    #: (engine/serving_group.py). off = each question prefills its own kept chunks
+    group_sparse: bool = True
     #: seconds a stopping worker (SIGTERM) gives its running jobs to finish; the rest go back to
     #: the queue (jobs waiting for a slot go back at once); below `specq up`'s 30 s stop deadline
     drain_grace: float = 20.0

@@ -30,11 +30,13 @@ pytestmark = [pytest.mark.timeout(600)]
 QUESTION = "What does the code do?"
 DOCS = [f"def f{i}(x):\n    return x * {i} + {i * i}\n" * (4 + 2 * i) for i in range(4)]
 #: the four jobs: greedy baseline, specprefill (two windows), n-gram drafting, seeded sampling
+#: (ignore_eos: each decodes its 600 tokens, so the four overlap even when a loaded machine claims
+#: them ~0.3 s apart; with 120 tokens and an early EOS one finished before the last started)
 PARAMS = [
-    {"mode": "baseline", "max_tokens": 120, "seed": 1},
-    {"mode": "specprefill", "min_tokens": 0, "window": 64, "max_tokens": 120, "seed": 1},
-    {"mode": "baseline", "draft": "ngram", "max_tokens": 120, "seed": 1},
-    {"mode": "baseline", "temperature": 0.8, "max_tokens": 120, "seed": 7},
+    {"mode": "baseline", "max_tokens": 600, "seed": 1, "ignore_eos": True},
+    {"mode": "specprefill", "min_tokens": 0, "window": 64, "max_tokens": 600, "seed": 1, "ignore_eos": True},
+    {"mode": "baseline", "draft": "ngram", "max_tokens": 600, "seed": 1, "ignore_eos": True},
+    {"mode": "baseline", "temperature": 0.8, "max_tokens": 600, "seed": 7, "ignore_eos": True},
 ]
 LONG = {"mode": "baseline", "max_tokens": 1500, "seed": 3}
 
@@ -114,7 +116,7 @@ def test_four_jobs_run_at_once_and_each_returns_its_text_alone(stack, score_thre
     assert [v["status"] for v in views] == ["succeeded"] * 4, views
     rows = [job_row(stack, j) for j in ids]
     # the four ran at the same time: every one started before any one finished
-    assert max(r.started_at for r in rows) < min(r.finished_at for r in rows)
+    assert max(r.started_at for r in rows) < min(r.finished_at for r in rows), [(r.started_at, r.finished_at, r.worker) for r in rows]
     assert len({r.worker for r in rows}) == 1
     assert [v["result"]["text"] for v in views] == alone
     for v in views:
@@ -178,13 +180,14 @@ def test_sigterm_drains_running_jobs_finish_late_ones_go_back(stack):
 
     from specq.storage import db
 
-    # 300 tokens: long enough to be seen decoding beside the long one on a fast CPU (150 tokens took
-    # ~0.5 s on an EPYC and the poll missed them), short enough to end within the grace on a slow one
+    # 600 tokens, ignore_eos: long enough to be seen decoding beside the long one on a fast CPU (150
+    # tokens took ~0.5 s on an EPYC and the poll missed them; 300 without ignore_eos stopped at EOS after
+    # 255 and was missed too, 2026-12-04), short enough to end within the grace on a slow one
     # grace 5 s: the 6,000-token job took 9.5 s on an idle 2-core AVX2 EPYC (2026-12-02), so a 15 s grace
     # let it finish there; the 300-token one ends well within 5 s after being seen decoding
     p = _worker(stack, "worker-drain", 2, SPECQ_DRAIN_GRACE="5")
     with httpx.Client(base_url=stack.url, timeout=30) as client:
-        short = _submit(client, DOCS[0], {"mode": "baseline", "max_tokens": 300, "seed": 1})
+        short = _submit(client, DOCS[0], {"mode": "baseline", "max_tokens": 600, "seed": 1, "ignore_eos": True})
         # 6,000 tokens: far longer than the grace period on the tiny models (one thread)
         long = _submit(client, DOCS[1], {"mode": "baseline", "max_tokens": 6000, "seed": 1})
         later = _submit(client, DOCS[2], PARAMS[0])
@@ -313,3 +316,39 @@ def test_bench_serve_documents_path_stores_each_document_once_and_reuses_it(stac
     assert jobs[1]["sent_s"] >= jobs[0]["end_s"] and jobs[3]["sent_s"] >= jobs[2]["end_s"], jobs
     assert s["reasons"] == {"asked for": 4}, s
     kill9(stack, "worker-bench-docs")
+
+
+def test_questions_on_a_stored_document_share_one_union_prefill_in_a_worker(stack):
+    """Three specprefill questions on one stored document, queued before a 3-slot worker starts: its
+    group claim takes them together, the engine loop forms one group (engine/serving_group.py), one
+    question prefills head + union, the other two copy it from that slot, and every stored result says
+    so; with SPECQ_GROUP_SPARSE=off the same three run without a group."""
+    doc = "".join(f"def f{i}(x):\n    return x * {i} + {i * i}\n" for i in range(40))
+    params = {"mode": "specprefill", "min_tokens": 0, "window": 96, "max_tokens": 8, "seed": 1, "ignore_eos": True}
+    questions = ["What does f3 return?", "Which function squares?", "What is f10(1)?"]
+    for env, grouped in (({}, True), ({"SPECQ_GROUP_SPARSE": "off"}, False)):
+        with httpx.Client(base_url=stack.url, timeout=30) as client:
+            r = client.post("/v1/documents", json={"text": doc})
+            assert r.status_code in (200, 201), r.text
+            doc_id = r.json()["id"]
+            ids = []
+            for q in questions:
+                r = client.post("/v1/jobs", json={"document_id": doc_id, "question": q, "params": params})
+                assert r.status_code == 202, r.text
+                ids.append(r.json()["id"])
+            _worker(stack, "worker-group", 3, **env)
+            views = _done(client, ids)
+        assert [v["status"] for v in views] == ["succeeded"] * 3, views
+        log = stack.log("worker-group")
+        assert f"group-sparse prefill {'on' if grouped else 'off'}" in log
+        groups = [v["result"].get("group") for v in views]
+        if grouped:
+            assert all(g and g["size"] == 3 and g["layout"] == "slots" for g in groups), groups
+            assert sorted(g["union_from"] == "own prefill" for g in groups) == [False, False, True], groups
+            assert len({g["union_kept_tokens"] for g in groups}) == 1
+            for v, g in zip(views, groups):
+                kept = v["result"]["usage"]["kept_tokens"]
+                assert g["prefilled_tokens"] == kept if g["union_from"] == "own prefill" else g["prefilled_tokens"] < kept - g["union_kept_tokens"]
+        else:
+            assert groups == [None] * 3, groups
+        kill9(stack, "worker-group")

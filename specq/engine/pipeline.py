@@ -18,7 +18,7 @@ from typing import Callable
 
 import numpy as np
 
-from . import auto, invariance, quality_evidence
+from . import auto, emulated_selection, invariance, quality_evidence
 from .decode import generate
 from ..contracts import EngineError, InputError, ModelError
 from .kept_spans import selection_record
@@ -68,6 +68,8 @@ class Engine:
         self.options = opts = options or EngineOptions()
         self._pull_progress = pull_progress
         self.target_path = Path(resolve_model(opts.target, progress=pull_progress))
+        #: benchmarks on random weights only: SPECQ_BENCH_UNION (emulated_selection.py)
+        self.emulated_union = emulated_selection.from_env()
         backend = backend_name()
         # before the first model: ggml reads the CUDA-graph setting once per process
         cuda_graphs = set_cuda_graphs(opts.cuda_graphs) and backend == "cuda"
@@ -514,6 +516,10 @@ class Engine:
                 scored.scores, doc_start=prompt.doc_start, n_prompt=prompt.n, protected=prompt.protected_indices(),
                 keep=params.keep, chunk=params.chunk, max_keep=params.max_keep,
             )
+        if self.emulated_union is not None and prompt.doc_end > prompt.doc_start:
+            kept = emulated_selection.emulate(kept, prompt, params.chunk, *self.emulated_union)
+            u, k = self.emulated_union
+            spec.reason += f" (selection EMULATED for a benchmark: {emulated_selection.ENV}={u}:{k})"
         timings["select"] = _ms(t0)
         spec.keep, spec.lookahead, spec.windows, spec.scorer = params.keep, params.lookahead, scored.windows, params.scorer
         spec.selection = params.selection

@@ -99,6 +99,8 @@ from .prefix_cache import PrefixUse, common_prefix
 from .result import RunResult
 from .sampling import Sampler
 from .score_thread import ScoreThread, resolve_score_thread
+from .serving_group import form as form_group
+from .serving_group import groupable, mates, still_pending
 from .stop import Stop, running
 
 log = logging.getLogger("specq.engine")
@@ -177,6 +179,12 @@ class _Job:
     faulty: bool = False
     prefix_use: PrefixUse | None = None  # a full prefill through the target's prompt cache
     wait_for: "_Job | None" = None  # the job whose prompt (sharing this one's prefix) is being prefilled
+    # group-sparse prefill (serving_group.py)
+    group: Any = None  # the SlotGroup this job is a member of
+    group_pending: list = field(default_factory=list)  # mates still being scored that this job waits for
+    group_index: int = 0
+    group_copied_from: int = -1  # the slot whose head + union this member copied (-1: prefilled by itself)
+    t_group: float = 0.0  # when it began waiting for its mates
     _toks: Any = None  # token_array()'s copy, and the prompt it was made of
     _toks_of: Any = None
 
@@ -232,7 +240,7 @@ class JobHandle:
 class ServingEngine:
     """The engine loop over an `Engine` (module doc). `start()` it, then `submit()` / `run()`."""
 
-    def __init__(self, engine, *, prefill_chunk: int = 0, score_thread: str = "auto") -> None:
+    def __init__(self, engine, *, prefill_chunk: int = 0, score_thread: str = "auto", group_sparse: bool = True) -> None:
         self.engine = engine
         self.ctx = engine.ctx
         self.slots = int(getattr(engine, "slots", 1))
@@ -277,6 +285,11 @@ class ServingEngine:
         #: None: scored on this loop's thread, between its decode batches)
         beside = resolve_score_thread(score_thread, on_cpu=on_cpu(engine.options, engine.info.backend))
         self.scoring: ScoreThread | None = ScoreThread(self._wake) if beside else None
+        #: specprefill questions about one document in the loop together share one sparse prefill of the
+        #: target (serving_group.py); groups formed, and members that copied the union from another slot
+        self.group_sparse = bool(group_sparse) and self.slots > 1
+        self.groups_formed = 0
+        self.group_copies = 0
 
     # -- other threads ---------------------------------------------------------------------------
     def start(self) -> "ServingEngine":
@@ -461,6 +474,12 @@ class ServingEngine:
             job.end_phase("score", t1)
             job.stage = "setup"
             return
+        if job.stage == "group":
+            self._setup_member(job, t0)
+            return
+        if self.group_sparse and job.group is None and job.mode == "specprefill" and groupable(job):
+            if not self._join_or_wait(job, t0):
+                return
         # setup: the drafter, the kept tokens of the prefill, an empty sequence
         owner = self._prefix_owner(job)
         if owner is not None:  # another job is prefilling this prompt's prefix: wait for its save
@@ -505,6 +524,50 @@ class ServingEngine:
             job.timings["cache_restore"] += job.prefix_use.restore_ms
         else:
             self.ctx.seq_rm(job.slot, -1, -1)
+        job.stage = "prefill"
+        if job.group is not None:
+            job.timings["group_wait"] = (t0 - job.t_group) * 1000.0 if job.t_group else 0.0
+        job.engine_ms["sparse_prefill"] += (_now() - t0) * 1000.0
+
+    def _join_or_wait(self, job: _Job, t0: float) -> bool:
+        """A scored specprefill job about to set up (serving_group.py): wait while a mate (same
+        document) is still being scored (False); else form a group with the scored mates. True: this
+        job sets up now (alone, or as the group's first member, which prefills head + union)."""
+        pending, ready = mates(job, self._active)
+        if pending:
+            job.group_pending = pending
+            job.t_group = job.t_group or t0
+            return False
+        job.group_pending = []
+        if not ready:
+            return True
+        members = [m for m in self._active if m is job or m in ready]  # admission order: the oldest first
+        form_group(members, prefill_plan)
+        self.groups_formed += 1
+        for m in members:
+            m.group_pending = []
+            m.t_group = m.t_group or t0
+            if m is not members[0]:
+                m.stage = "group"
+        return job is members[0]
+
+    def _setup_member(self, job: _Job, t0: float) -> None:
+        """A group member that did not prefill the union: copy it from a member's slot and prefill only
+        its own tail; when no member holds or computes the union any more (dropped), prefill it here."""
+        group = job.group
+        source = group.holder(job)
+        job.drafter = self.engine._drafter(job.params, job.prompt, scored=True, seq=job.slot)
+        job.progress("sparse_prefill", 0, 1)
+        self._resident_prefix(job)  # forgotten: the slot's cells are replaced
+        self.ctx.seq_rm(job.slot, -1, -1)
+        if source is None:
+            job.offset, job.group_copied_from = 0, -1
+        else:
+            self.ctx.seq_cp(source.slot, job.slot)  # the whole KV stream, on the device, at the next llama_decode
+            self.ctx.seq_rm(job.slot, group.tail_from, -1)  # the source's own tail and answer
+            job.offset, job.group_copied_from = group.n_shared, source.slot
+            self.group_copies += 1
+        job.timings["group_wait"] = (t0 - job.t_group) * 1000.0 if job.t_group else 0.0
         job.stage = "prefill"
         job.engine_ms["sparse_prefill"] += (_now() - t0) * 1000.0
 
@@ -609,8 +672,12 @@ class ServingEngine:
         return found[1] if found else 0
 
     def _preparable(self, job: _Job) -> bool:
+        if job.stage == "group":  # a member: once a member holds head + union, or none computes it any more
+            return job.group.holder(job) is not None or job.group.computing(job) is None
         if job.stage not in ("tokenize", "score", "setup"):
             return False
+        if job.group_pending and still_pending(job):
+            return False  # a mate about the same document is still being scored
         if self.scoring is not None and self.scoring.busy and (
                 job.stage == "score" or (job.stage == "setup" and _drafts_with_speculator(job))):
             return False  # the speculator's contexts are the score thread's until it is done
@@ -842,6 +909,8 @@ class ServingEngine:
         try:
             res = self.engine.finish_result(job.document, job.prompt, job.params, job.dec.result(), job.text,
                                             job.on_text, tm, job.spec, job.warnings, job.kept, job.doc_scores)
+            if job.group is not None:
+                res.group = job.group.record(job)
         except BaseException as e:
             job.future.set_exception(e)
             return
@@ -891,7 +960,8 @@ class ServingEngine:
                 "slot_wait_ms_total": round(self.slot_wait_ms_total, 1), "jobs_finished": self.jobs_finished,
                 "slot_prefix_hits": self.slot_prefix_hits, "slot_copy_hits": self.slot_copy_hits,
                 "slots_resident": len(self._resident),
-                "scored_beside": self.scoring.jobs_scored if self.scoring is not None else 0}
+                "scored_beside": self.scoring.jobs_scored if self.scoring is not None else 0,
+                "groups_formed": self.groups_formed, "group_copies": self.group_copies}
 
 
 __all__ = ["ServingEngine", "JobHandle", "Drained", "FAULT_ENV"]

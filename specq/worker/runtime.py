@@ -232,7 +232,8 @@ class WorkerRuntime:
         # and the target's prompt cache serves mode auto); several: the engine loop of serving.py
         if slots > 1:
             self.serving = ServingEngine(self.engine, prefill_chunk=self.settings.prefill_chunk,
-                                         score_thread=self.settings.score_thread).start()
+                                         score_thread=self.settings.score_thread,
+                                         group_sparse=self.settings.group_sparse).start()
             self.slots = slots
         if self.settings.warm_up:
             t1 = time.perf_counter()
@@ -243,7 +244,8 @@ class WorkerRuntime:
                         res.usage.prompt_tokens, res.spec.windows, self.engine.n_ubatch, self.warm_up_s)
         self.name = worker_name()
         info = self.engine.info
-        groups_on = "" if slots == 1 else (f", group claims {'on' if self.settings.group_claims else 'off'}, scoring on "
+        groups_on = "" if slots == 1 else (f", group claims {'on' if self.settings.group_claims else 'off'}, "
+                                           f"group-sparse prefill {'on' if self.serving.group_sparse else 'off'}, scoring on "
                                            + ("its own thread" if self.serving.scoring is not None else "the engine thread"))
         log.warning(
             "specq worker %s ready: target %s, speculator %s, backend %s, n_gpu_layers %s, n_ctx %s, %d slot%s%s (%.1fs)",

@@ -1,0 +1,71 @@
+"""Benchmarks on random weights only: an emulated overlap of several questions' selections.
+
+Why. Group-sparse prefill (group_sparse.py, serving_group.py) prefills the union of a document's
+questions' kept chunks. On random weights each question's selection is close to independent, so 8
+selections of 30% cover ~94% of the document; on the real pair the questions' selections overlap
+(10 questions at 4K: union 43% of the document, median; docs/quality.md). A GPU benchmark on
+random-weight shapes would therefore measure group-sparse at a union no real pair produces. With
+`SPECQ_BENCH_UNION=U:K` (read once when the Engine starts; never set it in production) every
+specprefill selection is replaced, AFTER the real scoring and selection ran (their cost is paid as
+usual), by the same number of document chunks drawn so that K questions about one document cover
+about U of it: a shared part, the same chunks for every question about the document (seeded by the
+document's tokens), plus a private part seeded by the whole prompt (the question). Head, template
+tail and pinned indices stay kept. Every result of such a run carries a warning that says so.
+
+With own fraction f (the job's keep) and C chunks: private p = (U - f) / (K - 1) * C chunks, shared
+f * C - p; K questions then cover f*C + (K-1)*p = U*C chunks (less where two private draws collide).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+
+import numpy as np
+
+ENV = "SPECQ_BENCH_UNION"
+
+
+def from_env() -> tuple[float, int] | None:
+    """(U, K) from SPECQ_BENCH_UNION, or None when it is unset or empty; a bad value raises."""
+    raw = os.environ.get(ENV, "").strip()
+    if not raw:
+        return None
+    try:
+        u, k = raw.split(":")
+        union, members = float(u), int(k)
+    except ValueError:
+        raise ValueError(f"{ENV} must be U:K (a union fraction and a group size, e.g. 0.43:8), not {raw!r}") from None
+    if not (0.0 < union <= 1.0 and members >= 2):
+        raise ValueError(f"{ENV}: U must be in (0, 1] and K >= 2, not {raw!r}")
+    return union, members
+
+
+def _seed(tokens) -> int:
+    return int.from_bytes(hashlib.blake2b(np.asarray(tokens, dtype=np.int32).tobytes(), digest_size=8).digest(), "little")
+
+
+def emulate(kept: list[int], prompt, chunk: int, union: float, members: int) -> list[int]:
+    """`kept` with its document chunks replaced as the module doc says (the same number of chunks)."""
+    start, end = prompt.doc_start, prompt.doc_end
+    n_doc = end - start
+    if n_doc <= 0 or chunk <= 0:
+        return kept
+    pinned = set(prompt.pinned)
+    outside = [i for i in kept if not (start <= i < end) or i in pinned]
+    own = len({(i - start) // chunk for i in kept if start <= i < end and i not in pinned})
+    n_chunks = -(-n_doc // chunk)
+    private = int(round(max(0.0, union * n_chunks - own) / (members - 1)))
+    private = min(private, own)
+    shared = own - private
+    order = np.random.default_rng(_seed(prompt.tokens[:end])).permutation(n_chunks)
+    picked = set(order[:shared].tolist())
+    rest = order[shared:]
+    if private and len(rest):
+        draw = np.random.default_rng(_seed(prompt.tokens)).choice(len(rest), size=min(private, len(rest)), replace=False)
+        picked.update(rest[draw].tolist())
+    doc = [i for c in picked for i in range(start + c * chunk, min(end, start + (c + 1) * chunk))]
+    return sorted(set(outside) | set(doc))
+
+
+__all__ = ["ENV", "from_env", "emulate"]

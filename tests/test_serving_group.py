@@ -1,0 +1,181 @@
+"""Group-sparse prefill in the serving loop (engine/serving_group.py): specprefill questions about one
+document in the loop together share one sparse prefill of the target.
+
+Tiny random-weight models on the CPU, one llama.cpp thread, batch-invariant target: each member's
+answer must equal, token for token, a single run forced to head + union + its own tail
+(Engine.run(_kept=...)), which is what group_sparse.run_group is checked against too."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+
+import pytest
+
+llama_cpp = pytest.importorskip("llama_cpp")
+
+from specq.contracts import RunCancelled  # noqa: E402
+
+from serving_text import DOC, DOC2, loop_engine, scorer_params  # noqa: E402
+
+pytestmark = [pytest.mark.timeout(900)]
+
+QUESTIONS = ["Who holds the copyright?", "What does the license permit?", "Which version is it?",
+             "Is there a warranty?"]
+
+
+def _params(question: str, **kw):
+    # sampled (fixed seed): a sampled answer only matches when the logits do
+    return scorer_params(question, temperature=1.0, seed=5, max_tokens=6, ignore_eos=True, **kw)
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_models):
+    eng = loop_engine(tiny_models, slots=4, n_ctx=4096)
+    yield eng
+    eng.close()
+
+
+def _loop(engine, **kw):
+    from specq.engine.serving import ServingEngine
+
+    return ServingEngine(engine, **kw).start()
+
+
+def _forced_alone(engine, doc, result, question):
+    engine.cache_store.clear()
+    return engine.run(doc, _params(question), scope="t", _kept=result.kept_indices)
+
+
+def test_questions_together_share_one_union_prefill(engine):
+    engine.cache_store.clear()
+    loop = _loop(engine)
+    try:
+        handles = [loop.submit(DOC, _params(q), scope="t") for q in QUESTIONS]
+        results = [h.result(600) for h in handles]
+        stats = loop.stats()
+    finally:
+        loop.close()
+    assert stats["groups_formed"] == 1 and stats["group_copies"] == 3
+    groups = [r.group for r in results]
+    assert sorted(g["index"] for g in groups) == [0, 1, 2, 3]
+    assert all(g["size"] == 4 and g["layout"] == "slots" for g in groups)
+    union = groups[0]["union_kept_tokens"]
+    assert all(g["union_kept_tokens"] == union for g in groups)
+    assert all(0 < g["own_kept_tokens"] <= union < g["document_tokens"] for g in groups)
+    first = [g for g in groups if g["union_from"] == "own prefill"]
+    assert len(first) == 1  # one member computed the union; the other three copied it
+    for r, g in zip(results, groups):
+        assert len(r.kept_indices) == r.usage.kept_tokens
+        if g["union_from"] == "own prefill":
+            assert g["prefilled_tokens"] == r.usage.kept_tokens
+        else:
+            assert g["union_from"].startswith("slot ")
+            # only its own question + template tail: the head and the union came from another slot
+            assert 0 < g["prefilled_tokens"] < r.usage.kept_tokens - union
+        assert r.timings_ms["group_wait"] >= 0
+    # every answer = a single run forced to head + union + its own tail
+    for q, r in zip(QUESTIONS, results):
+        single = _forced_alone(engine, DOC, r, q)
+        assert single.kept_indices == r.kept_indices
+        assert r.tokens == single.tokens and len(r.tokens) == 6
+
+
+def test_each_member_keeps_at_least_its_own_selection(engine):
+    """The union holds every chunk the member's own selection (a plain specprefill run) keeps."""
+    engine.cache_store.clear()
+    loop = _loop(engine)
+    try:
+        results = [h.result(600) for h in [loop.submit(DOC, _params(q), scope="t") for q in QUESTIONS[:2]]]
+        engine.cache_store.clear()
+        plain = [engine.run(DOC, _params(q), scope="t") for q in QUESTIONS[:2]]
+    finally:
+        loop.close()
+    for q, r, p in zip(QUESTIONS, results, plain):
+        assert set(p.kept_indices) <= set(r.kept_indices)
+        prompt = engine.tokenize_prompt(DOC, _params(q))
+        own = [i for i in p.kept_indices if prompt.doc_start <= i < prompt.doc_end]
+        assert r.group["own_kept_tokens"] == len(own)
+
+
+def test_other_documents_tenants_and_off_do_not_group(engine):
+    engine.cache_store.clear()
+    loop = _loop(engine)
+    try:
+        handles = [loop.submit(DOC, _params(QUESTIONS[0]), scope="t"),
+                   loop.submit(DOC2, _params(QUESTIONS[1]), scope="t"),   # another document
+                   loop.submit(DOC, _params(QUESTIONS[2]), scope="u"),    # another tenant
+                   loop.submit(DOC, _params(QUESTIONS[3], draft="model"), scope="t")]  # a drafter group-sparse does not serve
+        results = [h.result(600) for h in handles]
+        assert loop.stats()["groups_formed"] == 0
+    finally:
+        loop.close()
+    assert all(r.group is None for r in results)
+    engine.cache_store.clear()
+    off = _loop(engine, group_sparse=False)
+    try:
+        results = [h.result(600) for h in [off.submit(DOC, _params(q), scope="t") for q in QUESTIONS[:2]]]
+        assert off.stats()["groups_formed"] == 0
+    finally:
+        off.close()
+    assert all(r.group is None for r in results)
+
+
+def test_a_cancelled_union_prefill_is_taken_over(engine):
+    """The member prefilling head + union is cancelled during it: another member prefills the union
+    itself, and every answer is still the forced single run's."""
+    engine.cache_store.clear()
+    loop = _loop(engine, prefill_chunk=32)
+    handles = []
+    cancelled = threading.Event()
+
+    def progress_of(i):
+        def report(phase, done, total):
+            # the first member to start its prefill is the one computing the union: cancel it there
+            if phase == "sparse_prefill" and done == 0 and not cancelled.is_set():
+                cancelled.set()
+                handles[i].cancel()
+        return report
+
+    try:
+        for i, q in enumerate(QUESTIONS[:3]):
+            handles.append(loop.submit(DOC, _params(q), progress_of(i), scope="t"))
+        outcomes = []
+        for h in handles:
+            try:
+                outcomes.append(h.result(600))
+            except RunCancelled:
+                outcomes.append(None)
+    finally:
+        loop.close()
+    assert outcomes.count(None) == 1
+    done = [(q, r) for q, r in zip(QUESTIONS, outcomes) if r is not None]
+    assert len(done) == 2
+    assert sorted(r.group["union_from"] == "own prefill" for _, r in done) == [False, True]
+    for q, r in done:
+        single = _forced_alone(engine, DOC, r, q)
+        assert r.tokens == single.tokens
+
+
+def test_emulated_union_for_benchmarks(tiny_models, monkeypatch):
+    """SPECQ_BENCH_UNION (engine/emulated_selection.py, random-weight benchmarks only): K questions'
+    emulated selections keep as many chunks as their own and cover about U of the document, and the
+    result says the selection was emulated."""
+    from specq.engine import emulated_selection
+
+    monkeypatch.setenv(emulated_selection.ENV, "0.5:4")
+    eng = loop_engine(tiny_models, slots=4, n_ctx=4096)
+    loop = _loop(eng)
+    try:
+        results = [h.result(600) for h in [loop.submit(DOC, _params(q, chunk=8), scope="t") for q in QUESTIONS]]
+    finally:
+        loop.close()
+        eng.close()
+    assert all("EMULATED" in r.spec.reason for r in results)
+    g = results[0].group
+    assert g["size"] == 4 and all(r.group["union_kept_tokens"] == g["union_kept_tokens"] for r in results)
+    assert 0.4 <= g["union_kept_fraction"] <= 0.55
+    assert all(abs(r.group["own_kept_fraction"] - 0.3) < 0.05 for r in results)
+    monkeypatch.setenv(emulated_selection.ENV, "2:1")
+    with pytest.raises(ValueError, match="SPECQ_BENCH_UNION"):
+        emulated_selection.from_env()
