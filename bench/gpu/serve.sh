@@ -24,6 +24,10 @@
 #   SPECQ_SCORE_THREAD=off SPECQ_SPEC_CACHE_SAVE=repeat SLOTS_LIST=8 bash bench/gpu/serve.sh specq 32768 64
 #       # A/B: the speculator's scoring on the engine thread between decode batches, as before the score
 #       # thread (engine/score_thread.py; default auto = its own thread on a GPU); files carry "-score-off"
+#   SPECQ_BENCH_UNION=0.43:8 QUESTIONS=8 SPECQ_SPEC_CACHE_SAVE=repeat SLOTS_LIST=8 bash bench/gpu/serve.sh specq 32768 64
+#       # group-sparse prefill in the loop (engine/serving_group.py) with the selections' overlap emulated at
+#       # the real pair's union (random weights overlap far less: engine/emulated_selection.py); SPECQ_GROUP_SPARSE=off
+#       # for the same run without it; files carry "-union0.43x8" / "-group-off"
 #   ARRIVAL=per-doc ... bash bench/gpu/serve.sh specq|llama 32768 64   # each document's questions in sequence
 #       # (the next sent when the last ended), the documents in parallel; default t0 (all at once); "-perdoc"
 #
@@ -90,7 +94,10 @@ specq)
   docflag=$([ "${DOCUMENTS:-0}" = 1 ] && echo --documents)
   ctag=${SPECQ_CACHE_BYTES:+-cache$(( SPECQ_CACHE_BYTES >> 30 ))G}
   # SPECQ_SCORE_THREAD (the worker reads it; default auto = on with a GPU target) set names them too
-  tag=${SPECQ_SPEC_CACHE_SAVE:+-save-$SPECQ_SPEC_CACHE_SAVE}${SPECQ_SCORE_THREAD:+-score-$SPECQ_SCORE_THREAD}$ctag$qtag${docflag:+-docs}$atag
+  # SPECQ_GROUP_SPARSE (off: no group-sparse prefill) and SPECQ_BENCH_UNION (random weights: emulated
+  # selection overlap, engine/emulated_selection.py; "0.43:8" names the files "-union0.43x8") too
+  utag=${SPECQ_BENCH_UNION:+-union${SPECQ_BENCH_UNION/:/x}}
+  tag=${SPECQ_SPEC_CACHE_SAVE:+-save-$SPECQ_SPEC_CACHE_SAVE}${SPECQ_SCORE_THREAD:+-score-$SPECQ_SCORE_THREAD}${SPECQ_GROUP_SPARSE:+-group-$SPECQ_GROUP_SPARSE}$utag$ctag$qtag${docflag:+-docs}$atag
   for slots in ${SLOTS_LIST:-8 1}; do
     home=/tmp/specq-home-$slots; rm -rf "$home"; port=$(( 8200 + slots ))
     # CUDA graphs off as production runs them (SPECQ_CUDA_GRAPHS); GRAPHS_ON=1 for the comparison

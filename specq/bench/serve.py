@@ -353,6 +353,8 @@ async def _details(base_url: str, recs: list[JobRecord], api_key: str, timeout: 
         kept = (res.get("usage") or {}).get("kept_tokens")
         if kept is not None:
             rec.spec["kept_tokens"] = kept
+        if isinstance(res.get("group"), dict):  # a member of a group-sparse prefill (engine/serving_group.py)
+            rec.spec["group"] = res["group"]
 
     async with _client(base_url, api_key, timeout, 8) as client:
         await asyncio.gather(*(one(client, r) for r in recs if r.job_id))
@@ -469,7 +471,24 @@ def reuse(recs: list[JobRecord]) -> dict[str, Any]:
         "target_reused_tokens": reused,
         "target_reused_fraction": round(reused / prompt, 4) if prompt else None,
         "speculator_window_hits": sum(int(cache(sp, "speculator").get("hits") or 0) for sp in specs),
+        **_groups([sp["group"] for sp in specs if isinstance(sp.get("group"), dict)]),
         "speculator_window_misses": sum(int(cache(sp, "speculator").get("misses") or 0) for sp in specs),
+    }
+
+
+def _groups(groups: list[dict]) -> dict[str, Any]:
+    """Group-sparse prefill (engine/serving_group.py): jobs served as group members, how many copied
+    head + union from another slot, the union's and a member's own kept fractions (p50), and the
+    target tokens members prefilled themselves against their kept tokens."""
+    if not groups:
+        return {"group_members": 0}
+    return {
+        "group_members": len(groups),
+        "group_union_copies": sum(str(g.get("union_from", "")).startswith("slot") for g in groups),
+        "group_size_p50": _pct([float(g.get("size") or 0) for g in groups], 0.5),
+        "group_union_fraction_p50": _pct([float(g.get("union_kept_fraction") or 0) for g in groups], 0.5),
+        "group_own_fraction_p50": _pct([float(g.get("own_kept_fraction") or 0) for g in groups], 0.5),
+        "group_prefilled_tokens": sum(int(g.get("prefilled_tokens") or 0) for g in groups),
     }
 
 

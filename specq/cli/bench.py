@@ -355,6 +355,11 @@ def bench_serve(
                    f"({s.get('target_slot_hits', 0)} from their slot; {s['target_reused_tokens']} tokens reused); "
                    f"speculator windows restored "
                    f"{s['speculator_window_hits']}, prefilled {s['speculator_window_misses']}")
+    if s.get("group_members"):
+        typer.echo(f"  group-sparse: {s['group_members']} jobs in groups (size p50 {s['group_size_p50']}), "
+                   f"{s['group_union_copies']} copied head + union from another slot; union {s['group_union_fraction_p50']} "
+                   f"of the document (p50), own selection {s['group_own_fraction_p50']}; "
+                   f"{s['group_prefilled_tokens']} target tokens prefilled by members")
     for e in s["errors"]:
         typer.echo(f"error: {e}", err=True)
     if out:
