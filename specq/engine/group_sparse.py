@@ -50,10 +50,9 @@ speculator's scoring of the k questions is paid back; the group-sparse answers a
 good as the union's coverage (a union covers at least each question's own chunks, so each answer
 sees at least what its own specprefill run saw).
 
-Not wired into the worker: the worker's group claims (specq/worker/runtime.py `_claim_group`,
-`_run_member`) still run each member as its own job; serving a claimed group through `run_group`
-needs one engine call for several jobs (their progress, cancels, streams and writes) and is left to
-a later change.
+In the worker: the engine loop forms such groups itself from the jobs in its slots
+(serving_group.py: the union copied between slots on the device instead of rolled back in one
+sequence); this module serves one caller's k questions at once (benchmarks, `specq bench quality group`).
 
 Fallbacks. The group runs as separate `Engine.run` calls (every result's `group["fallback"]` says
 why, and a warning repeats it) when: the mode is not specprefill or a prompt ran baseline
