@@ -42,21 +42,26 @@ def _loop(engine, **kw):
     return ServingEngine(engine, **kw).start()
 
 
-def _forced_alone(engine, doc, result, question):
+def _forced_alone(engine, doc, result, question, **kw):
     engine.cache_store.clear()
-    return engine.run(doc, _params(question), scope="t", _kept=result.kept_indices)
+    return engine.run(doc, _params(question, **kw), scope="t", _kept=result.kept_indices)
 
 
-def test_questions_together_share_one_union_prefill(engine):
+@pytest.mark.parametrize("score_thread", ["off", "on"])
+def test_questions_together_share_one_union_prefill(engine, score_thread):
+    """score_thread on: the GPU default (mates are scored one at a time on the score thread while the
+    first waits); off: the CPU default (scored on the loop's thread). One member drafts with n-grams."""
     engine.cache_store.clear()
-    loop = _loop(engine)
+    loop = _loop(engine, score_thread=score_thread)
     try:
-        handles = [loop.submit(DOC, _params(q), scope="t") for q in QUESTIONS]
+        handles = [loop.submit(DOC, _params(q, **({"draft": "ngram"} if i == 2 else {})), scope="t")
+                   for i, q in enumerate(QUESTIONS)]
         results = [h.result(600) for h in handles]
         stats = loop.stats()
     finally:
         loop.close()
     assert stats["groups_formed"] == 1 and stats["group_copies"] == 3
+    assert (stats["scored_beside"] == 4) == (score_thread == "on"), stats
     groups = [r.group for r in results]
     assert sorted(g["index"] for g in groups) == [0, 1, 2, 3]
     assert all(g["size"] == 4 and g["layout"] == "slots" for g in groups)
@@ -75,8 +80,8 @@ def test_questions_together_share_one_union_prefill(engine):
             assert 0 < g["prefilled_tokens"] < r.usage.kept_tokens - union
         assert r.timings_ms["group_wait"] >= 0
     # every answer = a single run forced to head + union + its own tail
-    for q, r in zip(QUESTIONS, results):
-        single = _forced_alone(engine, DOC, r, q)
+    for i, (q, r) in enumerate(zip(QUESTIONS, results)):
+        single = _forced_alone(engine, DOC, r, q, **({"draft": "ngram"} if i == 2 else {}))
         assert single.kept_indices == r.kept_indices
         assert r.tokens == single.tokens and len(r.tokens) == 6
 
