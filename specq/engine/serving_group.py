@@ -78,9 +78,10 @@ class SlotGroup:
         return None
 
     def computing(self, job) -> Any:
-        """A member other than `job` prefilling head + union in its own slot now, or None."""
+        """A member other than `job` that prefills head + union in its own slot, or is about to (the
+        first member, still setting up), or None."""
         for m in self.members:
-            if m is not job and m.slot >= 0 and m.stage == "prefill" and m.group_copied_from < 0:
+            if m is not job and m.slot >= 0 and m.stage in ("setup", "prefill") and m.group_copied_from < 0:
                 return m
         return None
 
