@@ -1,10 +1,17 @@
 """What the CPU measurement scripts of #17 share (measure_arriving_together.py, measure_group_in_loop.py):
-the questions they ask about examples/python-license.txt, and the provenance header of their reports."""
+the questions they ask about examples/python-license.txt, their options, the provenance header of
+their reports, and one run of the questions submitted together to an engine loop."""
 
 from __future__ import annotations
 
+import argparse
 import os
 import subprocess
+import time
+
+from specq.engine.options import EngineOptions, RunParams
+from specq.engine.pipeline import Engine
+from specq.engine.serving import ServingEngine
 
 QS = ["Which company did the Python core development team move to in May 2000?",
       "What does the license say about warranties?",
@@ -26,8 +33,6 @@ def report_header(script: str, args) -> dict:
 
 def arguments():
     """The options both scripts take: OUT.json, --questions, --max-tokens, --document."""
-    import argparse
-
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
     ap.add_argument("--questions", type=int, default=4)
@@ -39,12 +44,6 @@ def arguments():
 def questions_together(text: str, n: int, max_tokens: int, mode: str, options: dict, loop_options: dict | None = None):
     """The first `n` questions of QS about `text`, submitted at once to an engine loop with `n` slots (a
     fresh engine: caches empty); (results, wall seconds, the loop's stats + prefix waits + engine info)."""
-    import time
-
-    from specq.engine.options import EngineOptions, RunParams
-    from specq.engine.pipeline import Engine
-    from specq.engine.serving import ServingEngine
-
     eng = Engine(EngineOptions(n_gpu_layers=0, n_ctx=4096, slots=n, **options))
     loop = ServingEngine(eng, **(loop_options or {})).start()
     try:

@@ -471,15 +471,15 @@ def reuse(recs: list[JobRecord]) -> dict[str, Any]:
         "target_reused_tokens": reused,
         "target_reused_fraction": round(reused / prompt, 4) if prompt else None,
         "speculator_window_hits": sum(int(cache(sp, "speculator").get("hits") or 0) for sp in specs),
-        **_groups([sp["group"] for sp in specs if isinstance(sp.get("group"), dict)]),
         "speculator_window_misses": sum(int(cache(sp, "speculator").get("misses") or 0) for sp in specs),
+        **_groups([sp["group"] for sp in specs if isinstance(sp.get("group"), dict)]),
     }
 
 
 def _groups(groups: list[dict]) -> dict[str, Any]:
     """Group-sparse prefill (engine/serving_group.py): jobs served as group members, how many copied
-    head + union from another slot, the union's and a member's own kept fractions (p50), and the
-    target tokens members prefilled themselves against their kept tokens."""
+    head + union from another slot, group size and the union's and a member's own kept fractions
+    (p50), and the target tokens the members prefilled themselves (summed)."""
     if not groups:
         return {"group_members": 0}
     return {

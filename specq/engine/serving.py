@@ -61,6 +61,11 @@ loop goes on with the target's batches, prefill chunks included; a later step co
 (`_collect_scored`). One job is scored at a time; while a job drafting with the speculator (`draft
 model`) is live, scoring stays on this thread as described above.
 
+Group-sparse prefill (serving_group.py; `group_sparse`, SPECQ_GROUP_SPARSE): at step 3's set-up a
+scored specprefill job whose document other admitted jobs ask about too waits for their scoring, then
+the oldest prefills head + the union of their kept chunks and the others copy it from its slot
+(`seq_cp`) and prefill only their own tail.
+
 Speculator cache saves: a scoring job's window prefixes are saved to the speculator cache after
 their prefill, on this thread, with every other job waiting (no decode batch between the saves). With
 EngineOptions.spec_cache_save `repeat` (SPECQ_SPEC_CACHE_SAVE; default `always`) only a stored
@@ -182,9 +187,8 @@ class _Job:
     # group-sparse prefill (serving_group.py)
     group: Any = None  # the SlotGroup this job is a member of
     group_pending: list = field(default_factory=list)  # mates still being scored that this job waits for
-    group_index: int = 0
     group_copied_from: int = -1  # the slot whose head + union this member copied (-1: prefilled by itself)
-    t_group: float = 0.0  # when it began waiting for its mates
+    t_group: float = 0.0  # when it began waiting for its mates (a group member: set)
     _toks: Any = None  # token_array()'s copy, and the prompt it was made of
     _toks_of: Any = None
 
@@ -475,8 +479,11 @@ class ServingEngine:
             job.stage = "setup"
             return
         if job.stage == "group":
-            self._setup_member(job, t0)
-            return
+            source = job.group.holder(job)
+            if source is not None:
+                self._copy_union(job, source, t0)
+                return
+            job.stage = "setup"  # no member holds or computes the union any more (dropped): prefill it here
         if self.group_sparse and job.group is None and job.mode == "specprefill" and groupable(job):
             if not self._join_or_wait(job, t0):
                 return
@@ -490,7 +497,8 @@ class ServingEngine:
             job.kept = list(range(job.prompt.n))
         job.drafter = eng._drafter(job.params, job.prompt, scored=(job.mode == "specprefill"), seq=job.slot)
         job.progress("sparse_prefill", 0, 1)
-        job.pre_toks, job.pre_pos, job.next_pos = prefill_plan(job.prompt.tokens, job.kept, job.positions)
+        if job.group is None:  # a group's members got their plans when it formed
+            job.pre_toks, job.pre_pos, job.next_pos = prefill_plan(job.prompt.tokens, job.kept, job.positions)
         resident = self._resident_prefix(job)
         job.offset = 0
         cache = eng.prefix_cache()
@@ -526,7 +534,7 @@ class ServingEngine:
             self.ctx.seq_rm(job.slot, -1, -1)
         job.stage = "prefill"
         if job.group is not None:
-            job.timings["group_wait"] = (t0 - job.t_group) * 1000.0 if job.t_group else 0.0
+            job.timings["group_wait"] = (t0 - job.t_group) * 1000.0
         job.engine_ms["sparse_prefill"] += (_now() - t0) * 1000.0
 
     def _join_or_wait(self, job: _Job, t0: float) -> bool:
@@ -542,7 +550,7 @@ class ServingEngine:
         if not ready:
             return True
         members = [m for m in self._active if m is job or m in ready]  # admission order: the oldest first
-        form_group(members, prefill_plan)
+        form_group(members)
         self.groups_formed += 1
         for m in members:
             m.group_pending = []
@@ -551,23 +559,19 @@ class ServingEngine:
                 m.stage = "group"
         return job is members[0]
 
-    def _setup_member(self, job: _Job, t0: float) -> None:
-        """A group member that did not prefill the union: copy it from a member's slot and prefill only
-        its own tail; when no member holds or computes the union any more (dropped), prefill it here."""
+    def _copy_union(self, job: _Job, source: _Job, t0: float) -> None:
+        """A group member set up on another member's head + union: that slot's KV stream copied on the
+        device, the source's own tail and answer removed, and only this job's tail left to prefill."""
         group = job.group
-        source = group.holder(job)
         job.drafter = self.engine._drafter(job.params, job.prompt, scored=True, seq=job.slot)
         job.progress("sparse_prefill", 0, 1)
         self._resident_prefix(job)  # forgotten: the slot's cells are replaced
         self.ctx.seq_rm(job.slot, -1, -1)
-        if source is None:
-            job.offset, job.group_copied_from = 0, -1
-        else:
-            self.ctx.seq_cp(source.slot, job.slot)  # the whole KV stream, on the device, at the next llama_decode
-            self.ctx.seq_rm(job.slot, group.tail_from, -1)  # the source's own tail and answer
-            job.offset, job.group_copied_from = group.n_shared, source.slot
-            self.group_copies += 1
-        job.timings["group_wait"] = (t0 - job.t_group) * 1000.0 if job.t_group else 0.0
+        self.ctx.seq_cp(source.slot, job.slot)  # the whole KV stream, at the next llama_decode
+        self.ctx.seq_rm(job.slot, group.tail_from, -1)
+        job.offset, job.group_copied_from = group.n_shared, source.slot
+        self.group_copies += 1
+        job.timings["group_wait"] = (t0 - job.t_group) * 1000.0
         job.stage = "prefill"
         job.engine_ms["sparse_prefill"] += (_now() - t0) * 1000.0
 

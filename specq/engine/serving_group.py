@@ -42,12 +42,13 @@ own kept chunks, as before.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from .group_sparse import GROUP_DRAFTERS, forced_kept, union_kept
+from .prefill import prefill_plan
 
 #: stages of a job before it prefills (serving.py): a mate in one of them may still join a group
 _BEFORE_SCORED = ("tokenize", "score", "scoring")
@@ -64,7 +65,7 @@ class SlotGroup:
     n_shared: int
     #: the position of every member's first own-tail token: cells from here on are a member's own
     tail_from: int
-    own_tokens: dict[int, int] = field(default_factory=dict)  # id(job) -> its own kept document tokens
+    own_tokens: list[int]  # each member's own kept document tokens, in formation order
 
     def holder(self, job) -> Any:
         """A member other than `job` whose slot holds head + union now, to copy from: one that decodes
@@ -87,10 +88,11 @@ class SlotGroup:
 
     def record(self, job) -> dict[str, Any]:
         n_doc = max(1, self.document_tokens)
-        own = self.own_tokens.get(id(job), 0)
+        index = self.members.index(job)
+        own = self.own_tokens[index]
         return {
             "size": len(self.members),
-            "index": job.group_index, "layout": "slots",
+            "index": index, "layout": "slots",
             "document_tokens": self.document_tokens,
             "union_kept_tokens": self.union_tokens, "union_kept_fraction": round(self.union_tokens / n_doc, 6),
             "own_kept_tokens": own, "own_kept_fraction": round(own / n_doc, 6),
@@ -136,22 +138,21 @@ def still_pending(job) -> bool:
     return any(m.slot >= 0 and m.stage in _BEFORE_SCORED and groupable(m) for m in job.group_pending)
 
 
-def form(members, prefill_plan) -> SlotGroup:
+def form(members) -> SlotGroup:
     """The group of `members` (all scored, same document): every member's kept set becomes head +
-    union + its own tail, and its prefill plan is made (job.pre_toks / pre_pos / next_pos)."""
+    union + its own tail, and its prefill plan is made (job.pre_toks / pre_pos / next_pos; set-up
+    uses it as it is)."""
     prompts = [m.prompt for m in members]
     union = union_kept(prompts, [m.kept for m in members])
     first = prompts[0]
-    own = {id(m): sum(1 for i in m.kept if first.doc_start <= i < first.doc_end) for m in members}
-    n_shared = tail_from = -1
-    for i, m in enumerate(members):
+    own = [sum(1 for i in m.kept if first.doc_start <= i < first.doc_end) for m in members]
+    for m in members:
         m.kept = forced_kept(m.prompt, union)
         m.pre_toks, m.pre_pos, m.next_pos = prefill_plan(m.prompt.tokens, m.kept, m.positions)
-        shared = sum(1 for k in m.kept if k < m.prompt.doc_end)
-        if n_shared < 0:
-            n_shared = shared
-            tail_from = int(m.pre_pos[shared]) if shared < len(m.pre_pos) else int(m.next_pos)
-        m.group_index = i
+    # head + union (+ pinned document indices) are the same first entries of every member's plan
+    lead = members[0]
+    n_shared = sum(1 for k in lead.kept if k < first.doc_end)
+    tail_from = int(lead.pre_pos[n_shared]) if n_shared < len(lead.pre_pos) else int(lead.next_pos)
     group = SlotGroup(list(members), len(union), first.doc_end - first.doc_start, n_shared, tail_from, own)
     for m in members:
         m.group = group
