@@ -38,7 +38,7 @@ import numpy as np
 from ..engine.kept_spans import token_char_bounds
 from ..engine.options import RunParams
 from ..engine.scoring import plan_windows
-from ..engine.selection import chunk_scores, select_kept
+from ..engine.selection import DEFAULT_CHUNK_RULE, rank_scores, select_kept
 from . import quality_tasks as qt
 from .quality_report import aggregate, read_journal
 
@@ -61,6 +61,9 @@ class QualitySettings:
     pool: int = 13
     window: int = 0
     max_tokens: int = 24
+    #: how chunks are ranked (engine/selection.py rank_scores); the engine's own rule by default.
+    #: Recall also records `<scorer>-mean` from the same pass (the rule before `border`).
+    chunk_rule: str = DEFAULT_CHUNK_RULE
     #: questions per document (quality_tasks.make_family); 0 = one document per task (make_task)
     family: int = 0
 
@@ -74,6 +77,8 @@ class QualitySettings:
                  "lookahead": self.lookahead, "pool": self.pool, "window": self.window, "max_tokens": self.max_tokens}
         if self.family:  # (left out at 0, so that journals written before families keep their key)
             d["family"] = self.family
+        if self.chunk_rule != "mean":  # (journals written before the rule existed ranked by means)
+            d["chunk_rule"] = self.chunk_rule
         return hashlib.sha1(json.dumps(d, sort_keys=True).encode()).hexdigest()[:10]
 
 
@@ -193,8 +198,8 @@ def tasks_for(settings: QualitySettings, length: int, count) -> "Iterator[tuple[
         f += 1
 
 
-def _kept_chunks(scores: np.ndarray, prompt, keep: float, chunk: int) -> set[int]:
-    kept = select_kept(scores, doc_start=prompt.doc_start, n_prompt=prompt.n, protected=[], keep=keep, chunk=chunk)
+def _kept_chunks(scores: np.ndarray, prompt, keep: float, chunk: int, rule: str = DEFAULT_CHUNK_RULE) -> set[int]:
+    kept = select_kept(scores, doc_start=prompt.doc_start, n_prompt=prompt.n, protected=[], keep=keep, chunk=chunk, rule=rule)
     return {(i - prompt.doc_start) // chunk for i in kept if prompt.doc_start <= i < prompt.doc_end}
 
 
@@ -216,9 +221,9 @@ def renormalise(scores: np.ndarray, plan: list[tuple[int, int]], how: str) -> np
     return out
 
 
-def _worst_rank(scores: np.ndarray, chunk: int, ev: list[int]) -> float:
+def _worst_rank(scores: np.ndarray, chunk: int, ev: list[int], rule: str = DEFAULT_CHUNK_RULE) -> float:
     """The evidence chunk ranked lowest, as a fraction of all chunks (0 = best): the keep it needs."""
-    means = chunk_scores(scores, chunk)
+    means = rank_scores(scores, chunk, rule)
     order = np.argsort(-means, kind="stable")
     rank = np.empty_like(order)
     rank[order] = np.arange(len(order))
@@ -277,13 +282,16 @@ def run_recall(engine, settings: QualitySettings, journal: Journal, say: Say = p
                 if use is not None:
                     rec["cache_restored_bytes"][name] = use.bytes_restored
                 rec["windows"][name] = res.windows
-                variants = {name: res.scores}
+                variants = {name: (res.scores, settings.chunk_rule)}
                 if name == "windowed":
-                    variants["windowed-max"] = renormalise(res.scores, plan, "max")
-                    variants["windowed-z"] = renormalise(res.scores, plan, "z")
-                for vname, sc in variants.items():
-                    rec["kept"][vname] = {str(k): all(c in _kept_chunks(sc, prompt, k, settings.chunk) for c in ev) for k in settings.keeps}
-                    rec["rank"][vname] = round(_worst_rank(sc, settings.chunk, ev), 4)
+                    variants["windowed-max"] = (renormalise(res.scores, plan, "max"), settings.chunk_rule)
+                    variants["windowed-z"] = (renormalise(res.scores, plan, "z"), settings.chunk_rule)
+                if settings.chunk_rule != "mean":  # the same pass ranked by chunk means: the rule before
+                    variants[f"{name}-mean"] = (res.scores, "mean")
+                for vname, (sc, rule) in variants.items():
+                    rec["kept"][vname] = {str(k): all(c in _kept_chunks(sc, prompt, k, settings.chunk, rule) for c in ev)
+                                          for k in settings.keeps}
+                    rec["rank"][vname] = round(_worst_rank(sc, settings.chunk, ev, rule), 4)
             rec["random"] = {str(k): qt.random_recall(n_chunks, min(n_chunks, int(np.ceil(n_chunks * k - 1e-9))), len(ev))
                              for k in settings.keeps}
             rec["load1"] = round(os.getloadavg()[0], 2)
@@ -301,7 +309,8 @@ def closed_book_question(task: qt.Task) -> str:
 def _task_record(task: qt.Task, length: int, settings: QualitySettings) -> dict[str, Any]:
     """The fields an answer or group record starts with."""
     return {"task": task.id, "kind": task.kind, "planted": task.planted, "length": length, "depth": task.depth,
-            "answer": task.answer, "source": task.source, "settings": {"keep": settings.keep, "scorer": settings.scorer}}
+            "answer": task.answer, "source": task.source, "settings": {"keep": settings.keep, "scorer": settings.scorer,
+                                                                          "chunk_rule": settings.chunk_rule}}
 
 
 def _closed_book(engine, task: qt.Task, settings: QualitySettings) -> dict[str, Any]:

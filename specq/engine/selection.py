@@ -17,6 +17,43 @@ def chunk_scores(doc_scores: np.ndarray, chunk: int) -> np.ndarray:
     return sums / sizes
 
 
+#: how chunks are ranked: `border` (the default) or `mean` (the rule before 2026-12-04, kept for the
+#: quality benchmark's before/after rows)
+CHUNK_RULES = ("border", "mean")
+DEFAULT_CHUNK_RULE = "border"
+
+
+def rank_scores(doc_scores: np.ndarray, chunk: int, rule: str = DEFAULT_CHUNK_RULE) -> np.ndarray:
+    """The score each chunk is ranked by.
+
+    `mean`: the chunk's mean token score (chunk_scores). `border`: the largest of that mean and the
+    means of the two chunk-sized spans that straddle the chunk's borders (half in it, half in its
+    neighbour; cut at the document's ends). Why: a sentence the lookahead attends to is cut by the
+    fixed chunk grid about half the time, and under `mean` the chunk holding its smaller part ranks
+    low, so the answer line is kept only in part. On the real pair's recall tasks every missed
+    answer at keep 0.3 was such a two-chunk line (single-chunk evidence: 219 of 219 kept); `border`
+    keeps the neighbour of a strongly attended border at the same budget (docs/quality.md, "Chunk
+    borders"). A chunk's own mean is never lowered, so a chunk ranked high by `mean` stays high.
+    """
+    means = chunk_scores(doc_scores, chunk)
+    if rule == "mean":
+        return means
+    if rule != "border":
+        raise ValueError(f"chunk rule {rule!r}: one of {', '.join(CHUNK_RULES)}")
+    n, n_chunks = int(doc_scores.shape[0]), means.shape[0]
+    if n_chunks < 2:
+        return means
+    cs = np.concatenate([[0.0], np.cumsum(doc_scores.astype(np.float64))])
+    borders = np.arange(1, n_chunks) * chunk  # border j sits between chunk j-1 and chunk j
+    a = np.maximum(borders - chunk // 2, 0)
+    b = np.minimum(a + chunk, n)
+    across = (cs[b] - cs[a]) / np.maximum(b - a, 1)  # across[j-1]: the span over border j
+    out = means.copy()
+    out[1:] = np.maximum(out[1:], across)  # a chunk's left border
+    out[:-1] = np.maximum(out[:-1], across)  # its right border
+    return out
+
+
 def select_kept(
     doc_scores: np.ndarray,
     *,
@@ -26,18 +63,19 @@ def select_kept(
     keep: float,
     chunk: int = 32,
     max_keep: int = 0,
+    rule: str = DEFAULT_CHUNK_RULE,
 ) -> list[int]:
     """Sorted prompt indices to prefill.
 
     The document (prompt[doc_start : doc_start + len(doc_scores)]) is cut into `chunk`-token chunks
-    ranked by mean score; the top ceil(n_chunks * keep) are kept (ties: the earlier chunk). With
+    ranked by rank_scores (`rule`); the top ceil(n_chunks * keep) are kept (ties: the earlier chunk). With
     `max_keep` > 0 the lowest-ranked kept chunks are dropped until at most max_keep document tokens
     remain (whole chunks, never every n-th token). Protected indices are always kept.
     """
     n_doc = int(doc_scores.shape[0])
     kept = set(int(i) for i in protected)
     if n_doc:
-        means = chunk_scores(doc_scores, chunk)
+        means = rank_scores(doc_scores, chunk, rule)
         n_chunks = means.shape[0]
         k = min(n_chunks, math.ceil(n_chunks * keep - 1e-9))
         order = np.argsort(-means, kind="stable")[:k]
@@ -67,19 +105,20 @@ def select_window(
     keep: float,
     chunk: int = 32,
     max_keep: int = 0,
+    rule: str = DEFAULT_CHUNK_RULE,
 ) -> list[int]:
     """The per-window rule for one scoring window: sorted prompt indices of its kept chunks.
 
     `win_scores` are the scores of the window's document slice, which begins at prompt index `start`.
     The slice is cut into `chunk`-token chunks from its own start (a chunk never straddles two
-    windows, so a window's choice needs no other window's scores) and the top ceil(n_chunks * keep)
-    are kept, ties to the earlier chunk. `max_keep` here is this window's share of the cap. Protected
+    windows, and rank_scores' border spans are cut at the slice's ends, so a window's choice needs no
+    other window's scores) and the top ceil(n_chunks * keep) by rank_scores (`rule`) are kept, ties to the earlier chunk. `max_keep` here is this window's share of the cap. Protected
     indices are not this function's business (the caller adds them).
     """
     n = int(win_scores.shape[0])
     if not n:
         return []
-    means = chunk_scores(win_scores, chunk)
+    means = rank_scores(win_scores, chunk, rule)
     order = np.argsort(-means, kind="stable")[: window_budget(means.shape[0], keep)]
     if max_keep > 0:
         sizes = np.minimum(chunk, n - order * chunk)
@@ -110,6 +149,7 @@ def select_kept_per_window(
     keep: float,
     chunk: int = 32,
     max_keep: int = 0,
+    rule: str = DEFAULT_CHUNK_RULE,
 ) -> list[int]:
     """select_kept with the keep ratio applied per scoring window (`windows`: document slices [a, b)
     tiling the document, as scoring.plan_windows makes them): the union of select_window over the
@@ -118,5 +158,5 @@ def select_kept_per_window(
     kept = set(int(i) for i in protected)
     for a, b in windows:
         kept.update(select_window(doc_scores[a:b], start=doc_start + a, keep=keep, chunk=chunk,
-                                  max_keep=window_cap(max_keep, b - a, n_doc)))
+                                  max_keep=window_cap(max_keep, b - a, n_doc), rule=rule))
     return sorted(i for i in kept if 0 <= i < n_prompt)
