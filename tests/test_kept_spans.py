@@ -91,12 +91,18 @@ def test_record_marks_protected_document_tokens():
     pieces = [text[i:i + 2].encode() for i in range(0, 10, 2)]  # 5 tokens of 2 characters
     sel = selection_record(pieces.__getitem__, text, list(range(5)), doc_start=3,
                            kept=[0, 1, 2, 3, 4, 6, 7], protected=[0, 1, 2, 7, 8],
-                           doc_scores=np.array([1, 1, 5, 5, 3], dtype=np.float32), chunk=2)
+                           doc_scores=np.array([1, 1, 5, 5, 3], dtype=np.float32), chunk=2, rule="mean")
     assert sel["kept_spans"] == [[0, 4], [6, 10]]  # document tokens 0, 1 (prompt 3, 4) and 3, 4 (prompt 6, 7)
     assert sel["protected_spans"] == [[8, 10]]  # document token 4 (prompt index 7)
     assert decode_offsets(sel["chunk_offsets"]) == [0, 4, 8, 10]
     assert decode_scores(sel["chunk_scores"]) == [0, 255, 128]
     assert (sel["score_min"], sel["score_max"]) == (1.0, 5.0)
+    # the border rule's scores are what it ranks by: chunk 0 takes the span over its right border
+    # (tokens 1-2: 1, 5 -> 3), chunk 2 the span over its left border (tokens 3-4: 5, 3 -> 4)
+    border = selection_record(pieces.__getitem__, text, list(range(5)), doc_start=3, kept=[3, 4, 5, 6], protected=[],
+                              doc_scores=np.array([1, 1, 5, 5, 3], dtype=np.float32), chunk=2)
+    assert (border["score_min"], border["score_max"]) == (3.0, 5.0)
+    assert decode_scores(border["chunk_scores"]) == [0, 255, 128]
 
 
 @pytest.mark.parametrize("text", ["", "x"])

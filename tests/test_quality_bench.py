@@ -149,7 +149,7 @@ def test_quality_runner_on_the_real_pair(real_engine, tmp_path):
     rec = [r for r in recs if r["half"] == "recall"]
     assert [r["kind"] for r in rec] == ["needle", "multikey"]
     assert all(r["windows"]["windowed"] == 2 and r["windows"]["full"] == 1 for r in rec)
-    assert all(set(r["kept"]) == {"windowed", "full", "windowed-max", "windowed-z"} for r in rec)
+    assert all(set(r["kept"]) == {"windowed", "full", "windowed-max", "windowed-z", "windowed-mean", "full-mean"} for r in rec)
     assert all(0 < p < 1 for r in rec for p in r["random"].values())
     rep = build_report([path], real_engine, s)
     assert {r["scorer"] for r in rep["recall"]} >= {"windowed", "full"}
@@ -260,14 +260,58 @@ def test_recall_window_arm_pairs_with_the_default_window(tiny_models, tmp_path):
         recs = [r for r in read_journal(path) if r["half"] == "recall"]
         assert len(recs) == 2
         assert all(r["windows"]["windowed"] == 2 and r["windows"]["windowed@300"] >= 4 for r in recs), recs
-        assert all(set(r["kept"]) == {"windowed", "windowed-max", "windowed-z", "windowed@300"} for r in recs)
+        assert all(set(r["kept"]) == {"windowed", "windowed-max", "windowed-z", "windowed@300", "windowed-mean",
+                                      "windowed@300-mean"} for r in recs)
         arms = build_report([path])["recall_window_arms"]
-        assert {r["arm"] for r in arms} == {"windowed@300"} and all(r["n"] == 2 for r in arms)
-        assert sorted(r["keep"] for r in arms) == sorted(s.keeps)
+        # each arm against its default: the window size against `windowed`, the mean rule against its own scorer
+        assert {(r["default"], r["arm"]) for r in arms} == {("windowed", "windowed@300"), ("windowed", "windowed-mean"),
+                                                            ("windowed@300", "windowed@300-mean")}
+        assert all(r["n"] == 2 for r in arms)
+        assert sorted(r["keep"] for r in arms) == sorted(s.keeps * 3)
         assert all(r["both"] + r["default_only"] + r["arm_only"] + r["neither"] == 2 for r in arms)
         bad = QualitySettings(lengths=[1200], n=1, scorers=["full@300"])
         with pytest.raises(ValueError, match="windowed@W"):
             run_recall(eng, bad, Journal(tmp_path / "bad.jsonl", bad))
         assert not (tmp_path / "bad.jsonl").exists() or read_journal(tmp_path / "bad.jsonl") == []
+    finally:
+        eng.close()
+
+
+def test_answer_half_reuses_an_earlier_runs_baselines(tiny_models, tmp_path):
+    """`--baseline-from`: a run under another chunk rule takes the closed-book and baseline answers of an
+    earlier journal of the same tasks (they do not depend on the rule) and runs only specprefill; the
+    report keeps the two rules' rows apart; a journal of other settings is refused."""
+    from dataclasses import replace
+
+    from specq.bench.quality import Journal, QualitySettings, baselines_from, build_report, run_answer
+    from specq.engine.options import EngineOptions
+    from specq.engine.pipeline import Engine
+
+    eng = Engine(EngineOptions(target=str(tiny_models.target), speculator=str(tiny_models.speculator), n_gpu_layers=0,
+                               n_ctx=4096, n_threads=2))
+    try:
+        old_s = QualitySettings(lengths=[1200], n=2, window=600, max_tokens=4, chunk_rule="mean")
+        old, new = tmp_path / "mean.jsonl", tmp_path / "border.jsonl"
+        run_answer(eng, old_s, Journal(old, old_s))
+        s = replace(old_s, chunk_rule="border")
+        reuse = baselines_from(old, s)
+        assert set(reuse) == {r["task"] for r in read_journal(old)}
+        runs = []
+        real_run = eng.run
+        eng.run = lambda *a, **k: runs.append(a[1].mode) or real_run(*a, **k)  # count the engine's runs
+        run_answer(eng, s, Journal(new, s), baselines=reuse, baselines_path=str(old))
+        eng.run = real_run
+        recs = {r["task"]: r for r in read_journal(new)}
+        before = {r["task"]: r for r in read_journal(old)}
+        assert set(recs) == set(before) and "baseline" not in runs  # no closed-book or baseline run again
+        assert runs.count("specprefill") == sum("baseline" in r for r in recs.values())
+        for tid, r in recs.items():
+            assert r["settings"]["chunk_rule"] == "border" and r["closed_book"]["reused_from"] == str(old)
+            if "baseline" in r:
+                assert {k: v for k, v in r["baseline"].items() if k != "reused_from"} == before[tid]["baseline"]
+        rows = build_report([old, new])["answer"]
+        assert sorted(r["chunk_rule"] for r in rows) == ["border", "mean"]
+        with pytest.raises(ValueError, match="no answer records"):
+            baselines_from(old, replace(s, max_tokens=8))
     finally:
         eng.close()

@@ -20,7 +20,7 @@ REPO = Path(__file__).resolve().parents[1]
 def test_each_row_is_what_its_journal_says(row):
     records = read_journal(REPO / row.journal)
     assert records, row.journal
-    cells = [a for a in aggregate(records)["answer"] if a["length"] == row.length]
+    cells = [a for a in aggregate(records)["answer"] if a["length"] == row.length and a["chunk_rule"] == row.chunk_rule]
     assert len(cells) == 1
     a = cells[0]
     assert (a["keep"], a["scorer"], a["n"], a["documents"]) == (row.keep, row.scorer, row.n, row.documents)
@@ -32,15 +32,17 @@ def test_each_row_is_what_its_journal_says(row):
 
 def test_bands_are_the_measured_lengths_of_the_measured_pair():
     # 4K and 16K both pass and nothing measured between them fails: one band over both
-    (band,) = bands(QWEN_15B, QWEN_05B, 0.3, "windowed")
+    (band,) = bands(QWEN_15B, QWEN_05B, 0.3, "windowed", "mean")
     assert (band.lo, band.hi) == (3670, 15978 + QUESTION_ALLOWANCE)
     assert [r.length for r in band.rows] == [4000, 16000]
     # a path to the same model files names the same pair; more kept chunks keep the measured ones
-    assert bands(f"/models/{QWEN_15B}.gguf", f"/x/{QWEN_05B.upper()}.GGUF", 0.5, "windowed") == (band,)
+    assert bands(f"/models/{QWEN_15B}.gguf", f"/x/{QWEN_05B.upper()}.GGUF", 0.5, "windowed", "mean") == (band,)
     assert model_key("/a/b/Qwen.GGUF") == "qwen"
-    assert bands(QWEN_15B, QWEN_05B, 0.2, "windowed") == ()  # fewer kept: not what was measured
-    assert bands(QWEN_15B, QWEN_05B, 0.3, "full") == ()
-    assert bands("some-7b", QWEN_05B, 0.3, "windowed") == ()
+    assert bands(QWEN_15B, QWEN_05B, 0.2, "windowed", "mean") == ()  # fewer kept: not what was measured
+    assert bands(QWEN_15B, QWEN_05B, 0.3, "full", "mean") == ()
+    assert bands("some-7b", QWEN_05B, 0.3, "windowed", "mean") == ()
+    # a row measured under one chunk rule is no evidence for the other
+    assert all(r.chunk_rule == "border" for b in bands(QWEN_15B, QWEN_05B, 0.3, "windowed") for r in b.rows)
 
 
 def test_bands_join_passing_lengths_and_stop_at_a_failing_one():
@@ -48,7 +50,7 @@ def test_bands_join_passing_lengths_and_stop_at_a_failing_one():
     r16 = replace(r4, length=16000, doc_tokens=(15900, 15990))
     bad8 = replace(r4, length=8000, doc_tokens=(7900, 7990), ratio=0.9, ratio_lower=0.7)
     weak16 = replace(r16, n=10, ratio_lower=0.5)  # fewer questions at the same length: not the one that stands
-    args = (QWEN_15B, QWEN_05B, 0.3, "windowed")
+    args = (QWEN_15B, QWEN_05B, 0.3, "windowed", "mean")
     joined = bands(*args, rows=(r4, r16, weak16))
     assert [(b.lo, b.hi) for b in joined] == [(3670, 15990 + QUESTION_ALLOWANCE)]
     split = bands(*args, rows=(r4, bad8, r16))
@@ -56,7 +58,7 @@ def test_bands_join_passing_lengths_and_stop_at_a_failing_one():
 
 
 def test_auto_runs_specprefill_only_inside_a_band():
-    bs = bands(QWEN_15B, QWEN_05B, 0.3, "windowed")
+    bs = bands(QWEN_15B, QWEN_05B, 0.3, "windowed", "mean")
     inside = auto.decide(3900, backend="cpu", quality_bands=bs)
     assert inside.mode == "specprefill" and "3,670-16,234 tokens" in inside.reason and "90% lower 0.96" in inside.reason
     assert "90% lower 1.13" in inside.reason  # the 16K row is named too

@@ -14,7 +14,7 @@ from specq.engine import llama  # noqa: E402
 from specq.engine.capture import QKCapture  # noqa: E402
 from specq.engine.options import EngineOptions, RunParams  # noqa: E402
 from specq.engine.scoring import avg_pool, head_probs, merge_central, plan_windows, sliding_starts  # noqa: E402
-from specq.engine.selection import chunk_scores, select_kept  # noqa: E402
+from specq.engine.selection import chunk_scores, rank_scores, select_kept  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 TEXT = (ROOT / "examples" / "python-license.txt").read_text()
@@ -100,7 +100,8 @@ def test_chunk_ranking_keep_and_protected():
     scores[300] = 100.0  # chunk 9 (partial mean 100/20 = 5.0, tie with chunk 2: earlier wins)
     means = chunk_scores(scores, 32)
     assert means.shape == (10,) and means[2] == 5.0
-    kept = select_kept(scores, doc_start=10, n_prompt=340, protected=list(range(10)) + list(range(330, 340)), keep=0.2, chunk=32)
+    kept = select_kept(scores, doc_start=10, n_prompt=340, protected=list(range(10)) + list(range(330, 340)), keep=0.2, chunk=32,
+                       rule="mean")
     doc_kept = sorted(i - 10 for i in kept if 10 <= i < 330)
     assert doc_kept == list(range(64, 96)) + list(range(288, 320))
     assert set(range(10)) <= set(kept) and set(range(330, 340)) <= set(kept)
@@ -116,9 +117,38 @@ def test_keep_fraction_and_max_keep():
     doc_capped = [i for i in capped if i != 3199]
     assert 160 < len(doc_capped) <= 200 and len(doc_capped) % 32 == 0
     # the cap drops the lowest-ranked chunks: the kept ones are the top-ranked
-    means = chunk_scores(scores, 32)
+    means = rank_scores(scores, 32)
     top = set(np.argsort(-means, kind="stable")[: len(doc_capped) // 32])
     assert {i // 32 for i in doc_capped} == top
+
+
+def test_border_rule_keeps_a_line_the_chunk_grid_cuts():
+    """A strongly attended line over the border of chunks 1 and 2 (tokens 40-69) and a weaker line inside
+    chunk 5: by means, chunk 2 (6 of the line's tokens) loses to chunk 5 and the line is kept in part;
+    by the border rule, chunk 2 takes the span over its left border (tokens 48-79: 22 of the line's)."""
+    scores = np.zeros(320, dtype=np.float32)
+    scores[40:70] = 1.0
+    scores[160:176] = 1.0  # chunk 5: mean 0.5
+    kw = dict(doc_start=0, n_prompt=320, protected=[], keep=0.2, chunk=32)
+    assert {i // 32 for i in select_kept(scores, rule="mean", **kw)} == {1, 5}
+    assert {i // 32 for i in select_kept(scores, **kw)} == {1, 2}  # the default rule: border
+    ranks = rank_scores(scores, 32)
+    assert ranks[2] == 22 / 32 and ranks[5] == 0.5 and ranks[1] == 24 / 32
+    # the same number of chunks either way; the spans are cut at the document's ends
+    assert rank_scores(scores[:20], 32).tolist() == chunk_scores(scores[:20], 32).tolist()
+    with pytest.raises(ValueError, match="chunk rule"):
+        rank_scores(scores, 32, "max")
+
+
+@pytest.mark.parametrize("n", [1, 31, 32, 33, 100, 3670])
+def test_border_rank_is_never_below_the_mean_and_reads_only_neighbours(n):
+    rng = np.random.default_rng(n)
+    s = rng.random(n).astype(np.float32)
+    means, ranks = chunk_scores(s, 32), rank_scores(s, 32)
+    assert ranks.shape == means.shape and np.all(ranks >= means)
+    for j in range(len(means)):  # brute force: the chunk's mean and the spans over its borders
+        spans = [means[j]] + [s[max(b - 16, 0):min(b + 16, n)].mean() for b in (j * 32, (j + 1) * 32) if 0 < b < n]
+        assert ranks[j] == pytest.approx(max(spans), rel=1e-6)
 
 
 # ------------------------------------------------------------------------ the engine with specprefill
@@ -151,6 +181,24 @@ def test_specprefill_run(engine, scorer):
         assert r.spec.windows == 1
     for phase in ("score", "speculator_prefill", "lookahead", "score_math", "select", "sparse_prefill"):
         assert r.timings_ms[phase] > 0, phase
+
+
+def test_the_chunk_rule_is_a_job_parameter(engine):
+    """RunParams.chunk_rule reaches selection: each run keeps exactly select_kept's chunks under its rule
+    over the same scores (the speculator is deterministic), and the result records the rule."""
+    doc = TEXT[:6000]
+    prompt = engine.tokenize_prompt(doc, RunParams(question="Who?"))
+    scores = engine.scorer().score(prompt, scorer="windowed", lookahead=8, pool=13).scores
+    kept = {}
+    for rule in ("mean", "border"):
+        r = engine.run(doc, RunParams(question="Who?", mode="specprefill", max_tokens=1, chunk_rule=rule, min_tokens=0))
+        assert r.spec.chunk_rule == rule and r.to_dict()["spec"]["chunk_rule"] == rule
+        want = select_kept(scores, doc_start=prompt.doc_start, n_prompt=prompt.n, protected=prompt.protected_indices(),
+                           keep=0.3, rule=rule)
+        assert r.kept_indices == want
+        kept[rule] = set(want)
+    assert kept["mean"] != kept["border"]  # random weights: the two rules pick different chunks here
+    assert len(kept["mean"]) == len(kept["border"])  # at the same budget
 
 
 def test_every_document_token_is_scored(engine):

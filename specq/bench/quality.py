@@ -323,28 +323,51 @@ def _spec_params(settings: QualitySettings, question: str = "") -> RunParams:
     """The specprefill runs of the answer and group halves."""
     return RunParams(question=question, mode="specprefill", keep=settings.keep, scorer=settings.scorer,
                      lookahead=settings.lookahead, pool=settings.pool, window=settings.window, chunk=settings.chunk,
-                     min_tokens=0, max_tokens=settings.max_tokens)
+                     min_tokens=0, max_tokens=settings.max_tokens, chunk_rule=settings.chunk_rule)
 
 
-def run_answer(engine, settings: QualitySettings, journal: Journal, say: Say = print) -> None:
+def baselines_from(path: Path, settings: QualitySettings) -> dict[str, dict]:
+    """Task id -> answer record of an earlier answer journal that ran these settings except the chunk
+    rule (so the same tasks, model settings and max_tokens): its closed-book and baseline answers do
+    not depend on how specprefill ranks chunks, and `run_answer(baselines=...)` reuses them."""
+    want = {QualitySettings(**{**asdict(settings), "chunk_rule": rule}).key("answer") for rule in ("mean", "border")}
+    out = {r["task"]: r for r in read_journal(path)
+           if r.get("half") == "answer" and r.get("settings_key") in want and "closed_book" in r}
+    if not out:
+        raise ValueError(f"{path}: no answer records with these settings (seed, kinds, keep, scorer, chunk, max_tokens, family)")
+    return out
+
+
+def run_answer(engine, settings: QualitySettings, journal: Journal, say: Say = print,
+               baselines: dict[str, dict] | None = None, baselines_path: str = "") -> None:
+    """`baselines` (baselines_from): the closed-book and baseline answers of an earlier run of the same
+    tasks, reused instead of run again (recorded as `reused_from`); tasks it lacks run both arms."""
     count = _count(engine)
     for L in settings.lengths:
         for task, scope in tasks_for(settings, L, count):
             if journal.done("answer", task.id):
                 continue
             rec = _task_record(task, L, settings)
-            rec["closed_book"] = _closed_book(engine, task, settings)
+            old = (baselines or {}).get(task.id)
+            if old is not None and (old["closed_book"]["correct"] or "baseline" in old):
+                rec["closed_book"] = {**old["closed_book"], "reused_from": baselines_path}
+            else:
+                old = None
+                rec["closed_book"] = _closed_book(engine, task, settings)
             if not rec["closed_book"]["correct"]:
                 base = RunParams(question=task.question, mode="baseline", max_tokens=settings.max_tokens)
                 spec = _spec_params(settings, task.question)
                 prompt, ev = task_prompt(engine, task, spec)
-                rb = engine.run(task.document, base, scope=scope)
+                if old is not None:
+                    rec["baseline"] = {**old["baseline"], "reused_from": baselines_path}
+                else:
+                    rb = engine.run(task.document, base, scope=scope)
+                    rec["baseline"] = {"text": rb.text, "correct": qt.is_correct(task, rb.text), "ttft_ms": round(rb.timings_ms["ttft"], 1),
+                                       "cache_restored_bytes": rb.spec.cache.get("bytes_restored", 0)}
                 rs = engine.run(task.document, spec, scope=scope)
                 kept = set(rs.kept_indices)
                 ev_tokens = [prompt.doc_start + c * settings.chunk for c in ev]
                 rec["doc_tokens"] = len(prompt.document)
-                rec["baseline"] = {"text": rb.text, "correct": qt.is_correct(task, rb.text), "ttft_ms": round(rb.timings_ms["ttft"], 1),
-                                   "cache_restored_bytes": rb.spec.cache.get("bytes_restored", 0)}
                 rec["specprefill"] = {"text": rs.text, "correct": qt.is_correct(task, rs.text), "ttft_ms": round(rs.timings_ms["ttft"], 1),
                                       "evidence_kept": all(t in kept for t in ev_tokens), "kept_tokens": rs.usage.kept_tokens,
                                       "windows": rs.spec.windows, "cache_restored_bytes": rs.spec.cache.get("bytes_restored", 0)}

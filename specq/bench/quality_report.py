@@ -163,26 +163,28 @@ def aggregate(records: list[dict], conf: float = 0.9) -> dict[str, Any]:
             p = paired(both, conf)
             pair_rows.append({"length": L, "keep": float(keep), "n": p["n"], "full_only": p["baseline_only"],
                               "windowed_only": p["specprefill_only"], "both": p["both_right"], "neither": p["both_wrong"]})
-        # window-size arms (`windowed@W`, quality.scorer_arm) against the default windowed scorer
-        for arm in sorted({k for t in tasks.values() for k in t if k.startswith("windowed@")}):
-            both = [(t["windowed"], t[arm]) for t in tasks.values() if arm in t and "windowed" in t]
+        # window-size arms (`windowed@W`, quality.scorer_arm) against the default windowed scorer, and the
+        # mean chunk rule from the same pass (`<scorer>-mean`) against the scorer under the border rule
+        for arm in sorted({k for t in tasks.values() for k in t if k.startswith("windowed@") or k.endswith("-mean")}):
+            base = arm[: -len("-mean")] if arm.endswith("-mean") else "windowed"
+            both = [(t[base], t[arm]) for t in tasks.values() if arm in t and base in t]
             if both:
                 p = paired(both, conf)
-                arm_rows.append({"length": L, "keep": float(keep), "arm": arm, "n": p["n"], "default_only": p["baseline_only"],
+                arm_rows.append({"length": L, "keep": float(keep), "arm": arm, "default": base, "n": p["n"], "default_only": p["baseline_only"],
                                  "arm_only": p["specprefill_only"], "both": p["both_right"], "neither": p["both_wrong"]})
     answer_rows = []
-    groups: dict[int, list] = defaultdict(list)
+    groups: dict[tuple[int, str], list] = defaultdict(list)
     for r in records:
         if r.get("half") == "answer":
-            groups[r["length"]].append(r)
-    for L, rs in sorted(groups.items()):
+            groups[(r["length"], answer_rule(r))].append(r)
+    for (L, rule), rs in sorted(groups.items()):
         closed = [r for r in rs if r["closed_book"]["correct"]]
         open_ = [r for r in rs if not r["closed_book"]["correct"] and "baseline" in r and "specprefill" in r]
         p = paired([(r["baseline"]["correct"], r["specprefill"]["correct"]) for r in open_], conf)
         ev = [r["specprefill"].get("evidence_kept") for r in open_ if r["specprefill"].get("evidence_kept") is not None]
         med = lambda xs: statistics.median(xs) if xs else None  # noqa: E731
         answer_rows.append({
-            "length": L, "keep": rs[0]["settings"]["keep"], "scorer": rs[0]["settings"]["scorer"], "tasks": len(rs),
+            "length": L, "keep": rs[0]["settings"]["keep"], "scorer": rs[0]["settings"]["scorer"], "chunk_rule": rule, "tasks": len(rs),
             "closed_book_right": len(closed), "documents": len({r.get("family") or r["task"] for r in open_}), **p,
             "evidence_kept": (sum(ev) / len(ev)) if ev else None,
             "baseline_ttft_ms_median": med([r["baseline"]["ttft_ms"] for r in open_]),
@@ -191,6 +193,11 @@ def aggregate(records: list[dict], conf: float = 0.9) -> dict[str, Any]:
         })
     return {"recall": recall_rows, "recall_full_vs_windowed": pair_rows, "recall_window_arms": arm_rows, "answer": answer_rows,
             "group": group_rows(records, conf), "load1_median": statistics.median(loads) if loads else None}
+
+
+def answer_rule(record: dict) -> str:
+    """The chunk rule an answer record's specprefill ran with ("mean": records from before the rule existed)."""
+    return record.get("settings", {}).get("chunk_rule", "mean")
 
 
 def group_rows(records: list[dict], conf: float = 0.9) -> list[dict]:
@@ -258,20 +265,23 @@ def table_markdown(agg: dict[str, Any]) -> str:
             lines.append(f"| {r['length']:,} | {r['keep']:.1f} | {r['n']} | {r['both']} | {r['full_only']} | {r['windowed_only']} | {r['neither']} |")
         lines.append("")
     if agg.get("recall_window_arms"):
-        lines += ["Window-size arms vs the default window, windowed scorer, same tasks (recall discordant pairs):", "",
-                  "| doc tokens | keep | arm | n | both kept | default only | arm only | neither |", "|---:|---:|---|---:|---:|---:|---:|---:|"]
+        lines += ["Arms vs the default on the same tasks (`windowed@W`: another window size; `<scorer>-mean`: the same pass "
+                  "ranked by chunk means), recall discordant pairs:", "",
+                  "| doc tokens | keep | default | arm | n | both kept | default only | arm only | neither |",
+                  "|---:|---:|---|---|---:|---:|---:|---:|---:|"]
         for r in agg["recall_window_arms"]:
-            lines.append(f"| {r['length']:,} | {r['keep']:.1f} | {r['arm']} | {r['n']} | {r['both']} | {r['default_only']} | {r['arm_only']} | {r['neither']} |")
+            lines.append(f"| {r['length']:,} | {r['keep']:.1f} | {r.get('default', 'windowed')} | {r['arm']} | {r['n']} | {r['both']} | "
+                         f"{r['default_only']} | {r['arm_only']} | {r['neither']} |")
         lines.append("")
     if agg["answer"]:
         lines += ["Answer right (target), baseline vs specprefill, paired; closed-book-right tasks left out:", "",
-                  "| doc tokens | scorer, keep | tasks | closed-book right | n (documents) | baseline acc | specprefill acc | ratio | 90% lower | "
+                  "| doc tokens | scorer, keep, chunk rule | tasks | closed-book right | n (documents) | baseline acc | specprefill acc | ratio | 90% lower | "
                   "baseline only | specprefill only | evidence kept | TTFT s base / spec |",
                   "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
         for r in agg["answer"]:
             tt = (f"{r['baseline_ttft_ms_median'] / 1000:.1f} / {r['specprefill_ttft_ms_median'] / 1000:.1f}"
                   if r["baseline_ttft_ms_median"] else "–")
-            lines.append(f"| {r['length']:,} | {r['scorer']} {r['keep']} | {r['tasks']} | {r['closed_book_right']} | {r['n']} ({r.get('documents', r['n'])}) | "
+            lines.append(f"| {r['length']:,} | {r['scorer']} {r['keep']} {r.get('chunk_rule', 'mean')} | {r['tasks']} | {r['closed_book_right']} | {r['n']} ({r.get('documents', r['n'])}) | "
                          f"{_f(r['baseline_acc'])} | {_f(r['specprefill_acc'])} | {_f(r['ratio'])} | {_f(r['ratio_lower'])} | "
                          f"{r['baseline_only']} | {r['specprefill_only']} | {_f(r['evidence_kept'])} | {tt} |")
         lines.append("")

@@ -467,6 +467,10 @@ def bench_quality(
     keep: float = typer.Option(0.3, help="answer: keep of the specprefill runs."),
     scorer: str = typer.Option("windowed", help="answer: scorer of the specprefill runs."),
     window: int = typer.Option(0, help="Document tokens per scoring window (0 = the default)."),
+    chunk_rule: str = typer.Option("border", help="How chunks are ranked: border (the engine's default) or mean (the rule before "
+                                                  "2026-12-04). recall also records <scorer>-mean from the same pass."),
+    baseline_from: Path = typer.Option(None, help="answer: reuse the closed-book and baseline answers of this earlier answer journal "
+                                                  "(same tasks and settings but the chunk rule) instead of running them again."),
     max_tokens: int = typer.Option(24, help="answer: tokens generated per run."),
     family: int = typer.Option(0, help="Questions per document (up to; 0 = one document per task). Families reuse the "
                                        "document's KV through the service's caches, as a user's second question does."),
@@ -498,12 +502,16 @@ def bench_quality(
     from ..bench.quality_report import plot as draw, table_markdown
     from ..bench.quality_tasks import KINDS
 
+    if chunk_rule not in ("border", "mean"):
+        raise fail("--chunk-rule must be border or mean")
+    if baseline_from is not None and half != "answer":
+        raise fail("--baseline-from is an option of the answer half")
     kind_list = [k.strip() for k in kinds.split(",") if k.strip()]
     if any(k not in KINDS for k in kind_list):
         raise fail(f"--kinds: known kinds are {', '.join(KINDS)}")
     settings = q.QualitySettings(lengths=sizes, n=n, start=start, seed=seed, kinds=kind_list,
                                  scorers=[s.strip() for s in scorers.split(",") if s.strip()], keeps=keep_list, keep=keep,
-                                 scorer=scorer, window=window, max_tokens=max_tokens, family=family)
+                                 scorer=scorer, window=window, max_tokens=max_tokens, family=family, chunk_rule=chunk_rule)
     engine = None
     if half != "report":
         if len(journal) != 1:
@@ -518,7 +526,14 @@ def bench_quality(
             jr = q.Journal(journal[0], settings)
             say = lambda m: typer.echo(m, err=True)  # noqa: E731
             say(f"provenance: {q.provenance(engine, settings)}")
-            {"recall": q.run_recall, "answer": q.run_answer, "group": q.run_group}[half](engine, settings, jr, say=say)
+            if half == "answer" and baseline_from is not None:
+                try:
+                    reuse = q.baselines_from(baseline_from, settings)
+                except (OSError, ValueError) as e:
+                    raise fail(f"--baseline-from: {e}") from None
+                q.run_answer(engine, settings, jr, say=say, baselines=reuse, baselines_path=str(baseline_from))
+            else:
+                {"recall": q.run_recall, "answer": q.run_answer, "group": q.run_group}[half](engine, settings, jr, say=say)
         except EngineError as e:
             raise fail(str(e)) from None
         except KeyboardInterrupt:

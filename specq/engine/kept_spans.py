@@ -10,7 +10,8 @@ offsets into the document string the job was given, so a page can highlight the 
   document and are always prefilled;
 * `chunk_offsets`: where each selection chunk starts (n_chunks + 1 offsets: the last is where the
   last chunk ends), little-endian uint32, base64;
-* `chunk_scores`: each chunk's mean score quantised to uint8 between `score_min` (0) and
+* `chunk_scores`: each chunk's rank score (selection.rank_scores under the run's chunk rule: the
+  score the chunks were ranked by, so the kept chunks are the top ones) quantised to uint8 between `score_min` (0) and
   `score_max` (255), base64: 4K chunks of a 128K-token document take 5.5 KB.
 
 Offsets come from the bytes of each document token (`token_to_piece`). For byte-level vocabularies
@@ -27,7 +28,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from .selection import chunk_scores
+from .selection import DEFAULT_CHUNK_RULE, rank_scores
 
 #: the `selection` format; a reader that meets a newer one should not guess
 FORMAT_VERSION = 1
@@ -108,6 +109,7 @@ def selection_record(
     protected: Sequence[int],
     doc_scores: np.ndarray,
     chunk: int,
+    rule: str = DEFAULT_CHUNK_RULE,
 ) -> dict:
     """The result's `selection` object for one specprefill run.
 
@@ -123,7 +125,7 @@ def selection_record(
     n_doc = len(doc_tokens)
     bounds, exact = token_char_bounds([piece(t) for t in doc_tokens], document)
     in_doc = lambda idx: [i - doc_start for i in idx if doc_start <= i < doc_start + n_doc]  # noqa: E731
-    means = chunk_scores(np.asarray(doc_scores, dtype=np.float64), chunk) if n_doc else np.zeros(0)
+    means = rank_scores(np.asarray(doc_scores, dtype=np.float64), chunk, rule) if n_doc else np.zeros(0)
     scores, lo, hi = quantise(means)
     starts = np.minimum(np.arange(0, len(means) + 1) * chunk, n_doc)
     return {

@@ -22,6 +22,7 @@ Positions = Literal["original", "compressed"]
 Scorer = Literal["windowed", "sliding", "full"]
 Draft = Literal["none", "ngram", "model", "mtp", "eagle3", "auto"]
 Selection = Literal["global", "per-window"]
+ChunkRule = Literal["border", "mean"]
 
 
 @dataclass
@@ -163,6 +164,11 @@ class RunParams:
     #: chunks) or per-window (the top `keep` share of each scoring window's chunks, chunks cut from the
     #: window's start; needs the windowed or full scorer). docs/quality.md compares the two
     selection: Selection = "global"
+    #: how chunks are ranked (selection.rank_scores): border (the default: the larger of a chunk's mean
+    #: score and the means of the two chunk-sized spans straddling its borders, so a sentence the grid
+    #: cuts in two is kept whole) or mean (each chunk's mean score, the rule before 2026-12-04).
+    #: docs/quality.md "Chunk borders" measures both; mode auto's quality bands are per rule
+    chunk_rule: ChunkRule = "border"
     #: specprefill with per-window selection: the target prefills each window's chunks while the
     #: speculator scores the next one (two threads; the same kept set and answer as the serial run
     #: with per-window selection). Pays off with the speculator on its own GPU (--speculator-gpu)
@@ -337,6 +343,7 @@ PARAM_CHOICES: dict[str, tuple[str, ...]] = {
     "scorer": typing.get_args(Scorer),
     "draft": typing.get_args(Draft),
     "selection": typing.get_args(Selection),
+    "chunk_rule": typing.get_args(ChunkRule),
 }
 
 

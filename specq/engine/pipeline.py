@@ -278,7 +278,7 @@ class Engine:
                                  min_tokens=params.min_tokens, auto_min_tokens=self.options.auto_min_tokens,
                                  quality_min_tokens=self.options.auto_quality_min_tokens,
                                  quality_bands=quality_evidence.bands(self.options.target, self.options.speculator,
-                                                                      params.keep, params.scorer),
+                                                                      params.keep, params.scorer, params.chunk_rule),
                                  reused_document=reused_document and prefix is not None)
             mode, reason = choice.mode, "auto: " + choice.reason
         elif mode == "specprefill" and prompt.n < min_tokens:
@@ -431,7 +431,7 @@ class Engine:
         # after the timed phases: what the target saw, in character offsets (kept_spans.py)
         selection = None if doc_scores is None else selection_record(
             self.target.token_bytes, document, prompt.document, prompt.doc_start, kept,
-            prompt.protected_indices(), doc_scores, params.chunk)
+            prompt.protected_indices(), doc_scores, params.chunk, params.chunk_rule)
         return RunResult(
             text=text.text,
             finish_reason="stop" if text.stopped else gen.finish_reason,
@@ -510,11 +510,12 @@ class Engine:
             kept = select_kept_per_window(
                 scored.scores, scored.plan, doc_start=prompt.doc_start, n_prompt=prompt.n,
                 protected=prompt.protected_indices(), keep=params.keep, chunk=params.chunk, max_keep=params.max_keep,
+                rule=params.chunk_rule,
             )
         else:
             kept = select_kept(
                 scored.scores, doc_start=prompt.doc_start, n_prompt=prompt.n, protected=prompt.protected_indices(),
-                keep=params.keep, chunk=params.chunk, max_keep=params.max_keep,
+                keep=params.keep, chunk=params.chunk, max_keep=params.max_keep, rule=params.chunk_rule,
             )
         if self.emulated_union is not None and prompt.doc_end > prompt.doc_start:
             kept = emulated_selection.emulate(kept, prompt, params.chunk, *self.emulated_union)
@@ -522,7 +523,7 @@ class Engine:
             spec.reason += f" (selection EMULATED for a benchmark: {emulated_selection.ENV}={u}:{k})"
         timings["select"] = _ms(t0)
         spec.keep, spec.lookahead, spec.windows, spec.scorer = params.keep, params.lookahead, scored.windows, params.scorer
-        spec.selection = params.selection
+        spec.selection, spec.chunk_rule = params.selection, params.chunk_rule
         return kept, scored.scores
 
     def _pipelined(self, prompt: Prompt, params: RunParams, positions: str, timings: dict, spec: SpecInfo,
@@ -546,6 +547,7 @@ class Engine:
 
         kept, scored, pre, trace = pipelined_prefill(
             scorer, self.ctx, prompt, keep=params.keep, chunk=params.chunk, max_keep=params.max_keep, positions=positions,
+            rule=params.chunk_rule,
             score_kwargs=dict(scorer=params.scorer, lookahead=params.lookahead, pool=params.pool, window=params.window),
             threaded=threaded, align=align, observe=observe, progress=progress,
         )
@@ -556,7 +558,7 @@ class Engine:
         overlapped = sum(max(0.0, min(s.prefill_end_s, trace.score_end_s) - s.prefill_start_s) for s in trace.stages)
         timings["prefill_overlapped"] = overlapped * 1000.0
         spec.keep, spec.lookahead, spec.windows, spec.scorer = params.keep, params.lookahead, scored.windows, params.scorer
-        spec.selection, spec.pipelined = params.selection, True
+        spec.selection, spec.pipelined, spec.chunk_rule = params.selection, True, params.chunk_rule
         self.last_trace = trace
         return sorted(kept), scored.scores, pre
 

@@ -166,6 +166,7 @@ def pipelined_prefill(
     max_keep: int,
     positions: str,
     score_kwargs: dict,
+    rule: str = "border",
     threaded: bool = True,
     align: int = 1,
     observe: Callable | None = None,
@@ -197,7 +198,8 @@ def pipelined_prefill(
     def on_window(a: int, b: int, scores: np.ndarray) -> None:
         ts = time.perf_counter()
         start = prompt.doc_start + a
-        chosen = select_window(scores, start=start, keep=keep, chunk=chunk, max_keep=window_cap(max_keep, b - a, n_doc))
+        chosen = select_window(scores, start=start, keep=keep, chunk=chunk, max_keep=window_cap(max_keep, b - a, n_doc),
+                               rule=rule)
         lo, hi = np.searchsorted(pinned, [start, prompt.doc_start + b])
         indices = sorted(set(chosen).union(int(i) for i in pinned[lo:hi]))
         hand(Stage("window", a=a, b=b, select_ms=(time.perf_counter() - ts) * 1000.0), indices)

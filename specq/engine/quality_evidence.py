@@ -7,11 +7,11 @@ accuracy ratio (specprefill / baseline, paired) is at least `MIN_RATIO` — the 
 keep 0.3 at >= 95% of baseline, rather than a point estimate that happens to be above it. Where a
 length was measured more than once, the row with the most questions stands.
 
-`bands(target, speculator, keep, scorer)`: the prompt lengths where auto may run specprefill — each
+`bands(target, speculator, keep, scorer, chunk_rule)`: the prompt lengths where auto may run specprefill — each
 passing row's documents, plus `QUESTION_ALLOWANCE` tokens for the chat template and the question,
 and the lengths between two passing rows with no failing row between them (quality is assumed not to
 dip between two lengths that both pass). Nothing else is extrapolated: another model pair, a smaller
-keep or another scorer has no band, and auto runs baseline there.
+keep, another scorer or another chunk rule has no band, and auto runs baseline there.
 
 The rows are copied from the journals in bench/results (tests/test_quality_evidence.py recomputes
 them from those files, so a row cannot drift from its data); a new measurement adds a row here.
@@ -45,6 +45,7 @@ class QualityRow:
     ratio_lower: float  # exact one-sided 90% lower bound (quality_report.paired)
     journal: str  # bench/results/… the row is computed from
     source: str  # where docs/quality.md shows it, and the code it ran
+    chunk_rule: str = "mean"  # how the run ranked chunks (RunParams.chunk_rule; "mean" before 2026-12-04)
 
     @property
     def passes(self) -> bool:
@@ -90,12 +91,14 @@ def model_key(name: str) -> str:
 
 
 @lru_cache(maxsize=256)
-def bands(target: str, speculator: str, keep: float, scorer: str,
+def bands(target: str, speculator: str, keep: float, scorer: str, chunk_rule: str = "border",
           rows: tuple[QualityRow, ...] = ROWS) -> tuple[Band, ...]:
-    """The prompt-length bands where `keep` (>= a row's keep) with `scorer` was measured to pass for
-    this model pair (module doc). Cached: mode auto asks once per job with the same few arguments."""
+    """The prompt-length bands where `keep` (>= a row's keep) with `scorer` and `chunk_rule` was
+    measured to pass for this model pair (module doc). A row measured with the other chunk rule does
+    not count: the rules keep different chunks. Cached: mode auto asks once per job with the same few
+    arguments."""
     mine = [r for r in rows if r.target == model_key(target) and r.speculator == model_key(speculator)
-            and r.scorer == scorer and keep >= r.keep]
+            and r.scorer == scorer and r.chunk_rule == chunk_rule and keep >= r.keep]
     # per measured length, the row with the most questions
     best: dict[tuple[float, int], QualityRow] = {}
     for r in mine:

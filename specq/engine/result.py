@@ -34,6 +34,8 @@ class SpecInfo:
     cache: dict = field(default_factory=dict)
     #: how the keep budget was spent: global (over the whole document) or per-window (per scoring window)
     selection: str = "global"
+    #: how chunks were ranked (RunParams.chunk_rule); "" where no selection ran
+    chunk_rule: str = ""
     #: the target prefilled each window's chunks as the window was scored (RunParams.pipelined)
     pipelined: bool = False
 
