@@ -26,6 +26,7 @@ def run_cmd(
     pool: int = typer.Option(13, help="Average-pool kernel over scores (odd)."),
     window: int = typer.Option(0, help="Document tokens per scoring window (0 = auto)."),
     selection: str = typer.Option("global", help="How specprefill spends the keep budget: global (whole document) or per-window (each scoring window)."),
+    chunk_rule: str = typer.Option("border", help="How chunks are ranked: border (a chunk also scores the spans over its borders, so a line the chunk grid cuts is kept whole) or mean (its mean score)."),
     pipelined: bool = typer.Option(False, "--pipelined/--no-pipelined", help="Prefill each window's kept chunks while the next window is scored (needs --selection per-window)."),
     max_tokens: int = typer.Option(256, help="Tokens to generate at most."),
     temperature: float = typer.Option(0.0, help="0 = greedy."),
@@ -59,7 +60,7 @@ def run_cmd(
         params = RunParams.from_dict(
             dict(question=question, mode=mode, positions=positions, keep=keep, scorer=scorer, lookahead=lookahead,
                  chunk=chunk, max_keep=max_keep, min_tokens=min_tokens, pool=pool, window=window, selection=selection,
-                 pipelined=pipelined, max_tokens=max_tokens,
+                 chunk_rule=chunk_rule, pipelined=pipelined, max_tokens=max_tokens,
                  temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, draft=draft, n_draft=n_draft,
                  draft_min=draft_min, p_min=p_min, ngram=ngram)
         )
