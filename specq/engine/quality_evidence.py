@@ -81,6 +81,12 @@ ROWS: tuple[QualityRow, ...] = (
     QualityRow(QWEN_15B, QWEN_05B, 0.3, "windowed", 16000, (15919, 15978), 20, 2, 0.4, 0.65, 1.625, 1.133,
                "bench/results/quality-cpu-families-answer-16000.jsonl",
                "docs/quality.md, Families: answer right at 16K (commits 8936bed..6e48ea9)"),
+    # docs/quality.md "Chunk borders": the 4K families' 40 questions again under the border rule (the
+    # default since 2026-12-04), specprefill run anew, closed-book and baseline answers reused from the
+    # mean rule's journal (`--baseline-from`); CPU, code 37aba5c (+ CLI options and docs, no engine change).
+    QualityRow(QWEN_15B, QWEN_05B, 0.3, "windowed", 4000, (3670, 3980), 40, 4, 0.825, 0.950, 1.152, 1.005,
+               "bench/results/quality-cpu-border-answer-4000.jsonl",
+               "docs/quality.md, Chunk borders: answer right at 4K (commit 37aba5c)", chunk_rule="border"),
 )
 
 
