@@ -42,11 +42,12 @@ def test_bands_are_the_measured_lengths_of_the_measured_pair():
     assert bands(QWEN_15B, QWEN_05B, 0.3, "full", "mean") == ()
     assert bands("some-7b", QWEN_05B, 0.3, "windowed", "mean") == ()
     # a row measured under one chunk rule is no evidence for the other: the border rule (the default)
-    # has its own rows, so far 4K only
+    # has its own rows, at the same two lengths
     (border,) = bands(QWEN_15B, QWEN_05B, 0.3, "windowed")
-    assert (border.lo, border.hi) == (3670, 3980 + QUESTION_ALLOWANCE)
-    assert [(r.length, r.chunk_rule) for r in border.rows] == [(4000, "border")]
-    assert bands(QWEN_15B, QWEN_05B, 0.3, "windowed", "border") == (border,)
+    assert (border.lo, border.hi) == (3670, 15978 + QUESTION_ALLOWANCE)
+    assert [(r.length, r.chunk_rule) for r in border.rows] == [(4000, "border"), (16000, "border")]
+    assert bands(QWEN_15B, QWEN_05B, 0.3, "windowed", "border") == (border,) != (band,)
+    assert bands(QWEN_15B, QWEN_05B, 0.3, "windowed", "border", rows=ROWS[:2]) == ()  # mean rows only
 
 
 def test_bands_join_passing_lengths_and_stop_at_a_failing_one():
@@ -65,7 +66,7 @@ def test_auto_runs_specprefill_only_inside_a_band():
     bs = bands(QWEN_15B, QWEN_05B, 0.3, "windowed", "mean")
     inside = auto.decide(3900, backend="cpu", quality_bands=bs)
     assert inside.mode == "specprefill" and "3,670-16,234 tokens" in inside.reason and "90% lower 0.96" in inside.reason
-    assert "90% lower 1.13" in inside.reason  # the 16K row is named too
+    assert "90% lower 1.13" in inside.reason and "mean chunk rule" in inside.reason  # the 16K row is named too
     for n in (3000, 17000):
         out = auto.decide(n, backend="cpu", quality_bands=bs)
         assert out.mode == "baseline" and f"not measured at {n} tokens" in out.reason and "3,670-16,234" in out.reason

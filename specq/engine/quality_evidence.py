@@ -64,7 +64,8 @@ class Band:
     def describe(self) -> str:
         parts = "; ".join(f"{r.doc_tokens[0]:,}-{r.doc_tokens[1]:,}-token documents: n {r.n} ({r.documents} documents), "
                           f"ratio {r.ratio:.2f}, 90% lower {r.ratio_lower:.2f}" for r in self.rows)
-        return f"keep {self.rows[0].keep:g} measured >= {MIN_RATIO:.0%} of baseline ({parts}; docs/quality.md)"
+        return (f"keep {self.rows[0].keep:g}, {self.rows[0].chunk_rule} chunk rule, measured >= {MIN_RATIO:.0%} of baseline "
+                f"({parts}; docs/quality.md)")
 
 
 QWEN_15B, QWEN_05B = "qwen2.5-coder-1.5b-instruct-q4_k_m", "qwen2.5-coder-0.5b-instruct-q4_k_m"
@@ -87,6 +88,10 @@ ROWS: tuple[QualityRow, ...] = (
     QualityRow(QWEN_15B, QWEN_05B, 0.3, "windowed", 4000, (3670, 3980), 40, 4, 0.825, 0.950, 1.152, 1.005,
                "bench/results/quality-cpu-border-answer-4000.jsonl",
                "docs/quality.md, Chunk borders: answer right at 4K (commit 37aba5c)", chunk_rule="border"),
+    # the same at 16K: the 16K families' 20 questions, border rule, baselines reused; code d09312f.
+    QualityRow(QWEN_15B, QWEN_05B, 0.3, "windowed", 16000, (15919, 15978), 20, 2, 0.4, 0.55, 1.375, 0.978,
+               "bench/results/quality-cpu-border-answer-16000.jsonl",
+               "docs/quality.md, Chunk borders: answer right at 16K (commit d09312f)", chunk_rule="border"),
 )
 
 

@@ -41,7 +41,7 @@ def rank_scores(doc_scores: np.ndarray, chunk: int, rule: str = DEFAULT_CHUNK_RU
     if rule != "border":
         raise ValueError(f"chunk rule {rule!r}: one of {', '.join(CHUNK_RULES)}")
     n, n_chunks = int(doc_scores.shape[0]), means.shape[0]
-    if n_chunks < 2:
+    if n_chunks < 2 or chunk < 2:  # one chunk, or one-token chunks: no line to join
         return means
     cs = np.concatenate([[0.0], np.cumsum(doc_scores.astype(np.float64))])
     borders = np.arange(1, n_chunks) * chunk  # border j sits between chunk j-1 and chunk j
