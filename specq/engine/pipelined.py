@@ -38,7 +38,7 @@ import numpy as np
 from .llama import Context
 from .prefill import PrefillResult
 from .prompt import Prompt
-from .selection import select_window, window_cap
+from .selection import DEFAULT_CHUNK_RULE, select_window, window_cap
 
 
 @dataclass
@@ -166,7 +166,7 @@ def pipelined_prefill(
     max_keep: int,
     positions: str,
     score_kwargs: dict,
-    rule: str = "border",
+    rule: str = DEFAULT_CHUNK_RULE,
     threaded: bool = True,
     align: int = 1,
     observe: Callable | None = None,
