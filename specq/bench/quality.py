@@ -38,7 +38,7 @@ import numpy as np
 from ..engine.kept_spans import token_char_bounds
 from ..engine.options import RunParams
 from ..engine.scoring import plan_windows
-from ..engine.selection import DEFAULT_CHUNK_RULE, rank_scores, select_kept
+from ..engine.selection import CHUNK_RULES, DEFAULT_CHUNK_RULE, rank_scores, select_kept
 from . import quality_tasks as qt
 from .quality_report import aggregate, read_journal
 
@@ -330,7 +330,7 @@ def baselines_from(path: Path, settings: QualitySettings) -> dict[str, dict]:
     """Task id -> answer record of an earlier answer journal that ran these settings except the chunk
     rule (so the same tasks, model settings and max_tokens): its closed-book and baseline answers do
     not depend on how specprefill ranks chunks, and `run_answer(baselines=...)` reuses them."""
-    want = {QualitySettings(**{**asdict(settings), "chunk_rule": rule}).key("answer") for rule in ("mean", "border")}
+    want = {QualitySettings(**{**asdict(settings), "chunk_rule": rule}).key("answer") for rule in CHUNK_RULES}
     out = {r["task"]: r for r in read_journal(path)
            if r.get("half") == "answer" and r.get("settings_key") in want and "closed_book" in r}
     if not out:

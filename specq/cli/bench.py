@@ -502,8 +502,10 @@ def bench_quality(
     from ..bench.quality_report import plot as draw, table_markdown
     from ..bench.quality_tasks import KINDS
 
-    if chunk_rule not in ("border", "mean"):
-        raise fail("--chunk-rule must be border or mean")
+    from ..engine.options import CHUNK_RULES
+
+    if chunk_rule not in CHUNK_RULES:
+        raise fail(f"--chunk-rule must be one of {', '.join(CHUNK_RULES)}")
     if baseline_from is not None and half != "answer":
         raise fail("--baseline-from is an option of the answer half")
     kind_list = [k.strip() for k in kinds.split(",") if k.strip()]

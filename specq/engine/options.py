@@ -23,6 +23,9 @@ Scorer = Literal["windowed", "sliding", "full"]
 Draft = Literal["none", "ngram", "model", "mtp", "eagle3", "auto"]
 Selection = Literal["global", "per-window"]
 ChunkRule = Literal["border", "mean"]
+#: the chunk rules (selection.rank_scores) and the default one: named here once
+CHUNK_RULES: tuple[str, ...] = typing.get_args(ChunkRule)
+DEFAULT_CHUNK_RULE: ChunkRule = "border"
 
 
 @dataclass
@@ -168,7 +171,7 @@ class RunParams:
     #: score and the means of the two chunk-sized spans straddling its borders, so a sentence the grid
     #: cuts in two is kept whole) or mean (each chunk's mean score, the rule before 2026-12-04).
     #: docs/quality.md "Chunk borders" measures both; mode auto's quality bands are per rule
-    chunk_rule: ChunkRule = "border"
+    chunk_rule: ChunkRule = DEFAULT_CHUNK_RULE
     #: specprefill with per-window selection: the target prefills each window's chunks while the
     #: speculator scores the next one (two threads; the same kept set and answer as the serial run
     #: with per-window selection). Pays off with the speculator on its own GPU (--speculator-gpu)
@@ -343,7 +346,7 @@ PARAM_CHOICES: dict[str, tuple[str, ...]] = {
     "scorer": typing.get_args(Scorer),
     "draft": typing.get_args(Draft),
     "selection": typing.get_args(Selection),
-    "chunk_rule": typing.get_args(ChunkRule),
+    "chunk_rule": CHUNK_RULES,
 }
 
 

@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import PurePath
 
+from .options import DEFAULT_CHUNK_RULE
+
 #: the lower bound a row's accuracy ratio must reach
 MIN_RATIO = 0.95
 #: prompt tokens on top of a measured document's: chat template + question
@@ -102,7 +104,7 @@ def model_key(name: str) -> str:
 
 
 @lru_cache(maxsize=256)
-def bands(target: str, speculator: str, keep: float, scorer: str, chunk_rule: str = "border",
+def bands(target: str, speculator: str, keep: float, scorer: str, chunk_rule: str = DEFAULT_CHUNK_RULE,
           rows: tuple[QualityRow, ...] = ROWS) -> tuple[Band, ...]:
     """The prompt-length bands where `keep` (>= a row's keep) with `scorer` and `chunk_rule` was
     measured to pass for this model pair (module doc). A row measured with the other chunk rule does

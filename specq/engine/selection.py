@@ -7,6 +7,8 @@ from typing import Sequence
 
 import numpy as np
 
+from .options import CHUNK_RULES, DEFAULT_CHUNK_RULE
+
 
 def chunk_scores(doc_scores: np.ndarray, chunk: int) -> np.ndarray:
     """Mean token score of each `chunk`-token chunk (the last chunk may be shorter)."""
@@ -15,12 +17,6 @@ def chunk_scores(doc_scores: np.ndarray, chunk: int) -> np.ndarray:
     sums = np.add.reduceat(doc_scores.astype(np.float64), np.arange(0, n, chunk)) if n else np.zeros(0)
     sizes = np.minimum(chunk, n - np.arange(n_chunks) * chunk)
     return sums / sizes
-
-
-#: how chunks are ranked: `border` (the default) or `mean` (the rule before 2026-12-04, kept for the
-#: quality benchmark's before/after rows)
-CHUNK_RULES = ("border", "mean")
-DEFAULT_CHUNK_RULE = "border"
 
 
 def rank_scores(doc_scores: np.ndarray, chunk: int, rule: str = DEFAULT_CHUNK_RULE) -> np.ndarray:
@@ -68,17 +64,17 @@ def select_kept(
     """Sorted prompt indices to prefill.
 
     The document (prompt[doc_start : doc_start + len(doc_scores)]) is cut into `chunk`-token chunks
-    ranked by rank_scores (`rule`); the top ceil(n_chunks * keep) are kept (ties: the earlier chunk). With
+    ranked by rank_scores (`rule`: CHUNK_RULES); the top ceil(n_chunks * keep) are kept (ties: the earlier chunk). With
     `max_keep` > 0 the lowest-ranked kept chunks are dropped until at most max_keep document tokens
     remain (whole chunks, never every n-th token). Protected indices are always kept.
     """
     n_doc = int(doc_scores.shape[0])
     kept = set(int(i) for i in protected)
     if n_doc:
-        means = rank_scores(doc_scores, chunk, rule)
-        n_chunks = means.shape[0]
+        ranks = rank_scores(doc_scores, chunk, rule)
+        n_chunks = ranks.shape[0]
         k = min(n_chunks, math.ceil(n_chunks * keep - 1e-9))
-        order = np.argsort(-means, kind="stable")[:k]
+        order = np.argsort(-ranks, kind="stable")[:k]
         if max_keep > 0:
             sizes = np.minimum(chunk, n_doc - order * chunk)
             while order.size and int(sizes.sum()) > max_keep:
@@ -118,8 +114,8 @@ def select_window(
     n = int(win_scores.shape[0])
     if not n:
         return []
-    means = rank_scores(win_scores, chunk, rule)
-    order = np.argsort(-means, kind="stable")[: window_budget(means.shape[0], keep)]
+    ranks = rank_scores(win_scores, chunk, rule)
+    order = np.argsort(-ranks, kind="stable")[: window_budget(ranks.shape[0], keep)]
     if max_keep > 0:
         sizes = np.minimum(chunk, n - order * chunk)
         while order.size and int(sizes.sum()) > max_keep:
