@@ -105,6 +105,20 @@ def test_record_marks_protected_document_tokens():
     assert decode_scores(border["chunk_scores"]) == [0, 255, 128]
 
 
+def test_scope_scores_are_what_it_ranks_by():
+    """Under `scope` a header line's chunk carries the rank of the lines hanging from it."""
+    text = "def f():\n    if x:\n        raise E('m')\n"
+    pieces = [text[i:i + 4].encode() for i in range(0, len(text), 4)]  # 4 characters a token
+    n = len(pieces)
+    scores = np.ones(n, dtype=np.float32)
+    scores[-3:] = 9.0  # the raise line
+    kw = dict(doc_start=0, kept=list(range(n)), protected=[], doc_scores=scores, chunk=2)
+    border = decode_scores(selection_record(pieces.__getitem__, text, list(range(n)), rule="border", **kw)["chunk_scores"])
+    scope = decode_scores(selection_record(pieces.__getitem__, text, list(range(n)), rule="scope", **kw)["chunk_scores"])
+    iff = (text.index("if x") // 4) // 2
+    assert scope[iff] > border[iff] and scope[-1] == border[-1] == 255
+
+
 @pytest.mark.parametrize("text", ["", "x"])
 def test_empty_or_tiny_documents(text):
     pieces = [text.encode()] if text else []

@@ -5,6 +5,7 @@ give the same answer (tiny random-weight models; one real-pair test)."""
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -172,6 +173,19 @@ def test_pipelined_equals_serial_per_window(engine, positions):
     glob = engine.run(doc, _params(positions=positions, selection="global"))
     assert glob.kept_indices != serial.kept_indices
     assert piped.to_dict()["spec"]["selection"] == "per-window"
+
+
+def test_pipelined_scope_rule_reads_each_window_text(engine):
+    """The `scope` chunk rule on code (a standard-library module): the pipelined run keeps what the
+    serial per-window run keeps (each window's header lines read from its own tokens), and the rule
+    changes the kept set against `border` at the same budget."""
+    doc = Path(textwrap.__file__).read_text()[:7000]
+    serial = engine.run(doc, _params(chunk_rule="scope", max_tokens=2))
+    piped = engine.run(doc, _params(chunk_rule="scope", pipelined=True, max_tokens=2))
+    assert serial.spec.windows >= 3 and piped.kept_indices == serial.kept_indices and piped.tokens == serial.tokens
+    border = engine.run(doc, _params(chunk_rule="border", max_tokens=2))
+    assert border.kept_indices != serial.kept_indices and len(border.kept_indices) == len(serial.kept_indices)
+    assert piped.to_dict()["spec"]["chunk_rule"] == "scope"
 
 
 def test_pipelined_in_series_and_positions_increase(engine):

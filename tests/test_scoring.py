@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -12,12 +13,13 @@ import numpy as np  # noqa: E402
 
 from specq.engine import llama  # noqa: E402
 from specq.engine.capture import QKCapture  # noqa: E402
-from specq.engine.options import EngineOptions, RunParams  # noqa: E402
+from specq.engine.options import CHUNK_RULES, EngineOptions, RunParams  # noqa: E402
 from specq.engine.scoring import avg_pool, head_probs, merge_central, plan_windows, sliding_starts  # noqa: E402
 from specq.engine.selection import chunk_scores, rank_scores, select_kept  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 TEXT = (ROOT / "examples" / "python-license.txt").read_text()
+CODE = Path(textwrap.__file__).read_text()
 
 
 # ------------------------------------------------------------------------ scores vs llama.cpp's own softmax
@@ -185,20 +187,24 @@ def test_specprefill_run(engine, scorer):
 
 def test_the_chunk_rule_is_a_job_parameter(engine):
     """RunParams.chunk_rule reaches selection: each run keeps exactly select_kept's chunks under its rule
-    over the same scores (the speculator is deterministic), and the result records the rule."""
-    doc = TEXT[:6000]
+    over the same scores (the speculator is deterministic), and the result records the rule. The
+    document is real code (a standard-library module), so `scope` has header lines to read."""
+    doc = CODE[:6000]
     prompt = engine.tokenize_prompt(doc, RunParams(question="Who?"))
     scores = engine.scorer().score(prompt, scorer="windowed", lookahead=8, pool=13).scores
+    pieces = engine.target.pieces(prompt.document)
+    assert b"".join(pieces).decode() == doc
     kept = {}
-    for rule in ("mean", "border"):
+    for rule in CHUNK_RULES:
         r = engine.run(doc, RunParams(question="Who?", mode="specprefill", max_tokens=1, chunk_rule=rule, min_tokens=0))
         assert r.spec.chunk_rule == rule and r.to_dict()["spec"]["chunk_rule"] == rule
         want = select_kept(scores, doc_start=prompt.doc_start, n_prompt=prompt.n, protected=prompt.protected_indices(),
-                           keep=0.3, rule=rule)
+                           keep=0.3, rule=rule, pieces=pieces)
         assert r.kept_indices == want
         kept[rule] = set(want)
-    assert kept["mean"] != kept["border"]  # random weights: the two rules pick different chunks here
-    assert len(kept["mean"]) == len(kept["border"])  # at the same budget
+    # random weights: the rules pick different chunks here, at the same budget
+    assert kept["mean"] != kept["border"] != kept["scope"]
+    assert len(kept["mean"]) == len(kept["border"]) == len(kept["scope"])
 
 
 def test_every_document_token_is_scored(engine):

@@ -38,6 +38,7 @@ import numpy as np
 from ..engine.kept_spans import token_char_bounds
 from ..engine.options import RunParams
 from ..engine.scoring import plan_windows
+from ..engine.blocks import header_chunks
 from ..engine.selection import CHUNK_RULES, DEFAULT_CHUNK_RULE, rank_scores, select_kept
 from . import quality_tasks as qt
 from .quality_report import aggregate, read_journal
@@ -62,10 +63,14 @@ class QualitySettings:
     window: int = 0
     max_tokens: int = 24
     #: how chunks are ranked (engine/selection.py rank_scores); the engine's own rule by default.
-    #: Recall also records `<scorer>-mean` from the same pass (the rule before `border`).
+    #: Recall also records `<scorer>-<rule>` for every other rule (CHUNK_RULES) from the same pass.
     chunk_rule: str = DEFAULT_CHUNK_RULE
     #: questions per document (quality_tasks.make_family); 0 = one document per task (make_task)
     family: int = 0
+    #: recall: also save each task's token scores here (one .npz per task and scorer, with the
+    #: document and its token character bounds), so that chunk rules can be compared offline
+    #: without scoring again. Not part of the settings key.
+    scores_dir: str = ""
 
     def key(self, half: str) -> str:
         """What a journal record must match to count as done (not n/start/lengths: they pick tasks)."""
@@ -174,11 +179,23 @@ def _count(engine) -> Callable[[str], int]:
     return lambda s: len(engine.target.tokenize(s, add_special=False, parse_special=False))
 
 
-def task_prompt(engine, task: qt.Task, params: RunParams):
-    """(prompt, evidence chunk indices) for a task under the engine's template."""
+def task_prompt(engine, task: qt.Task, params: RunParams, with_bounds: bool = False):
+    """(prompt, evidence chunk indices) for a task under the engine's template (+ the document tokens'
+    character bounds with `with_bounds`)."""
     prompt = engine.tokenize_prompt(task.document, params)
     bounds, _ = token_char_bounds([engine.target.token_bytes(t) for t in prompt.document], task.document)
-    return prompt, qt.evidence_chunks(bounds, task.evidence, params.chunk)
+    ev = qt.evidence_chunks(bounds, task.evidence, params.chunk)
+    return (prompt, ev, bounds) if with_bounds else (prompt, ev)
+
+
+def save_scores(directory: str, task: qt.Task, name: str, scores: np.ndarray, bounds, ev: list[int], chunk: int) -> None:
+    """One task's token scores from one scorer, with what an offline rule needs (document, bounds, evidence)."""
+    path = Path(directory)
+    path.mkdir(parents=True, exist_ok=True)
+    np.savez_compressed(path / f"{task.id}-{name}.npz", scores=np.asarray(scores, dtype=np.float32),
+                        bounds=np.asarray(bounds, dtype=np.int64), evidence_chunks=np.asarray(ev, dtype=np.int64),
+                        evidence=np.asarray(task.evidence, dtype=np.int64).reshape(-1, 2), chunk=chunk,
+                        document=np.array(task.document), kind=task.kind)
 
 
 def tasks_for(settings: QualitySettings, length: int, count) -> "Iterator[tuple[qt.Task, str]]":
@@ -198,8 +215,10 @@ def tasks_for(settings: QualitySettings, length: int, count) -> "Iterator[tuple[
         f += 1
 
 
-def _kept_chunks(scores: np.ndarray, prompt, keep: float, chunk: int, rule: str = DEFAULT_CHUNK_RULE) -> set[int]:
-    kept = select_kept(scores, doc_start=prompt.doc_start, n_prompt=prompt.n, protected=[], keep=keep, chunk=chunk, rule=rule)
+def _kept_chunks(scores: np.ndarray, prompt, keep: float, chunk: int, rule: str = DEFAULT_CHUNK_RULE,
+                 pieces=None) -> set[int]:
+    kept = select_kept(scores, doc_start=prompt.doc_start, n_prompt=prompt.n, protected=[], keep=keep, chunk=chunk, rule=rule,
+                       pieces=pieces)
     return {(i - prompt.doc_start) // chunk for i in kept if prompt.doc_start <= i < prompt.doc_end}
 
 
@@ -221,9 +240,9 @@ def renormalise(scores: np.ndarray, plan: list[tuple[int, int]], how: str) -> np
     return out
 
 
-def _worst_rank(scores: np.ndarray, chunk: int, ev: list[int], rule: str = DEFAULT_CHUNK_RULE) -> float:
+def _worst_rank(scores: np.ndarray, chunk: int, ev: list[int], rule: str = DEFAULT_CHUNK_RULE, pieces=None) -> float:
     """The evidence chunk ranked lowest, as a fraction of all chunks (0 = best): the keep it needs."""
-    means = rank_scores(scores, chunk, rule)
+    means = rank_scores(scores, chunk, rule, header_chunks(pieces, chunk) if rule == "scope" else None)
     order = np.argsort(-means, kind="stable")
     rank = np.empty_like(order)
     rank[order] = np.arange(len(order))
@@ -254,9 +273,10 @@ def run_recall(engine, settings: QualitySettings, journal: Journal, say: Say = p
             if journal.done("recall", task.id):
                 continue
             params = RunParams(question=task.question, chunk=settings.chunk)
-            prompt, ev = task_prompt(engine, task, params)
+            prompt, ev, bounds = task_prompt(engine, task, params, with_bounds=True)
             n_doc = len(prompt.document)
             n_chunks = -(-n_doc // settings.chunk)
+            pieces = engine.target.pieces(prompt.document)
             rec: dict[str, Any] = {"task": task.id, "kind": task.kind, "planted": task.planted, "length": L, "depth": task.depth,
                                    "actual_depth": round(task.actual_depth, 4), "doc_tokens": n_doc, "n_chunks": n_chunks,
                                    "evidence_chunks": ev, "answer": task.answer, "source": task.source,
@@ -282,16 +302,19 @@ def run_recall(engine, settings: QualitySettings, journal: Journal, say: Say = p
                 if use is not None:
                     rec["cache_restored_bytes"][name] = use.bytes_restored
                 rec["windows"][name] = res.windows
+                if settings.scores_dir:
+                    save_scores(settings.scores_dir, task, name, res.scores, bounds, ev, settings.chunk)
                 variants = {name: (res.scores, settings.chunk_rule)}
                 if name == "windowed":
                     variants["windowed-max"] = (renormalise(res.scores, plan, "max"), settings.chunk_rule)
                     variants["windowed-z"] = (renormalise(res.scores, plan, "z"), settings.chunk_rule)
-                if settings.chunk_rule != "mean":  # the same pass ranked by chunk means: the rule before
-                    variants[f"{name}-mean"] = (res.scores, "mean")
+                for rule in CHUNK_RULES:  # the same pass ranked by the other chunk rules
+                    if rule != settings.chunk_rule:
+                        variants[f"{name}-{rule}"] = (res.scores, rule)
                 for vname, (sc, rule) in variants.items():
-                    rec["kept"][vname] = {str(k): all(c in _kept_chunks(sc, prompt, k, settings.chunk, rule) for c in ev)
+                    rec["kept"][vname] = {str(k): all(c in _kept_chunks(sc, prompt, k, settings.chunk, rule, pieces) for c in ev)
                                           for k in settings.keeps}
-                    rec["rank"][vname] = round(_worst_rank(sc, settings.chunk, ev, rule), 4)
+                    rec["rank"][vname] = round(_worst_rank(sc, settings.chunk, ev, rule, pieces), 4)
             rec["random"] = {str(k): qt.random_recall(n_chunks, min(n_chunks, int(np.ceil(n_chunks * k - 1e-9))), len(ev))
                              for k in settings.keeps}
             rec["load1"] = round(os.getloadavg()[0], 2)

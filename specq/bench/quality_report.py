@@ -21,6 +21,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any, Iterable
 
+from ..engine.options import CHUNK_RULES
+
 
 def _binom_sf(k: int, n: int, p: float) -> float:
     """P(X >= k), X ~ Binomial(n, p)."""
@@ -164,9 +166,10 @@ def aggregate(records: list[dict], conf: float = 0.9) -> dict[str, Any]:
             pair_rows.append({"length": L, "keep": float(keep), "n": p["n"], "full_only": p["baseline_only"],
                               "windowed_only": p["specprefill_only"], "both": p["both_right"], "neither": p["both_wrong"]})
         # window-size arms (`windowed@W`, quality.scorer_arm) against the default windowed scorer, and the
-        # mean chunk rule from the same pass (`<scorer>-mean`) against the scorer under the border rule
-        for arm in sorted({k for t in tasks.values() for k in t if k.startswith("windowed@") or k.endswith("-mean")}):
-            base = arm[: -len("-mean")] if arm.endswith("-mean") else "windowed"
+        # other chunk rules from the same pass (`<scorer>-<rule>`) against the scorer under the run's rule
+        rule_arm = lambda k: next((r for r in CHUNK_RULES if k.endswith(f"-{r}")), None)  # noqa: E731
+        for arm in sorted({k for t in tasks.values() for k in t if k.startswith("windowed@") or rule_arm(k)}):
+            base = arm[: -len(rule_arm(arm)) - 1] if rule_arm(arm) else "windowed"
             both = [(t[base], t[arm]) for t in tasks.values() if arm in t and base in t]
             if both:
                 p = paired(both, conf)
@@ -265,8 +268,8 @@ def table_markdown(agg: dict[str, Any]) -> str:
             lines.append(f"| {r['length']:,} | {r['keep']:.1f} | {r['n']} | {r['both']} | {r['full_only']} | {r['windowed_only']} | {r['neither']} |")
         lines.append("")
     if agg.get("recall_window_arms"):
-        lines += ["Arms vs the default on the same tasks (`windowed@W`: another window size; `<scorer>-mean`: the same pass "
-                  "ranked by chunk means), recall discordant pairs:", "",
+        lines += ["Arms vs the default on the same tasks (`windowed@W`: another window size; `<scorer>-<rule>`: the same pass "
+                  "ranked by another chunk rule), recall discordant pairs:", "",
                   "| doc tokens | keep | default | arm | n | both kept | default only | arm only | neither |",
                   "|---:|---:|---|---|---:|---:|---:|---:|---:|"]
         for r in agg["recall_window_arms"]:

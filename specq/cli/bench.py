@@ -467,11 +467,14 @@ def bench_quality(
     keep: float = typer.Option(0.3, help="answer: keep of the specprefill runs."),
     scorer: str = typer.Option("windowed", help="answer: scorer of the specprefill runs."),
     window: int = typer.Option(0, help="Document tokens per scoring window (0 = the default)."),
-    chunk_rule: str = typer.Option("border", help="How chunks are ranked: border (the engine's default) or mean (the rule before "
-                                                  "2026-12-04). recall also records <scorer>-mean from the same pass."),
+    chunk_rule: str = typer.Option("border", help="How chunks are ranked: border (the engine's default), mean (the rule before "
+                                                  "2026-12-04) or scope (border + header lines). recall also records "
+                                                  "<scorer>-<rule> for the other rules from the same pass."),
     baseline_from: Path = typer.Option(None, help="answer: reuse the closed-book and baseline answers of this earlier answer journal "
                                                   "(same tasks and settings but the chunk rule) instead of running them again."),
     max_tokens: int = typer.Option(24, help="answer: tokens generated per run."),
+    scores_dir: str = typer.Option("", help="recall: also save each task's token scores (.npz per task and scorer, with the "
+                                            "document) in this directory, to compare chunk rules offline."),
     family: int = typer.Option(0, help="Questions per document (up to; 0 = one document per task). Families reuse the "
                                        "document's KV through the service's caches, as a user's second question does."),
     cache_bytes: int = typer.Option(2 << 30, help="With --family: bytes of saved KV (speculator windows, target prompts)."),
@@ -513,7 +516,8 @@ def bench_quality(
         raise fail(f"--kinds: known kinds are {', '.join(KINDS)}")
     settings = q.QualitySettings(lengths=sizes, n=n, start=start, seed=seed, kinds=kind_list,
                                  scorers=[s.strip() for s in scorers.split(",") if s.strip()], keeps=keep_list, keep=keep,
-                                 scorer=scorer, window=window, max_tokens=max_tokens, family=family, chunk_rule=chunk_rule)
+                                 scorer=scorer, window=window, max_tokens=max_tokens, family=family, chunk_rule=chunk_rule,
+                                 scores_dir=scores_dir)
     engine = None
     if half != "report":
         if len(journal) != 1:

@@ -205,6 +205,17 @@ class Model:
             n = llama_cpp.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, special)
         return buf.raw[: max(n, 0)]
 
+    def pieces(self, tokens: Sequence[int]) -> list[bytes]:
+        """token_bytes of each token (a vocabulary-bounded cache: a long document repeats its tokens)."""
+        cache = self.__dict__.setdefault("_piece_cache", {})
+        out = []
+        for t in tokens:
+            b = cache.get(t)
+            if b is None:
+                b = cache[t] = self.token_bytes(t)
+            out.append(b)
+        return out
+
     def detokenize(self, tokens: Sequence[int]) -> str:
         return b"".join(self.token_bytes(t) for t in tokens).decode("utf-8", errors="replace")
 

@@ -22,7 +22,7 @@ Positions = Literal["original", "compressed"]
 Scorer = Literal["windowed", "sliding", "full"]
 Draft = Literal["none", "ngram", "model", "mtp", "eagle3", "auto"]
 Selection = Literal["global", "per-window"]
-ChunkRule = Literal["border", "mean"]
+ChunkRule = Literal["border", "mean", "scope"]
 #: the chunk rules (selection.rank_scores) and the default one: named here once
 CHUNK_RULES: tuple[str, ...] = typing.get_args(ChunkRule)
 DEFAULT_CHUNK_RULE: ChunkRule = "border"
@@ -169,7 +169,9 @@ class RunParams:
     selection: Selection = "global"
     #: how chunks are ranked (selection.rank_scores): border (the default: the larger of a chunk's mean
     #: score and the means of the two chunk-sized spans straddling its borders, so a sentence the grid
-    #: cuts in two is kept whole) or mean (each chunk's mean score, the rule before 2026-12-04).
+    #: cuts in two is kept whole), mean (each chunk's mean score, the rule before 2026-12-04) or scope
+    #: (border, then a header line, the nearest less-indented line above a line, ranks at least as
+    #: high as that line's chunk: code keeps the `def` of a kept `raise`; blocks.py).
     #: docs/quality.md "Chunk borders" measures both; mode auto's quality bands are per rule
     chunk_rule: ChunkRule = DEFAULT_CHUNK_RULE
     #: specprefill with per-window selection: the target prefills each window's chunks while the

@@ -506,16 +506,17 @@ class Engine:
             timings["cache_save"] = round(use.save_ms, 3)
         report("select", 0, 1)
         t0 = time.perf_counter()
+        pieces = self.rule_pieces(prompt, params.chunk_rule)
         if params.selection == "per-window":
             kept = select_kept_per_window(
                 scored.scores, scored.plan, doc_start=prompt.doc_start, n_prompt=prompt.n,
                 protected=prompt.protected_indices(), keep=params.keep, chunk=params.chunk, max_keep=params.max_keep,
-                rule=params.chunk_rule,
+                rule=params.chunk_rule, pieces=pieces,
             )
         else:
             kept = select_kept(
                 scored.scores, doc_start=prompt.doc_start, n_prompt=prompt.n, protected=prompt.protected_indices(),
-                keep=params.keep, chunk=params.chunk, max_keep=params.max_keep, rule=params.chunk_rule,
+                keep=params.keep, chunk=params.chunk, max_keep=params.max_keep, rule=params.chunk_rule, pieces=pieces,
             )
         if self.emulated_union is not None and prompt.doc_end > prompt.doc_start:
             kept = emulated_selection.emulate(kept, prompt, params.chunk, *self.emulated_union)
@@ -525,6 +526,10 @@ class Engine:
         spec.keep, spec.lookahead, spec.windows, spec.scorer = params.keep, params.lookahead, scored.windows, params.scorer
         spec.selection, spec.chunk_rule = params.selection, params.chunk_rule
         return kept, scored.scores
+
+    def rule_pieces(self, prompt: Prompt, rule: str) -> list[bytes] | None:
+        """The document tokens' bytes where the chunk rule reads the text (`scope`: its header lines)."""
+        return self.target.pieces(prompt.document) if rule == "scope" else None
 
     def _pipelined(self, prompt: Prompt, params: RunParams, positions: str, timings: dict, spec: SpecInfo,
                    report: Progress, *, observe=None, threaded: bool = True):
@@ -547,7 +552,7 @@ class Engine:
 
         kept, scored, pre, trace = pipelined_prefill(
             scorer, self.ctx, prompt, keep=params.keep, chunk=params.chunk, max_keep=params.max_keep, positions=positions,
-            rule=params.chunk_rule,
+            rule=params.chunk_rule, pieces=self.rule_pieces(prompt, params.chunk_rule),
             score_kwargs=dict(scorer=params.scorer, lookahead=params.lookahead, pool=params.pool, window=params.window),
             threaded=threaded, align=align, observe=observe, progress=progress,
         )

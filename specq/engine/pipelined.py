@@ -167,6 +167,7 @@ def pipelined_prefill(
     positions: str,
     score_kwargs: dict,
     rule: str = DEFAULT_CHUNK_RULE,
+    pieces: Sequence[bytes] | None = None,
     threaded: bool = True,
     align: int = 1,
     observe: Callable | None = None,
@@ -174,6 +175,7 @@ def pipelined_prefill(
 ) -> tuple[list[int], object, PrefillResult, PipelineTrace]:
     """Score `prompt` with `scorer` (a SpecPrefillScorer; score_kwargs: scorer, lookahead, pool,
     window) and prefill the target's `ctx` stage by stage as windows finish (module docstring).
+    `pieces`: the document tokens' bytes, for a chunk rule that reads the text (selection.select_kept).
     Returns (kept prompt indices, the ScoreResult, the PrefillResult, the trace)."""
     t0 = time.perf_counter()
     trace = PipelineTrace(threaded=threaded, align=max(1, int(align)))
@@ -199,7 +201,7 @@ def pipelined_prefill(
         ts = time.perf_counter()
         start = prompt.doc_start + a
         chosen = select_window(scores, start=start, keep=keep, chunk=chunk, max_keep=window_cap(max_keep, b - a, n_doc),
-                               rule=rule)
+                               rule=rule, pieces=None if pieces is None else pieces[a:b])
         lo, hi = np.searchsorted(pinned, [start, prompt.doc_start + b])
         indices = sorted(set(chosen).union(int(i) for i in pinned[lo:hi]))
         hand(Stage("window", a=a, b=b, select_ms=(time.perf_counter() - ts) * 1000.0), indices)

@@ -7,6 +7,7 @@ from typing import Sequence
 
 import numpy as np
 
+from .blocks import header_chunks
 from .options import CHUNK_RULES, DEFAULT_CHUNK_RULE
 
 
@@ -19,7 +20,8 @@ def chunk_scores(doc_scores: np.ndarray, chunk: int) -> np.ndarray:
     return sums / sizes
 
 
-def rank_scores(doc_scores: np.ndarray, chunk: int, rule: str = DEFAULT_CHUNK_RULE) -> np.ndarray:
+def rank_scores(doc_scores: np.ndarray, chunk: int, rule: str = DEFAULT_CHUNK_RULE,
+                headers: Sequence[Sequence[int]] | None = None) -> np.ndarray:
     """The score each chunk is ranked by.
 
     `mean`: the chunk's mean token score (chunk_scores). `border`: the largest of that mean and the
@@ -30,12 +32,31 @@ def rank_scores(doc_scores: np.ndarray, chunk: int, rule: str = DEFAULT_CHUNK_RU
     answer at keep 0.3 was such a two-chunk line (single-chunk evidence: 219 of 219 kept); `border`
     keeps the neighbour of a strongly attended border at the same budget (docs/quality.md, "Chunk
     borders"). A chunk's own mean is never lowered, so a chunk ranked high by `mean` stays high.
+
+    `scope`: `border`, then each chunk holding a header line (blocks.header_chunks: `headers[c]` are
+    the chunks holding the headers of chunk c's lines) ranks at least as high as the chunks hanging
+    from it. Why: the misses left under `border` were code lines kept without the line they hang
+    from (a `raise` without its `def` or `if`, a message on a continuation line without its
+    `raise`), chunks apart. Needs `headers`; text without indentation has none and ranks as under
+    `border`.
     """
+    if rule not in CHUNK_RULES:
+        raise ValueError(f"chunk rule {rule!r}: one of {', '.join(CHUNK_RULES)}")
+    if rule == "scope":
+        if headers is None:
+            raise ValueError("the scope chunk rule needs the document's header chunks (blocks.header_chunks)")
+        ranks = rank_scores(doc_scores, chunk, "border")
+        if len(headers) != ranks.shape[0]:
+            raise ValueError(f"header chunks for {len(headers)} chunks, scores for {ranks.shape[0]}")
+        out = ranks.copy()
+        for c, heads in enumerate(headers):
+            for h in heads:
+                if ranks[c] > out[h]:
+                    out[h] = ranks[c]
+        return out
     means = chunk_scores(doc_scores, chunk)
     if rule == "mean":
         return means
-    if rule != "border":
-        raise ValueError(f"chunk rule {rule!r}: one of {', '.join(CHUNK_RULES)}")
     n, n_chunks = int(doc_scores.shape[0]), means.shape[0]
     if n_chunks < 2 or chunk < 2:  # one chunk, or one-token chunks: no line to join
         return means
@@ -50,6 +71,15 @@ def rank_scores(doc_scores: np.ndarray, chunk: int, rule: str = DEFAULT_CHUNK_RU
     return out
 
 
+def _headers(rule: str, pieces: Sequence[bytes] | None, chunk: int) -> list[tuple[int, ...]] | None:
+    """The header chunks `rule` needs (only `scope` does), from the document tokens' bytes."""
+    if rule != "scope":
+        return None
+    if pieces is None:
+        raise ValueError("the scope chunk rule needs the document tokens' bytes (pieces)")
+    return header_chunks(pieces, chunk)
+
+
 def select_kept(
     doc_scores: np.ndarray,
     *,
@@ -60,18 +90,20 @@ def select_kept(
     chunk: int = 32,
     max_keep: int = 0,
     rule: str = DEFAULT_CHUNK_RULE,
+    pieces: Sequence[bytes] | None = None,
 ) -> list[int]:
     """Sorted prompt indices to prefill.
 
     The document (prompt[doc_start : doc_start + len(doc_scores)]) is cut into `chunk`-token chunks
     ranked by rank_scores (`rule`: CHUNK_RULES); the top ceil(n_chunks * keep) are kept (ties: the earlier chunk). With
     `max_keep` > 0 the lowest-ranked kept chunks are dropped until at most max_keep document tokens
-    remain (whole chunks, never every n-th token). Protected indices are always kept.
+    remain (whole chunks, never every n-th token). Protected indices are always kept. `pieces`: the
+    document tokens' bytes, which the `scope` rule needs (its header lines).
     """
     n_doc = int(doc_scores.shape[0])
     kept = set(int(i) for i in protected)
     if n_doc:
-        ranks = rank_scores(doc_scores, chunk, rule)
+        ranks = rank_scores(doc_scores, chunk, rule, _headers(rule, pieces, chunk))
         n_chunks = ranks.shape[0]
         k = min(n_chunks, math.ceil(n_chunks * keep - 1e-9))
         order = np.argsort(-ranks, kind="stable")[:k]
@@ -102,6 +134,7 @@ def select_window(
     chunk: int = 32,
     max_keep: int = 0,
     rule: str = DEFAULT_CHUNK_RULE,
+    pieces: Sequence[bytes] | None = None,
 ) -> list[int]:
     """The per-window rule for one scoring window: sorted prompt indices of its kept chunks.
 
@@ -109,12 +142,13 @@ def select_window(
     The slice is cut into `chunk`-token chunks from its own start (a chunk never straddles two
     windows, and rank_scores' border spans are cut at the slice's ends, so a window's choice needs no
     other window's scores) and the top ceil(n_chunks * keep) by rank_scores (`rule`) are kept, ties to the earlier chunk. `max_keep` here is this window's share of the cap. Protected
-    indices are not this function's business (the caller adds them).
+    indices are not this function's business (the caller adds them). `pieces`: the bytes of the
+    window's document tokens (the `scope` rule: header lines before the window are not seen).
     """
     n = int(win_scores.shape[0])
     if not n:
         return []
-    ranks = rank_scores(win_scores, chunk, rule)
+    ranks = rank_scores(win_scores, chunk, rule, _headers(rule, pieces, chunk))
     order = np.argsort(-ranks, kind="stable")[: window_budget(ranks.shape[0], keep)]
     if max_keep > 0:
         sizes = np.minimum(chunk, n - order * chunk)
@@ -146,6 +180,7 @@ def select_kept_per_window(
     chunk: int = 32,
     max_keep: int = 0,
     rule: str = DEFAULT_CHUNK_RULE,
+    pieces: Sequence[bytes] | None = None,
 ) -> list[int]:
     """select_kept with the keep ratio applied per scoring window (`windows`: document slices [a, b)
     tiling the document, as scoring.plan_windows makes them): the union of select_window over the
@@ -154,5 +189,6 @@ def select_kept_per_window(
     kept = set(int(i) for i in protected)
     for a, b in windows:
         kept.update(select_window(doc_scores[a:b], start=doc_start + a, keep=keep, chunk=chunk,
-                                  max_keep=window_cap(max_keep, b - a, n_doc), rule=rule))
+                                  max_keep=window_cap(max_keep, b - a, n_doc), rule=rule,
+                                  pieces=None if pieces is None else pieces[a:b]))
     return sorted(i for i in kept if 0 <= i < n_prompt)

@@ -1,0 +1,111 @@
+"""The indentation structure the `scope` chunk rule reads (engine/blocks.py, selection.rank_scores)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from specq.engine.blocks import header_chunks
+from specq.engine.selection import rank_scores, select_kept
+
+CODE = '''import os
+
+def first(x):
+    """Say why."""
+    if x:
+        return 1
+    return 2
+
+
+def decode(extended, pos):
+    result = 0
+    while True:
+        try:
+            char = ord(extended[pos])
+        except IndexError:
+            if errors == "strict":
+                raise UnicodeError(
+                    "incomplete punicode string")
+            return pos + 1, None
+        pos += 1
+'''
+
+
+def line_pieces(text: str) -> list[bytes]:
+    """One token per character: chunk c is characters [c * chunk, (c + 1) * chunk)."""
+    return [ch.encode() for ch in text]
+
+
+def chunk_of(text: str, needle: str, chunk: int) -> int:
+    return text.index(needle) // chunk
+
+
+def test_a_line_hangs_from_the_nearest_less_indented_line():
+    chunk = 16
+    heads = header_chunks(line_pieces(CODE), chunk)
+    assert len(heads) == -(-len(CODE) // chunk)
+    # the message on its continuation line hangs from the raise; the raise from its `if`
+    msg, rais, iff = (chunk_of(CODE, s, chunk) for s in ('"incomplete', "raise Unicode", 'if errors'))
+    assert rais in heads[msg] and iff in heads[rais]
+    # a body line hangs from its def, even with a blank line in between
+    assert chunk_of(CODE, "def decode", chunk) in heads[chunk_of(CODE, "result = 0", chunk)]
+    # never itself, and only from earlier chunks
+    assert all(c not in h and all(x < c for x in h) for c, h in enumerate(heads))
+    # top-level lines hang from nothing: their chunks have no header unless they also hold an indented line
+    assert heads[0] == ()
+
+
+def test_text_without_indentation_has_no_headers():
+    prose = "In May 2000, Guido and the Python core development team moved to\nBeOpen.com.\n\nIn 2001, the PSF was formed.\n" * 5
+    assert all(h == () for h in header_chunks(line_pieces(prose), 8))
+    assert header_chunks([], 32) == []
+
+
+def test_multibyte_tokens_and_tabs():
+    text = "def f():\n\tif y:\n\t\treturn 'é' * 3\n"
+    pieces = [text[i:i + 3].encode() for i in range(0, len(text), 3)]  # 3 characters a token, one non-ASCII
+    heads = header_chunks(pieces, 2)  # chunk = 2 tokens = 6 characters
+    ret = (text.index("return") // 3) // 2
+    assert (text.index("if y") // 3) // 2 in heads[ret]
+
+
+def test_scope_rule_keeps_the_def_of_a_strongly_attended_raise():
+    """The message line scores high and its def, chunks above, scores low: `border` keeps the message
+    without the def (the function's name); `scope` ranks the def's chunk as high as the message's, at the
+    same budget, by dropping the lowest-ranked kept chunk."""
+    chunk = 16
+    text = CODE
+    pieces = line_pieces(text)
+    n = len(pieces)
+    scores = np.full(n, 0.1, dtype=np.float32)
+    a = text.index('"incomplete')
+    scores[a:a + 27] = 5.0  # the message
+    b = text.index("def first")
+    scores[b:b + 30] = 1.0  # an unrelated, moderately attended line
+    kw = dict(doc_start=0, n_prompt=n, protected=[], keep=0.2, chunk=chunk)
+    chunks = lambda kept: {i // chunk for i in kept}  # noqa: E731
+    msg = chunk_of(text, '"incomplete', chunk)
+    border = chunks(select_kept(scores, rule="border", **kw))
+    scope = chunks(select_kept(scores, rule="scope", pieces=pieces, **kw))
+    rais = chunk_of(text, "raise Unicode", chunk)
+    assert msg in border and rais not in border
+    assert msg in scope and rais in scope
+    assert len(scope) == len(border)
+    # a header's rank is never below border's, and each header ranks at least as high as its chunks
+    heads = header_chunks(pieces, chunk)
+    ranks, base = rank_scores(scores, chunk, "scope", heads), rank_scores(scores, chunk, "border")
+    assert np.all(ranks >= base)
+    assert all(ranks[h] >= base[c] for c, hs in enumerate(heads) for h in hs)
+    # chunks that are nobody's header keep border's rank
+    headers = {h for hs in heads for h in hs}
+    assert all(ranks[c] == base[c] for c in range(len(heads)) if c not in headers)
+
+
+def test_scope_needs_the_text():
+    scores = np.ones(64, dtype=np.float32)
+    with pytest.raises(ValueError, match="header chunks"):
+        rank_scores(scores, 32, "scope")
+    with pytest.raises(ValueError, match="bytes"):
+        select_kept(scores, doc_start=0, n_prompt=64, protected=[], keep=0.5, rule="scope")
+    with pytest.raises(ValueError, match="header chunks for 1 chunks"):
+        rank_scores(scores, 32, "scope", [()])
