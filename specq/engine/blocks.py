@@ -24,16 +24,24 @@ def header_chunks(pieces: Sequence[bytes], chunk: int) -> list[tuple[int, ...]]:
     header line (the first non-blank byte of it) of a line that has a non-blank byte in the chunk."""
     n = len(pieces)
     n_chunks = -(-n // chunk) if n else 0
-    if not n_chunks:
-        return []
+    parents: list[set[int]] = [set() for _ in range(n_chunks)]
+    for c, h in header_pairs(pieces, chunk):
+        parents[c].add(h)
+    return [tuple(sorted(p)) for p in parents]
+
+
+def header_pairs(pieces: Sequence[bytes], chunk: int) -> np.ndarray:
+    """header_chunks as (chunk, header chunk) rows (int64, shape (k, 2), unique): one pass over the
+    lines, one searchsorted for all their bytes (~50 ms for 128K tokens of code)."""
+    n = len(pieces)
+    if not n:
+        return np.zeros((0, 2), dtype=np.int64)
     data = b"".join(pieces)
     starts = np.concatenate([[0], np.cumsum(np.fromiter((len(p) for p in pieces), dtype=np.int64, count=n))])
-
-    def chunk_of(byte: int) -> int:  # the chunk of the token holding this byte
-        return min(int(np.searchsorted(starts, byte, side="right")) - 1, n - 1) // chunk
-
-    parents: list[set[int]] = [set() for _ in range(n_chunks)]
-    stack: list[tuple[int, int]] = []  # (indentation, chunk of its first non-blank byte), indentation rising
+    firsts: list[int] = []  # per non-blank line: its first non-blank byte, its last byte, its header (index into these)
+    lasts: list[int] = []
+    heads: list[int] = []
+    stack: list[tuple[int, int]] = []  # (indentation, line number in firsts), indentation rising
     pos = 0
     for line in data.split(b"\n"):
         a, b = pos, pos + len(line)
@@ -44,11 +52,21 @@ def header_chunks(pieces: Sequence[bytes], chunk: int) -> list[tuple[int, ...]]:
         indent = len(line) - len(body)
         while stack and stack[-1][0] >= indent:
             stack.pop()
-        first, last = chunk_of(a + indent), chunk_of(b - 1)
-        if stack:
-            head = stack[-1][1]
-            for c in range(first, last + 1):
-                if c != head:
-                    parents[c].add(head)
-        stack.append((indent, first))
-    return [tuple(sorted(p)) for p in parents]
+        heads.append(stack[-1][1] if stack else -1)
+        stack.append((indent, len(firsts)))
+        firsts.append(a + indent)
+        lasts.append(b - 1)
+    if not firsts:
+        return np.zeros((0, 2), dtype=np.int64)
+    tok = np.searchsorted(starts, np.asarray(firsts + lasts, dtype=np.int64), side="right") - 1
+    chunks = np.minimum(tok, n - 1) // chunk
+    first, last = chunks[: len(firsts)], chunks[len(firsts):]
+    head_of = np.asarray(heads, dtype=np.int64)
+    has = head_of >= 0
+    rows = []
+    for span in range(int((last - first).max()) + 1):  # a line over several chunks: each of them
+        m = has & (first + span <= last)
+        rows.append(np.stack([first[m] + span, first[head_of[m]]], axis=1))
+    pairs = np.concatenate(rows)
+    pairs = pairs[pairs[:, 0] != pairs[:, 1]]
+    return np.unique(pairs, axis=0)

@@ -48,11 +48,10 @@ def rank_scores(doc_scores: np.ndarray, chunk: int, rule: str = DEFAULT_CHUNK_RU
         ranks = rank_scores(doc_scores, chunk, "border")
         if len(headers) != ranks.shape[0]:
             raise ValueError(f"header chunks for {len(headers)} chunks, scores for {ranks.shape[0]}")
+        child = np.fromiter((c for c, hs in enumerate(headers) for _ in hs), dtype=np.int64)
+        head = np.fromiter((h for hs in headers for h in hs), dtype=np.int64)
         out = ranks.copy()
-        for c, heads in enumerate(headers):
-            for h in heads:
-                if ranks[c] > out[h]:
-                    out[h] = ranks[c]
+        np.maximum.at(out, head, ranks[child])
         return out
     means = chunk_scores(doc_scores, chunk)
     if rule == "mean":
