@@ -279,6 +279,41 @@ def test_recall_window_arm_pairs_with_the_default_window(tiny_models, tmp_path):
         eng.close()
 
 
+def test_recall_from_saved_scores_under_another_rule(tiny_models, tmp_path):
+    """`scores_dir` saves each task's scores; a later run with `scores_from` and another chunk rule
+    scores nothing and ranks the saved scores by that rule: its records equal the first run's
+    same-pass variants for that rule (and say where the scores came from). A task with no saved scores
+    (another seed: other task ids) is scored anew."""
+    from dataclasses import replace
+
+    from specq.bench.quality import Journal, QualitySettings, run_recall
+    from specq.engine.options import EngineOptions
+    from specq.engine.pipeline import Engine
+
+    eng = Engine(EngineOptions(target=str(tiny_models.target), speculator=str(tiny_models.speculator), n_gpu_layers=0,
+                               n_ctx=4096, n_threads=2))
+    try:
+        saved = tmp_path / "scores"
+        s = QualitySettings(lengths=[1200], n=3, scorers=["windowed"], window=600, scores_dir=str(saved))
+        run_recall(eng, s, Journal(tmp_path / "a.jsonl", s))
+        first = [r for r in read_journal(tmp_path / "a.jsonl") if r["half"] == "recall"]
+        assert len(list(saved.glob("*-windowed.npz"))) == 3
+        again = replace(s, scores_dir="", scores_from=str(saved), chunk_rule="mean")
+        run_recall(eng, again, Journal(tmp_path / "b.jsonl", again))
+        second = [r for r in read_journal(tmp_path / "b.jsonl") if r["half"] == "recall"]
+        assert [r["task"] for r in second] == [r["task"] for r in first]
+        for a, b in zip(first, second):
+            assert b["scores_from"] == {"windowed": str(saved)} and b["score_ms"] == {}
+            assert b["kept"]["windowed"] == a["kept"]["windowed-mean"] and b["kept"]["windowed-border"] == a["kept"]["windowed"]
+            assert b["rank"]["windowed-scope"] == a["rank"]["windowed-scope"] and b["windows"] == a["windows"]
+        other = replace(again, seed=1)
+        run_recall(eng, other, Journal(tmp_path / "c.jsonl", other))
+        assert all("scores_from" not in r and r["score_ms"]["windowed"] > 0
+                   for r in read_journal(tmp_path / "c.jsonl") if r["half"] == "recall")
+    finally:
+        eng.close()
+
+
 def test_answer_half_reuses_an_earlier_runs_baselines(tiny_models, tmp_path):
     """`--baseline-from`: a run under another chunk rule takes the closed-book and baseline answers of an
     earlier journal of the same tasks (they do not depend on the rule) and runs only specprefill; the

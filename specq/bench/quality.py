@@ -71,6 +71,10 @@ class QualitySettings:
     #: document and its token character bounds), so that chunk rules can be compared offline
     #: without scoring again. Not part of the settings key.
     scores_dir: str = ""
+    #: recall: take each task's token scores from this directory (saved by `scores_dir`) instead of
+    #: scoring again, e.g. to rank an earlier run's scores by a new chunk rule; a task whose saved
+    #: document differs is scored anew. Records say `scores_from`. Not part of the settings key.
+    scores_from: str = ""
 
     def key(self, half: str) -> str:
         """What a journal record must match to count as done (not n/start/lengths: they pick tasks)."""
@@ -175,6 +179,24 @@ class Journal:
 # ----------------------------------------------------------------------------------------- helpers
 
 
+def saved_scores(directory: str, task: qt.Task, name: str, n_doc: int, plan_len: int) -> tuple[np.ndarray, int] | None:
+    """(scores, windows) saved by save_scores for this task and scorer, or None where there is no file
+    or it was saved for another document (another corpus, seed or tokenizer)."""
+    path = Path(directory) / f"{task.id}-{name}.npz"
+    if not path.exists():
+        return None
+    with np.load(path) as z:
+        if str(z["document"]) != task.document or z["scores"].shape != (n_doc,):
+            return None
+        if "windows" in z:
+            windows = int(z["windows"])
+        elif name == "windowed":  # saved before the count was: the windowed scorer runs the plan's windows
+            windows = plan_len
+        else:
+            return None
+        return z["scores"].astype(np.float32), windows
+
+
 def _count(engine) -> Callable[[str], int]:
     return lambda s: len(engine.target.tokenize(s, add_special=False, parse_special=False))
 
@@ -188,11 +210,12 @@ def task_prompt(engine, task: qt.Task, params: RunParams, with_bounds: bool = Fa
     return (prompt, ev, bounds) if with_bounds else (prompt, ev)
 
 
-def save_scores(directory: str, task: qt.Task, name: str, scores: np.ndarray, bounds, ev: list[int], chunk: int) -> None:
+def save_scores(directory: str, task: qt.Task, name: str, scores: np.ndarray, bounds, ev: list[int], chunk: int,
+                windows: int) -> None:
     """One task's token scores from one scorer, with what an offline rule needs (document, bounds, evidence)."""
     path = Path(directory)
     path.mkdir(parents=True, exist_ok=True)
-    np.savez_compressed(path / f"{task.id}-{name}.npz", scores=np.asarray(scores, dtype=np.float32),
+    np.savez_compressed(path / f"{task.id}-{name}.npz", scores=np.asarray(scores, dtype=np.float32), windows=windows,
                         bounds=np.asarray(bounds, dtype=np.int64), evidence_chunks=np.asarray(ev, dtype=np.int64),
                         evidence=np.asarray(task.evidence, dtype=np.int64).reshape(-1, 2), chunk=chunk,
                         document=np.array(task.document), kind=task.kind)
@@ -294,23 +317,28 @@ def run_recall(engine, settings: QualitySettings, journal: Journal, say: Say = p
                     rec["windows"]["full"] = 1
                     continue
                 base, window = arms[name]
-                use = cache.begin() if cache is not None and base != "sliding" else None
-                t0 = time.perf_counter()
-                res = scorer.score(prompt, scorer=base, lookahead=settings.lookahead, pool=settings.pool, window=window,
-                                   cache=cache if use is not None else None, scope=scope)
-                rec["score_ms"][name] = round((time.perf_counter() - t0) * 1000.0, 1)
-                if use is not None:
-                    rec["cache_restored_bytes"][name] = use.bytes_restored
-                rec["windows"][name] = res.windows
+                saved = saved_scores(settings.scores_from, task, name, n_doc, len(plan)) if settings.scores_from else None
+                if saved is not None:
+                    scores, rec["windows"][name] = saved
+                    rec.setdefault("scores_from", {})[name] = settings.scores_from
+                else:
+                    use = cache.begin() if cache is not None and base != "sliding" else None
+                    t0 = time.perf_counter()
+                    res = scorer.score(prompt, scorer=base, lookahead=settings.lookahead, pool=settings.pool, window=window,
+                                       cache=cache if use is not None else None, scope=scope)
+                    rec["score_ms"][name] = round((time.perf_counter() - t0) * 1000.0, 1)
+                    if use is not None:
+                        rec["cache_restored_bytes"][name] = use.bytes_restored
+                    scores, rec["windows"][name] = res.scores, res.windows
                 if settings.scores_dir:
-                    save_scores(settings.scores_dir, task, name, res.scores, bounds, ev, settings.chunk)
-                variants = {name: (res.scores, settings.chunk_rule)}
+                    save_scores(settings.scores_dir, task, name, scores, bounds, ev, settings.chunk, rec["windows"][name])
+                variants = {name: (scores, settings.chunk_rule)}
                 if name == "windowed":
-                    variants["windowed-max"] = (renormalise(res.scores, plan, "max"), settings.chunk_rule)
-                    variants["windowed-z"] = (renormalise(res.scores, plan, "z"), settings.chunk_rule)
+                    variants["windowed-max"] = (renormalise(scores, plan, "max"), settings.chunk_rule)
+                    variants["windowed-z"] = (renormalise(scores, plan, "z"), settings.chunk_rule)
                 for rule in CHUNK_RULES:  # the same pass ranked by the other chunk rules
                     if rule != settings.chunk_rule:
-                        variants[f"{name}-{rule}"] = (res.scores, rule)
+                        variants[f"{name}-{rule}"] = (scores, rule)
                 for vname, (sc, rule) in variants.items():
                     rec["kept"][vname] = {str(k): all(c in _kept_chunks(sc, prompt, k, settings.chunk, rule, pieces) for c in ev)
                                           for k in settings.keeps}

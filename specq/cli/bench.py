@@ -475,6 +475,8 @@ def bench_quality(
     max_tokens: int = typer.Option(24, help="answer: tokens generated per run."),
     scores_dir: str = typer.Option("", help="recall: also save each task's token scores (.npz per task and scorer, with the "
                                             "document) in this directory, to compare chunk rules offline."),
+    scores_from: str = typer.Option("", help="recall: take each task's token scores from this directory (saved by --scores-dir) "
+                                             "instead of scoring again; tasks without a matching file are scored."),
     family: int = typer.Option(0, help="Questions per document (up to; 0 = one document per task). Families reuse the "
                                        "document's KV through the service's caches, as a user's second question does."),
     cache_bytes: int = typer.Option(2 << 30, help="With --family: bytes of saved KV (speculator windows, target prompts)."),
@@ -517,7 +519,7 @@ def bench_quality(
     settings = q.QualitySettings(lengths=sizes, n=n, start=start, seed=seed, kinds=kind_list,
                                  scorers=[s.strip() for s in scorers.split(",") if s.strip()], keeps=keep_list, keep=keep,
                                  scorer=scorer, window=window, max_tokens=max_tokens, family=family, chunk_rule=chunk_rule,
-                                 scores_dir=scores_dir)
+                                 scores_dir=scores_dir, scores_from=scores_from)
     engine = None
     if half != "report":
         if len(journal) != 1:
