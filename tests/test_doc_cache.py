@@ -59,9 +59,9 @@ def _params(q: str, **kw) -> RunParams:
     return RunParams(**base)
 
 
-def _kept(prompt, scores, p: RunParams) -> list[int]:
+def _kept(prompt, scores, p: RunParams, pieces) -> list[int]:
     return select_kept(scores, doc_start=prompt.doc_start, n_prompt=prompt.n, protected=prompt.protected_indices(),
-                       keep=p.keep, chunk=p.chunk, max_keep=p.max_keep)
+                       keep=p.keep, chunk=p.chunk, max_keep=p.max_keep, rule=p.chunk_rule, pieces=pieces)
 
 
 def test_questions_2_to_4_hit_the_speculator_cache_with_the_same_scores(engine):
@@ -87,7 +87,8 @@ def test_questions_2_to_4_hit_the_speculator_cache_with_the_same_scores(engine):
         plain = scorer.score(prompt, window=WINDOW)  # uncached: one decode call per window
         rel = np.max(np.abs(cached.scores - plain.scores) / np.maximum(np.abs(plain.scores), 1e-6))
         assert rel <= 1e-3, (i, rel)
-        assert _kept(prompt, cached.scores, p) == _kept(prompt, plain.scores, p)
+        pieces = engine.target.pieces(prompt.document)
+        assert _kept(prompt, cached.scores, p, pieces) == _kept(prompt, plain.scores, p, pieces)
 
 
 def test_engine_runs_record_speculator_hits(engine):
@@ -300,7 +301,8 @@ def test_parallel_windows_restore_into_their_own_streams(tiny_models):
             plain = scorer.score(prompt, window=WINDOW)
             rel = np.max(np.abs(cached.scores - plain.scores) / np.maximum(np.abs(plain.scores), 1e-6))
             assert rel <= 1e-3, (i, rel)
-            assert _kept(prompt, cached.scores, p) == _kept(prompt, plain.scores, p)
+            pieces = e.target.pieces(prompt.document)
+            assert _kept(prompt, cached.scores, p, pieces) == _kept(prompt, plain.scores, p, pieces)
         # the streams' entries are keyed apart from the single context's (an odd last window runs alone)
         layouts = [entry.key[8] for entry in e.cache_store.entries(("speculator",))]
         assert "streams" in layouts and set(layouts) <= {"streams", "single"}

@@ -17,7 +17,7 @@ import numpy as np  # noqa: E402
 
 from specq.engine import llama  # noqa: E402
 from specq.contracts import InputError, ModelError  # noqa: E402
-from specq.engine.options import EngineOptions, RunParams  # noqa: E402
+from specq.engine.options import DEFAULT_CHUNK_RULE, EngineOptions, RunParams  # noqa: E402
 from specq.engine.prefill import sparse_prefill  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -111,7 +111,7 @@ def test_result_object_has_every_field(engine):
     assert set(r["timings_ms"]) >= {"tokenize", "score", "select", "sparse_prefill", "ttft", "decode", "total"}
     assert set(r["spec"]) == {"mode", "reason", "positions", "keep", "lookahead", "windows", "scorer", "cache",
                               "selection", "chunk_rule", "pipelined"}
-    assert r["spec"]["chunk_rule"] == ("border" if r["spec"]["mode"] == "specprefill" else "")
+    assert r["spec"]["chunk_rule"] == (DEFAULT_CHUNK_RULE if r["spec"]["mode"] == "specprefill" else "")
     assert set(r["engine"]) >= {"n_gpu_layers", "flash_attn", "n_batch", "n_ubatch", "backend"}
     assert r["finish_reason"] in ("stop", "length")
     assert 0 < r["timings_ms"]["ttft"] <= r["timings_ms"]["total"]

@@ -15,7 +15,7 @@ llama_cpp = pytest.importorskip("llama_cpp")
 import numpy as np  # noqa: E402
 
 from specq.contracts import InputError  # noqa: E402
-from specq.engine.options import EngineOptions, RunParams  # noqa: E402
+from specq.engine.options import CHUNK_RULES, EngineOptions, RunParams  # noqa: E402
 from specq.engine.pipelined import IncrementalPrefill, pipeline_bound  # noqa: E402
 from specq.engine.prefill import sparse_prefill  # noqa: E402
 from specq.engine.scoring import plan_windows  # noqa: E402
@@ -36,7 +36,7 @@ def test_per_window_keeps_the_ratio_in_every_window():
     windows = plan_windows(n_doc, 250)
     protected = list(range(doc_start)) + [doc_start + n_doc]
     kept = select_kept_per_window(scores, windows, doc_start=doc_start, n_prompt=doc_start + n_doc + 1,
-                                  protected=protected, keep=0.25, chunk=32)
+                                  protected=protected, keep=0.25, chunk=32, rule="border")
     assert set(protected) <= set(kept) and kept == sorted(set(kept))
     for a, b in windows:
         inside = [i for i in kept if doc_start + a <= i < doc_start + b]
@@ -44,15 +44,19 @@ def test_per_window_keeps_the_ratio_in_every_window():
         # whole chunks cut from the window's start, ceil(n_chunks * keep) of them
         starts = {(i - doc_start - a) // 32 for i in inside}
         assert len(starts) == int(np.ceil(n_chunks * 0.25))
-    glob = select_kept(scores, doc_start=doc_start, n_prompt=doc_start + n_doc + 1, protected=protected, keep=0.25)
+    glob = select_kept(scores, doc_start=doc_start, n_prompt=doc_start + n_doc + 1, protected=protected, keep=0.25, rule="border")
     assert all(i < doc_start + 300 or i in protected for i in glob)
     assert kept != glob
 
 
-def test_one_window_per_window_is_global():
+@pytest.mark.parametrize("rule", CHUNK_RULES)
+def test_one_window_per_window_is_global(rule):
     rng = np.random.default_rng(4)
     scores = rng.random(900).astype(np.float32)
-    kw = dict(doc_start=5, n_prompt=910, protected=list(range(5)) + list(range(905, 910)), keep=0.3, chunk=32)
+    code = Path(textwrap.__file__).read_bytes()
+    pieces = [code[i:i + 4] for i in range(0, 3600, 4)]  # 900 tokens of real code: `scope` has header lines
+    kw = dict(doc_start=5, n_prompt=910, protected=list(range(5)) + list(range(905, 910)), keep=0.3, chunk=32, rule=rule,
+              pieces=pieces)
     assert select_kept_per_window(scores, [(0, 900)], **kw) == select_kept(scores, **kw)
 
 
@@ -60,7 +64,7 @@ def test_per_window_cap_shares():
     assert window_cap(0, 100, 1000) == 0
     assert window_cap(300, 250, 1000) == 75
     assert sum(window_cap(1000, b - a, 4000) for a, b in plan_windows(4000, 1300)) <= 1000
-    kept = select_window(np.arange(256, dtype=np.float32), start=10, keep=1.0, chunk=32, max_keep=64)
+    kept = select_window(np.arange(256, dtype=np.float32), start=10, keep=1.0, chunk=32, max_keep=64, rule="border")
     assert kept == list(range(10 + 192, 10 + 256))  # the two best chunks, nothing more
 
 

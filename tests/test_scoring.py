@@ -113,13 +113,13 @@ def test_chunk_ranking_keep_and_protected():
 def test_keep_fraction_and_max_keep():
     rng = np.random.default_rng(0)
     scores = rng.random(3200).astype(np.float32)
-    kept = select_kept(scores, doc_start=0, n_prompt=3200, protected=[3199], keep=0.3, chunk=32)
+    kept = select_kept(scores, doc_start=0, n_prompt=3200, protected=[3199], keep=0.3, chunk=32, rule="border")
     assert abs(len(kept) - 0.3 * 3200) <= 33
-    capped = select_kept(scores, doc_start=0, n_prompt=3200, protected=[3199], keep=0.3, chunk=32, max_keep=200)
+    capped = select_kept(scores, doc_start=0, n_prompt=3200, protected=[3199], keep=0.3, chunk=32, max_keep=200, rule="border")
     doc_capped = [i for i in capped if i != 3199]
     assert 160 < len(doc_capped) <= 200 and len(doc_capped) % 32 == 0
     # the cap drops the lowest-ranked chunks: the kept ones are the top-ranked
-    means = rank_scores(scores, 32)
+    means = rank_scores(scores, 32, "border")
     top = set(np.argsort(-means, kind="stable")[: len(doc_capped) // 32])
     assert {i // 32 for i in doc_capped} == top
 
@@ -133,11 +133,11 @@ def test_border_rule_keeps_a_line_the_chunk_grid_cuts():
     scores[160:176] = 1.0  # chunk 5: mean 0.5
     kw = dict(doc_start=0, n_prompt=320, protected=[], keep=0.2, chunk=32)
     assert {i // 32 for i in select_kept(scores, rule="mean", **kw)} == {1, 5}
-    assert {i // 32 for i in select_kept(scores, **kw)} == {1, 2}  # the default rule: border
-    ranks = rank_scores(scores, 32)
+    assert {i // 32 for i in select_kept(scores, rule="border", **kw)} == {1, 2}
+    ranks = rank_scores(scores, 32, "border")
     assert ranks[2] == 22 / 32 and ranks[5] == 0.5 and ranks[1] == 24 / 32
     # the same number of chunks either way; the spans are cut at the document's ends
-    assert rank_scores(scores[:20], 32).tolist() == chunk_scores(scores[:20], 32).tolist()
+    assert rank_scores(scores[:20], 32, "border").tolist() == chunk_scores(scores[:20], 32).tolist()
     with pytest.raises(ValueError, match="chunk rule"):
         rank_scores(scores, 32, "max")
 
@@ -146,7 +146,7 @@ def test_border_rule_keeps_a_line_the_chunk_grid_cuts():
 def test_border_rank_is_never_below_the_mean_and_reads_only_neighbours(n):
     rng = np.random.default_rng(n)
     s = rng.random(n).astype(np.float32)
-    means, ranks = chunk_scores(s, 32), rank_scores(s, 32)
+    means, ranks = chunk_scores(s, 32), rank_scores(s, 32, "border")
     assert ranks.shape == means.shape and np.all(ranks >= means)
     for j in range(len(means)):  # brute force: the chunk's mean and the spans over its borders
         spans = [means[j]] + [s[max(b - 16, 0):min(b + 16, n)].mean() for b in (j * 32, (j + 1) * 32) if 0 < b < n]
@@ -271,7 +271,8 @@ def test_needle_is_kept_and_answered(real_engine):
         rand_scores = np.zeros(n_doc, dtype=np.float32)
         for c in pick:
             rand_scores[c * 32 : (c + 1) * 32] = 1.0
-        rand_kept = select_kept(rand_scores, doc_start=prompt.doc_start, n_prompt=prompt.n, protected=prompt.protected_indices(), keep=0.3)
+        rand_kept = select_kept(rand_scores, doc_start=prompt.doc_start, n_prompt=prompt.n, protected=prompt.protected_indices(), keep=0.3,
+                                rule="mean")
         random_hits += all(i in set(rand_kept) for i in span)
         from specq.engine.decode import generate
         from specq.engine.prefill import sparse_prefill

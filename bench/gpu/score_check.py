@@ -42,8 +42,8 @@ def main() -> None:
                     got[m].append(dict(res.timings_ms, total=total))
                 scores[m] = res.scores
         a, b = scores["numpy"], scores["torch"]
-        ka = set(select_kept(a, doc_start=prompt.doc_start, n_prompt=prompt.n, protected=[], keep=0.3))
-        kb = set(select_kept(b, doc_start=prompt.doc_start, n_prompt=prompt.n, protected=[], keep=0.3))
+        ka = set(select_kept(a, doc_start=prompt.doc_start, n_prompt=prompt.n, protected=[], keep=0.3, rule="border"))
+        kb = set(select_kept(b, doc_start=prompt.doc_start, n_prompt=prompt.n, protected=[], keep=0.3, rule="border"))
         row = {
             "prompt_tokens": prompt.n,
             "max_rel_diff": float(np.max(np.abs(a - b) / np.maximum(np.abs(a), 1e-6))),
