@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from specq.engine.blocks import header_chunks
-from specq.engine.selection import rank_scores, select_kept
+from specq.engine.selection import HEADER_WEIGHT, rank_scores, select_kept
 
 CODE = '''import os
 
@@ -91,11 +91,11 @@ def test_scope_rule_keeps_the_def_of_a_strongly_attended_raise():
     assert msg in border and rais not in border
     assert msg in scope and rais in scope
     assert len(scope) == len(border)
-    # a header's rank is never below border's, and each header ranks at least as high as its chunks
+    # a header's rank is never below border's, and each header ranks at least HEADER_WEIGHT of its chunks'
     heads = header_chunks(pieces, chunk)
     ranks, base = rank_scores(scores, chunk, "scope", heads), rank_scores(scores, chunk, "border")
     assert np.all(ranks >= base)
-    assert all(ranks[h] >= base[c] for c, hs in enumerate(heads) for h in hs)
+    assert all(ranks[h] >= HEADER_WEIGHT * base[c] for c, hs in enumerate(heads) for h in hs)
     # chunks that are nobody's header keep border's rank
     headers = {h for hs in heads for h in hs}
     assert all(ranks[c] == base[c] for c in range(len(heads)) if c not in headers)

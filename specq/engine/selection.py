@@ -20,6 +20,10 @@ def chunk_scores(doc_scores: np.ndarray, chunk: int) -> np.ndarray:
     return sums / sizes
 
 
+#: the `scope` rule: a header line's chunk ranks at least this share of the best chunk hanging from it
+HEADER_WEIGHT = 0.75
+
+
 def rank_scores(doc_scores: np.ndarray, chunk: int, rule: str = DEFAULT_CHUNK_RULE,
                 headers: Sequence[Sequence[int]] | None = None) -> np.ndarray:
     """The score each chunk is ranked by.
@@ -34,8 +38,10 @@ def rank_scores(doc_scores: np.ndarray, chunk: int, rule: str = DEFAULT_CHUNK_RU
     borders"). A chunk's own mean is never lowered, so a chunk ranked high by `mean` stays high.
 
     `scope`: `border`, then each chunk holding a header line (blocks.header_chunks: `headers[c]` are
-    the chunks holding the headers of chunk c's lines) ranks at least as high as the chunks hanging
-    from it. Why: the misses left under `border` were code lines kept without the line they hang
+    the chunks holding the headers of chunk c's lines) ranks at least HEADER_WEIGHT (3/4) as high as
+    the chunks hanging from it: below its line, so a header displaces only chunks clearly weaker than
+    the line it explains (at full weight the headers of every strong chunk took budget from other
+    evidence: 16K recall fell below `border`'s; docs/quality.md "Header lines"). Why: the misses left under `border` were code lines kept without the line they hang
     from (a `raise` without its `def` or `if`, a message on a continuation line without its
     `raise`), chunks apart. Needs `headers`; text without indentation has none and ranks as under
     `border`.
@@ -51,7 +57,7 @@ def rank_scores(doc_scores: np.ndarray, chunk: int, rule: str = DEFAULT_CHUNK_RU
         child = np.fromiter((c for c, hs in enumerate(headers) for _ in hs), dtype=np.int64)
         head = np.fromiter((h for hs in headers for h in hs), dtype=np.int64)
         out = ranks.copy()
-        np.maximum.at(out, head, ranks[child])
+        np.maximum.at(out, head, HEADER_WEIGHT * ranks[child])
         return out
     means = chunk_scores(doc_scores, chunk)
     if rule == "mean":
