@@ -468,8 +468,8 @@ def bench_quality(
     keep: float = typer.Option(0.3, help="answer: keep of the specprefill runs."),
     scorer: str = typer.Option("windowed", help="answer: scorer of the specprefill runs."),
     window: int = typer.Option(0, help="Document tokens per scoring window (0 = the default)."),
-    chunk_rule: str = typer.Option(DEFAULT_CHUNK_RULE, help="How chunks are ranked: scope (the engine's default: border + header "
-                                                  "lines), border or mean (the rule before 2026-12-04). recall also records "
+    chunk_rule: str = typer.Option(DEFAULT_CHUNK_RULE, help="How chunks are ranked: border (the engine's default), mean (the rule before "
+                                                  "2026-12-04) or scope (border + header lines). recall also records "
                                                   "<scorer>-<rule> for the other rules from the same pass."),
     baseline_from: Path = typer.Option(None, help="answer: reuse the closed-book and baseline answers of this earlier answer journal "
                                                   "(same tasks and settings but the chunk rule) instead of running them again."),

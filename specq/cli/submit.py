@@ -32,7 +32,7 @@ def submit_cmd(
     pool: int = typer.Option(None, help="Average-pool kernel over scores (odd)."),
     window: int = typer.Option(None, help="Document tokens per scoring window (0 = auto)."),
     selection: str = typer.Option(None, help="How specprefill spends the keep budget: global (whole document) or per-window (each scoring window)."),
-    chunk_rule: str = typer.Option(None, help="How chunks are ranked: scope (the default: border, and a line's header, the nearest less-indented line above it, ranks as high as the line: a raise keeps its def), border (a chunk also scores the spans over its borders, so a line the chunk grid cuts is kept whole) or mean (its mean score)."),
+    chunk_rule: str = typer.Option(None, help="How chunks are ranked: border (the default: a chunk also scores the spans over its borders, so a line the chunk grid cuts is kept whole), mean (its mean score) or scope (border, and a line's header, the nearest less-indented line above it, ranks nearly as high as the line: a raise keeps its def; better recall, worse answers at 4K)."),
     pipelined: bool = typer.Option(None, "--pipelined/--no-pipelined", help="Prefill each window's kept chunks while the next window is scored (needs --selection per-window)."),
     max_tokens: int = typer.Option(None, help="Tokens to generate at most."),
     temperature: float = typer.Option(None, help="0 = greedy."),

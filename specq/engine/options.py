@@ -25,7 +25,7 @@ Selection = Literal["global", "per-window"]
 ChunkRule = Literal["border", "mean", "scope"]
 #: the chunk rules (selection.rank_scores) and the default one: named here once
 CHUNK_RULES: tuple[str, ...] = typing.get_args(ChunkRule)
-DEFAULT_CHUNK_RULE: ChunkRule = "scope"
+DEFAULT_CHUNK_RULE: ChunkRule = "border"
 
 
 @dataclass
@@ -167,11 +167,12 @@ class RunParams:
     #: chunks) or per-window (the top `keep` share of each scoring window's chunks, chunks cut from the
     #: window's start; needs the windowed or full scorer). docs/quality.md compares the two
     selection: Selection = "global"
-    #: how chunks are ranked (selection.rank_scores): scope (the default: border, then a header line,
-    #: the nearest less-indented line above a line, ranks at least as high as that line's chunk, so
-    #: code keeps the `def` of a kept `raise`; blocks.py), border (the larger of a chunk's mean score
-    #: and the means of the two chunk-sized spans straddling its borders, so a sentence the grid cuts
-    #: in two is kept whole) or mean (each chunk's mean score, the rule before 2026-12-04).
+    #: how chunks are ranked (selection.rank_scores): border (the default: the larger of a chunk's mean
+    #: score and the means of the two chunk-sized spans straddling its borders, so a sentence the grid
+    #: cuts in two is kept whole), mean (each chunk's mean score, the rule before 2026-12-04) or scope
+    #: (border, then a header line, the nearest less-indented line above a line, ranks at least 3/4 of
+    #: that line's chunk, so code keeps the `def` of a kept `raise`; blocks.py: better recall, worse
+    #: answers at 4K, so not the default).
     #: docs/quality.md "Chunk borders" and "Header lines" measure them; mode auto's quality bands are per rule
     chunk_rule: ChunkRule = DEFAULT_CHUNK_RULE
     #: specprefill with per-window selection: the target prefills each window's chunks while the
