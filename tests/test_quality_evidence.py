@@ -48,6 +48,9 @@ def test_bands_are_the_measured_lengths_of_the_measured_pair():
     assert [(r.length, r.chunk_rule) for r in border.rows] == [(4000, "border"), (16000, "border")]
     assert bands(QWEN_15B, QWEN_05B, 0.3, "windowed", "border") == (border,) != (band,)
     assert bands(QWEN_15B, QWEN_05B, 0.3, "windowed", "border", rows=ROWS[:2]) == ()  # mean rows only
+    # the scope rule's only row (4K) fails its lower bound: no band, so auto runs baseline under it
+    assert [r.passes for r in ROWS if r.chunk_rule == "scope"] == [False]
+    assert bands(QWEN_15B, QWEN_05B, 0.3, "windowed", "scope") == ()
 
 
 def test_bands_join_passing_lengths_and_stop_at_a_failing_one():

@@ -94,6 +94,11 @@ ROWS: tuple[QualityRow, ...] = (
     QualityRow(QWEN_15B, QWEN_05B, 0.3, "windowed", 16000, (15919, 15978), 20, 2, 0.4, 0.55, 1.375, 0.978,
                "bench/results/quality-cpu-border-answer-16000.jsonl",
                "docs/quality.md, Chunk borders: answer right at 16K (commit d09312f)", chunk_rule="border"),
+    # docs/quality.md "Header lines": the same 40 questions under the opt-in scope rule, baselines reused;
+    # code 62b3411. It fails (lower bound < 0.95): mode auto has no band for `scope`.
+    QualityRow(QWEN_15B, QWEN_05B, 0.3, "windowed", 4000, (3670, 3980), 40, 4, 0.825, 0.85, 1.03, 0.887,
+               "bench/results/quality-cpu-scope-answer-4000.jsonl",
+               "docs/quality.md, Header lines: answer right at 4K (commit 62b3411)", chunk_rule="scope"),
 )
 
 
