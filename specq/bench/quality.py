@@ -38,8 +38,7 @@ import numpy as np
 from ..engine.kept_spans import token_char_bounds
 from ..engine.options import RunParams
 from ..engine.scoring import plan_windows
-from ..engine.blocks import header_chunks
-from ..engine.selection import CHUNK_RULES, DEFAULT_CHUNK_RULE, rank_scores, select_kept
+from ..engine.selection import CHUNK_RULES, DEFAULT_CHUNK_RULE, headers_for, rank_scores, select_kept
 from . import quality_tasks as qt
 from .quality_report import aggregate, read_journal
 
@@ -265,7 +264,7 @@ def renormalise(scores: np.ndarray, plan: list[tuple[int, int]], how: str) -> np
 
 def _worst_rank(scores: np.ndarray, chunk: int, ev: list[int], rule: str = DEFAULT_CHUNK_RULE, pieces=None) -> float:
     """The evidence chunk ranked lowest, as a fraction of all chunks (0 = best): the keep it needs."""
-    means = rank_scores(scores, chunk, rule, header_chunks(pieces, chunk) if rule == "scope" else None)
+    means = rank_scores(scores, chunk, rule, headers_for(rule, pieces, chunk))
     order = np.argsort(-means, kind="stable")
     rank = np.empty_like(order)
     rank[order] = np.arange(len(order))

@@ -330,7 +330,7 @@ def plot(agg: dict[str, Any], path: Path, title: str = "") -> None:
         xs = range(len(ans))
         ax.bar([x - 0.2 for x in xs], [r["baseline_acc"] or 0 for r in ans], 0.4, label="baseline")
         ax.bar([x + 0.2 for x in xs], [r["specprefill_acc"] or 0 for r in ans], 0.4, label="specprefill")
-        ax.set_xticks(list(xs), [f"{r['length']:,}\n{r['scorer']} {r['keep']}\nn={r['n']}" for r in ans], fontsize=7)
+        ax.set_xticks(list(xs), [f"{r['length']:,}\n{r['scorer']} {r['keep']} {r.get('chunk_rule', 'mean')}\nn={r['n']}" for r in ans], fontsize=7)
         ax.set_ylim(0, 1.02)
         ax.legend(fontsize=7)
     ax.set_title("answer right (closed-book-right left out)")

@@ -28,8 +28,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from .blocks import header_chunks
-from .selection import DEFAULT_CHUNK_RULE, rank_scores
+from .selection import DEFAULT_CHUNK_RULE, headers_for, rank_scores
 
 #: the `selection` format; a reader that meets a newer one should not guess
 FORMAT_VERSION = 1
@@ -126,7 +125,7 @@ def selection_record(
     n_doc = len(doc_tokens)
     bounds, exact = token_char_bounds([piece(t) for t in doc_tokens], document)
     in_doc = lambda idx: [i - doc_start for i in idx if doc_start <= i < doc_start + n_doc]  # noqa: E731
-    headers = header_chunks([piece(t) for t in doc_tokens], chunk) if rule == "scope" and n_doc else None
+    headers = headers_for(rule, [piece(t) for t in doc_tokens], chunk) if n_doc else None
     means = rank_scores(np.asarray(doc_scores, dtype=np.float64), chunk, rule, headers) if n_doc else np.zeros(0)
     scores, lo, hi = quantise(means)
     starts = np.minimum(np.arange(0, len(means) + 1) * chunk, n_doc)

@@ -37,14 +37,15 @@ def rank_scores(doc_scores: np.ndarray, chunk: int, rule: str = DEFAULT_CHUNK_RU
     keeps the neighbour of a strongly attended border at the same budget (docs/quality.md, "Chunk
     borders"). A chunk's own mean is never lowered, so a chunk ranked high by `mean` stays high.
 
-    `scope`: `border`, then each chunk holding a header line (blocks.header_chunks: `headers[c]` are
-    the chunks holding the headers of chunk c's lines) ranks at least HEADER_WEIGHT (3/4) as high as
-    the chunks hanging from it: below its line, so a header displaces only chunks clearly weaker than
-    the line it explains (at full weight the headers of every strong chunk took budget from other
-    evidence: 16K recall fell below `border`'s; docs/quality.md "Header lines"). Why: the misses left under `border` were code lines kept without the line they hang
-    from (a `raise` without its `def` or `if`, a message on a continuation line without its
-    `raise`), chunks apart. Needs `headers`; text without indentation has none and ranks as under
-    `border`.
+    `scope` (opt-in): `border`, then each chunk holding a header line (blocks.header_chunks:
+    `headers[c]` are the chunks holding the headers of chunk c's lines) ranks at least HEADER_WEIGHT
+    (3/4) as high as the chunks hanging from it: below its line, so a header displaces only chunks
+    clearly weaker than the line it explains (at full weight the headers of every strong chunk took
+    budget from other evidence: 16K recall fell below `border`'s). Why: the misses left under
+    `border` were code lines kept without the line they hang from (a `raise` without its `def` or
+    `if`, a message on a continuation line without its `raise`), chunks apart. Needs `headers`; text
+    without indentation has none and ranks as under `border`. Not the default: recall rose (8K 0.950,
+    16K 0.960) but the target answered worse from its kept sets at 4K (docs/quality.md "Header lines").
     """
     if rule not in CHUNK_RULES:
         raise ValueError(f"chunk rule {rule!r}: one of {', '.join(CHUNK_RULES)}")
@@ -76,8 +77,9 @@ def rank_scores(doc_scores: np.ndarray, chunk: int, rule: str = DEFAULT_CHUNK_RU
     return out
 
 
-def _headers(rule: str, pieces: Sequence[bytes] | None, chunk: int) -> list[tuple[int, ...]] | None:
-    """The header chunks `rule` needs (only `scope` does), from the document tokens' bytes."""
+def headers_for(rule: str, pieces: Sequence[bytes] | None, chunk: int) -> list[tuple[int, ...]] | None:
+    """The header chunks rank_scores needs under `rule` (only `scope` needs any), from the document
+    tokens' bytes; None for the other rules."""
     if rule != "scope":
         return None
     if pieces is None:
@@ -108,7 +110,7 @@ def select_kept(
     n_doc = int(doc_scores.shape[0])
     kept = set(int(i) for i in protected)
     if n_doc:
-        ranks = rank_scores(doc_scores, chunk, rule, _headers(rule, pieces, chunk))
+        ranks = rank_scores(doc_scores, chunk, rule, headers_for(rule, pieces, chunk))
         n_chunks = ranks.shape[0]
         k = min(n_chunks, math.ceil(n_chunks * keep - 1e-9))
         order = np.argsort(-ranks, kind="stable")[:k]
@@ -153,7 +155,7 @@ def select_window(
     n = int(win_scores.shape[0])
     if not n:
         return []
-    ranks = rank_scores(win_scores, chunk, rule, _headers(rule, pieces, chunk))
+    ranks = rank_scores(win_scores, chunk, rule, headers_for(rule, pieces, chunk))
     order = np.argsort(-ranks, kind="stable")[: window_budget(ranks.shape[0], keep)]
     if max_keep > 0:
         sizes = np.minimum(chunk, n - order * chunk)
