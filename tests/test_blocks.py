@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from specq.engine.blocks import header_chunks
+from specq.engine.blocks import header_chunks, header_pairs
 from specq.engine.selection import HEADER_WEIGHT, rank_scores, select_kept
 
 CODE = '''import os
@@ -55,6 +55,14 @@ def test_a_line_hangs_from_the_nearest_less_indented_line():
     assert heads[0] == ()
 
 
+def test_pairs_are_the_per_chunk_view_flattened():
+    chunk = 16
+    heads = header_chunks(line_pieces(CODE), chunk)
+    pairs = header_pairs(line_pieces(CODE), chunk)
+    assert sorted(map(tuple, pairs.tolist())) == sorted((c, h) for c, hs in enumerate(heads) for h in hs)
+    assert pairs.shape[1] == 2 and len(pairs) > 0
+
+
 def test_text_without_indentation_has_no_headers():
     prose = "In May 2000, Guido and the Python core development team moved to\nBeOpen.com.\n\nIn 2001, the PSF was formed.\n" * 5
     assert all(h == () for h in header_chunks(line_pieces(prose), 8))
@@ -93,7 +101,7 @@ def test_scope_rule_keeps_the_def_of_a_strongly_attended_raise():
     assert len(scope) == len(border)
     # a header's rank is never below border's, and each header ranks at least HEADER_WEIGHT of its chunks'
     heads = header_chunks(pieces, chunk)
-    ranks, base = rank_scores(scores, chunk, "scope", heads), rank_scores(scores, chunk, "border")
+    ranks, base = rank_scores(scores, chunk, "scope", header_pairs(pieces, chunk)), rank_scores(scores, chunk, "border")
     assert np.all(ranks >= base)
     assert all(ranks[h] >= HEADER_WEIGHT * base[c] for c, hs in enumerate(heads) for h in hs)
     # chunks that are nobody's header keep border's rank
@@ -103,9 +111,9 @@ def test_scope_rule_keeps_the_def_of_a_strongly_attended_raise():
 
 def test_scope_needs_the_text():
     scores = np.ones(64, dtype=np.float32)
-    with pytest.raises(ValueError, match="header chunks"):
+    with pytest.raises(ValueError, match="header pairs"):
         rank_scores(scores, 32, "scope")
     with pytest.raises(ValueError, match="bytes"):
         select_kept(scores, doc_start=0, n_prompt=64, protected=[], keep=0.5, rule="scope")
-    with pytest.raises(ValueError, match="header chunks for 1 chunks"):
-        rank_scores(scores, 32, "scope", [()])
+    with pytest.raises(ValueError, match="header pairs name chunk 5, scores for 2 chunks"):
+        rank_scores(scores, 32, "scope", np.array([[5, 0]]))

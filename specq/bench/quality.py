@@ -3,8 +3,9 @@
 Two halves, both over the tasks of quality_tasks.py (real text, answer once, depths 0.1–0.9):
 
 * `recall` (speculator only, cheap): per task and scorer, one scoring pass (the engine's own
-  `SpecPrefillScorer.score`), then `select_kept` at every keep level; a task's evidence is kept when
-  every chunk holding an evidence token is. The random control at the same budget is exact: the
+  `SpecPrefillScorer.score`), then one ranking per chunk rule (`selection.chunk_order`, what
+  `select_kept` keeps a prefix of) gives every keep level; a task's evidence is kept when every chunk
+  holding an evidence token is. The random control at the same budget is exact: the
   probability that k chunks drawn at random hold all m evidence chunks. Scorers: `windowed` (the
   default), `full` (one window: only run where the document spans more than one window — at one
   window it is the same pass), `sliding`; and, from the windowed pass at no extra cost, two other
@@ -31,14 +32,14 @@ import subprocess
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, NamedTuple
 
 import numpy as np
 
 from ..engine.kept_spans import token_char_bounds
 from ..engine.options import RunParams
 from ..engine.scoring import plan_windows
-from ..engine.selection import CHUNK_RULES, DEFAULT_CHUNK_RULE, headers_for, rank_scores, select_kept
+from ..engine.selection import CHUNK_RULES, DEFAULT_CHUNK_RULE, chunk_order, window_budget
 from . import quality_tasks as qt
 from .quality_report import aggregate, read_journal
 
@@ -200,13 +201,19 @@ def _count(engine) -> Callable[[str], int]:
     return lambda s: len(engine.target.tokenize(s, add_special=False, parse_special=False))
 
 
-def task_prompt(engine, task: qt.Task, params: RunParams, with_bounds: bool = False):
-    """(prompt, evidence chunk indices) for a task under the engine's template (+ the document tokens'
-    character bounds with `with_bounds`)."""
+class TaskPrompt(NamedTuple):
+    prompt: Any  #: engine.prompt.Prompt under the engine's template
+    evidence: list[int]  #: the evidence's chunk indices
+    pieces: list[bytes]  #: the document tokens' bytes (what the `scope` rule reads)
+    bounds: Any  #: where each document token starts, in characters of task.document
+
+
+def task_prompt(engine, task: qt.Task, params: RunParams) -> TaskPrompt:
+    """A task's prompt under the engine's template, with its evidence chunks and document pieces."""
     prompt = engine.tokenize_prompt(task.document, params)
-    bounds, _ = token_char_bounds([engine.target.token_bytes(t) for t in prompt.document], task.document)
-    ev = qt.evidence_chunks(bounds, task.evidence, params.chunk)
-    return (prompt, ev, bounds) if with_bounds else (prompt, ev)
+    pieces = engine.target.pieces(prompt.document)
+    bounds, _ = token_char_bounds(pieces, task.document)
+    return TaskPrompt(prompt, qt.evidence_chunks(bounds, task.evidence, params.chunk), pieces, bounds)
 
 
 def save_scores(directory: str, task: qt.Task, name: str, scores: np.ndarray, bounds, ev: list[int], chunk: int,
@@ -237,13 +244,6 @@ def tasks_for(settings: QualitySettings, length: int, count) -> "Iterator[tuple[
         f += 1
 
 
-def _kept_chunks(scores: np.ndarray, prompt, keep: float, chunk: int, rule: str = DEFAULT_CHUNK_RULE,
-                 pieces=None) -> set[int]:
-    kept = select_kept(scores, doc_start=prompt.doc_start, n_prompt=prompt.n, protected=[], keep=keep, chunk=chunk, rule=rule,
-                       pieces=pieces)
-    return {(i - prompt.doc_start) // chunk for i in kept if prompt.doc_start <= i < prompt.doc_end}
-
-
 def renormalise(scores: np.ndarray, plan: list[tuple[int, int]], how: str) -> np.ndarray:
     """Window scores merged another way than the engine's (× number of keys): `max` divides each
     window's scores by their maximum; `z` standardises them, (s − mean) / std. Both are linear within a
@@ -262,13 +262,14 @@ def renormalise(scores: np.ndarray, plan: list[tuple[int, int]], how: str) -> np
     return out
 
 
-def _worst_rank(scores: np.ndarray, chunk: int, ev: list[int], rule: str = DEFAULT_CHUNK_RULE, pieces=None) -> float:
-    """The evidence chunk ranked lowest, as a fraction of all chunks (0 = best): the keep it needs."""
-    means = rank_scores(scores, chunk, rule, headers_for(rule, pieces, chunk))
-    order = np.argsort(-means, kind="stable")
-    rank = np.empty_like(order)
-    rank[order] = np.arange(len(order))
-    return float(max(rank[c] for c in ev) + 1) / len(means)
+def evidence_place(scores: np.ndarray, chunk: int, ev: list[int], rule: str, pieces) -> int:
+    """How many chunks the engine's selection (selection.chunk_order) must keep to hold all of `ev`:
+    the worst evidence chunk's place in the order, plus one. Kept at keep k when it is at most
+    window_budget(n_chunks, k), as select_kept keeps."""
+    order = chunk_order(scores, chunk, rule, pieces)
+    place = np.empty_like(order)
+    place[order] = np.arange(order.shape[0])
+    return int(max(place[c] for c in ev)) + 1
 
 
 # ----------------------------------------------------------------------------------------- halves
@@ -295,10 +296,9 @@ def run_recall(engine, settings: QualitySettings, journal: Journal, say: Say = p
             if journal.done("recall", task.id):
                 continue
             params = RunParams(question=task.question, chunk=settings.chunk)
-            prompt, ev, bounds = task_prompt(engine, task, params, with_bounds=True)
+            prompt, ev, pieces, bounds = task_prompt(engine, task, params)
             n_doc = len(prompt.document)
             n_chunks = -(-n_doc // settings.chunk)
-            pieces = engine.target.pieces(prompt.document)
             rec: dict[str, Any] = {"task": task.id, "kind": task.kind, "planted": task.planted, "length": L, "depth": task.depth,
                                    "actual_depth": round(task.actual_depth, 4), "doc_tokens": n_doc, "n_chunks": n_chunks,
                                    "evidence_chunks": ev, "answer": task.answer, "source": task.source,
@@ -338,10 +338,10 @@ def run_recall(engine, settings: QualitySettings, journal: Journal, say: Say = p
                 for rule in CHUNK_RULES:  # the same pass ranked by the other chunk rules
                     if rule != settings.chunk_rule:
                         variants[f"{name}-{rule}"] = (scores, rule)
-                for vname, (sc, rule) in variants.items():
-                    rec["kept"][vname] = {str(k): all(c in _kept_chunks(sc, prompt, k, settings.chunk, rule, pieces) for c in ev)
-                                          for k in settings.keeps}
-                    rec["rank"][vname] = round(_worst_rank(sc, settings.chunk, ev, rule, pieces), 4)
+                for vname, (sc, rule) in variants.items():  # one ranking per variant gives every keep level
+                    need = evidence_place(sc, settings.chunk, ev, rule, pieces)
+                    rec["kept"][vname] = {str(k): need <= window_budget(n_chunks, k) for k in settings.keeps}
+                    rec["rank"][vname] = round(need / n_chunks, 4)
             rec["random"] = {str(k): qt.random_recall(n_chunks, min(n_chunks, int(np.ceil(n_chunks * k - 1e-9))), len(ev))
                              for k in settings.keeps}
             rec["load1"] = round(os.getloadavg()[0], 2)
@@ -407,7 +407,7 @@ def run_answer(engine, settings: QualitySettings, journal: Journal, say: Say = p
             if not rec["closed_book"]["correct"]:
                 base = RunParams(question=task.question, mode="baseline", max_tokens=settings.max_tokens)
                 spec = _spec_params(settings, task.question)
-                prompt, ev = task_prompt(engine, task, spec)
+                prompt, ev, _, _ = task_prompt(engine, task, spec)
                 if old is not None:
                     rec["baseline"] = {**old["baseline"], "reused_from": baselines_path}
                 else:

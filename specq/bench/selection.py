@@ -62,7 +62,7 @@ def run_selection_bench(speculator: str, lengths: list[int], *, keep: float = 0.
     from ..engine.models import resolve_model
     from ..engine.prompt import build_prompt
     from ..engine.scoring import DEFAULT_WINDOW, SpecPrefillScorer
-    from ..engine.selection import DEFAULT_CHUNK_RULE, select_kept, select_kept_per_window
+    from ..engine.selection import DEFAULT_CHUNK_RULE, reads_text, select_kept, select_kept_per_window
     from .ttft import hardware, make_document
 
     load0 = os.getloadavg()
@@ -86,7 +86,8 @@ def run_selection_bench(speculator: str, lengths: list[int], *, keep: float = 0.
             pos = prompt.doc_start + len(model.tokenize(doc[:fact_at]))
             span = range(pos - 2, pos + len(model.tokenize(task.answer)) + 2)
             common = dict(doc_start=prompt.doc_start, n_prompt=prompt.n, protected=prompt.protected_indices(), keep=keep,
-                          chunk=chunk, rule=DEFAULT_CHUNK_RULE, pieces=model.pieces(prompt.document))
+                          chunk=chunk, rule=DEFAULT_CHUNK_RULE,
+                          pieces=model.pieces(prompt.document) if reads_text(DEFAULT_CHUNK_RULE) else None)
             kept = {"global": set(select_kept(scored.scores, **common)),
                     "per-window": set(select_kept_per_window(scored.scores, scored.plan, **common))}
             window_of = next(w for w, (a, b) in enumerate(scored.plan) if a <= pos - prompt.doc_start < b)

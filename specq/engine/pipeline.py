@@ -529,7 +529,9 @@ class Engine:
 
     def rule_pieces(self, prompt: Prompt, rule: str) -> list[bytes] | None:
         """The document tokens' bytes where the chunk rule reads the text (`scope`: its header lines)."""
-        return self.target.pieces(prompt.document) if rule == "scope" else None
+        from .selection import reads_text
+
+        return self.target.pieces(prompt.document) if reads_text(rule) else None
 
     def _pipelined(self, prompt: Prompt, params: RunParams, positions: str, timings: dict, spec: SpecInfo,
                    report: Progress, *, observe=None, threaded: bool = True):

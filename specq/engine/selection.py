@@ -7,7 +7,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .blocks import header_chunks
+from .blocks import header_pairs
 from .options import CHUNK_RULES, DEFAULT_CHUNK_RULE
 
 
@@ -25,7 +25,7 @@ HEADER_WEIGHT = 0.75
 
 
 def rank_scores(doc_scores: np.ndarray, chunk: int, rule: str = DEFAULT_CHUNK_RULE,
-                headers: Sequence[Sequence[int]] | None = None) -> np.ndarray:
+                headers: np.ndarray | None = None) -> np.ndarray:
     """The score each chunk is ranked by.
 
     `mean`: the chunk's mean token score (chunk_scores). `border`: the largest of that mean and the
@@ -37,8 +37,8 @@ def rank_scores(doc_scores: np.ndarray, chunk: int, rule: str = DEFAULT_CHUNK_RU
     keeps the neighbour of a strongly attended border at the same budget (docs/quality.md, "Chunk
     borders"). A chunk's own mean is never lowered, so a chunk ranked high by `mean` stays high.
 
-    `scope` (opt-in): `border`, then each chunk holding a header line (blocks.header_chunks:
-    `headers[c]` are the chunks holding the headers of chunk c's lines) ranks at least HEADER_WEIGHT
+    `scope` (opt-in): `border`, then each chunk holding a header line (`headers`: blocks.header_pairs,
+    rows (chunk, chunk holding the header of one of its lines)) ranks at least HEADER_WEIGHT
     (3/4) as high as the chunks hanging from it: below its line, so a header displaces only chunks
     clearly weaker than the line it explains (at full weight the headers of every strong chunk took
     budget from other evidence: 16K recall fell below `border`'s). Why: the misses left under
@@ -51,14 +51,13 @@ def rank_scores(doc_scores: np.ndarray, chunk: int, rule: str = DEFAULT_CHUNK_RU
         raise ValueError(f"chunk rule {rule!r}: one of {', '.join(CHUNK_RULES)}")
     if rule == "scope":
         if headers is None:
-            raise ValueError("the scope chunk rule needs the document's header chunks (blocks.header_chunks)")
+            raise ValueError("the scope chunk rule needs the document's header pairs (blocks.header_pairs)")
         ranks = rank_scores(doc_scores, chunk, "border")
-        if len(headers) != ranks.shape[0]:
-            raise ValueError(f"header chunks for {len(headers)} chunks, scores for {ranks.shape[0]}")
-        child = np.fromiter((c for c, hs in enumerate(headers) for _ in hs), dtype=np.int64)
-        head = np.fromiter((h for hs in headers for h in hs), dtype=np.int64)
+        pairs = np.asarray(headers, dtype=np.int64).reshape(-1, 2)
+        if pairs.size and int(pairs.max()) >= ranks.shape[0]:
+            raise ValueError(f"header pairs name chunk {int(pairs.max())}, scores for {ranks.shape[0]} chunks")
         out = ranks.copy()
-        np.maximum.at(out, head, HEADER_WEIGHT * ranks[child])
+        np.maximum.at(out, pairs[:, 1], HEADER_WEIGHT * ranks[pairs[:, 0]])
         return out
     means = chunk_scores(doc_scores, chunk)
     if rule == "mean":
@@ -77,14 +76,38 @@ def rank_scores(doc_scores: np.ndarray, chunk: int, rule: str = DEFAULT_CHUNK_RU
     return out
 
 
-def headers_for(rule: str, pieces: Sequence[bytes] | None, chunk: int) -> list[tuple[int, ...]] | None:
-    """The header chunks rank_scores needs under `rule` (only `scope` needs any), from the document
-    tokens' bytes; None for the other rules."""
-    if rule != "scope":
+def reads_text(rule: str) -> bool:
+    """Whether `rule` needs the document tokens' bytes (`pieces`): only `scope` (its header lines)."""
+    return rule == "scope"
+
+
+def headers_for(rule: str, pieces: Sequence[bytes] | None, chunk: int) -> np.ndarray | None:
+    """The header pairs rank_scores needs under `rule` (reads_text), from the document tokens' bytes;
+    None for the other rules."""
+    if not reads_text(rule):
         return None
     if pieces is None:
         raise ValueError("the scope chunk rule needs the document tokens' bytes (pieces)")
-    return header_chunks(pieces, chunk)
+    return header_pairs(pieces, chunk)
+
+
+def chunk_order(doc_scores: np.ndarray, chunk: int, rule: str = DEFAULT_CHUNK_RULE,
+                pieces: Sequence[bytes] | None = None) -> np.ndarray:
+    """The chunks best first under `rule` (ties: the earlier chunk): every selection keeps a prefix."""
+    return np.argsort(-rank_scores(doc_scores, chunk, rule, headers_for(rule, pieces, chunk)), kind="stable")
+
+
+def _top_chunks(doc_scores: np.ndarray, chunk: int, keep: float, max_keep: int, rule: str,
+                pieces: Sequence[bytes] | None) -> np.ndarray:
+    """The prefix of chunk_order that `keep` allows, cut further (lowest-ranked first) to at most
+    max_keep tokens when max_keep > 0."""
+    order = chunk_order(doc_scores, chunk, rule, pieces)
+    order = order[: window_budget(order.shape[0], keep)]
+    if max_keep > 0:
+        sizes = np.minimum(chunk, int(doc_scores.shape[0]) - order * chunk)
+        while order.size and int(sizes.sum()) > max_keep:
+            order, sizes = order[:-1], sizes[:-1]
+    return order
 
 
 def select_kept(
@@ -110,15 +133,7 @@ def select_kept(
     n_doc = int(doc_scores.shape[0])
     kept = set(int(i) for i in protected)
     if n_doc:
-        ranks = rank_scores(doc_scores, chunk, rule, headers_for(rule, pieces, chunk))
-        n_chunks = ranks.shape[0]
-        k = min(n_chunks, math.ceil(n_chunks * keep - 1e-9))
-        order = np.argsort(-ranks, kind="stable")[:k]
-        if max_keep > 0:
-            sizes = np.minimum(chunk, n_doc - order * chunk)
-            while order.size and int(sizes.sum()) > max_keep:
-                order, sizes = order[:-1], sizes[:-1]
-        for c in order:
+        for c in _top_chunks(doc_scores, chunk, keep, max_keep, rule, pieces):
             start = doc_start + int(c) * chunk
             kept.update(range(start, min(start + chunk, doc_start + n_doc)))
     return sorted(i for i in kept if 0 <= i < n_prompt)
@@ -155,14 +170,8 @@ def select_window(
     n = int(win_scores.shape[0])
     if not n:
         return []
-    ranks = rank_scores(win_scores, chunk, rule, headers_for(rule, pieces, chunk))
-    order = np.argsort(-ranks, kind="stable")[: window_budget(ranks.shape[0], keep)]
-    if max_keep > 0:
-        sizes = np.minimum(chunk, n - order * chunk)
-        while order.size and int(sizes.sum()) > max_keep:
-            order, sizes = order[:-1], sizes[:-1]
     kept: list[int] = []
-    for c in sorted(int(c) for c in order):
+    for c in sorted(int(c) for c in _top_chunks(win_scores, chunk, keep, max_keep, rule, pieces)):
         a = start + c * chunk
         kept.extend(range(a, min(a + chunk, start + n)))
     return kept
