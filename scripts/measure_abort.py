@@ -29,6 +29,7 @@ import subprocess
 import threading
 import time
 
+from specq.bench.provenance import provenance
 from specq.engine import llama, models
 from specq.engine.invariance import resolve
 from specq.engine.options import EngineOptions
@@ -60,7 +61,7 @@ def main() -> None:
     text = open("examples/python-license.txt").read()
     toks = model.tokenize(text)
     toks = (toks * (args.prompt // len(toks) + 1))[: args.prompt]
-    report: dict = {"commit": subprocess.run(["git", "describe", "--always", "--dirty"], capture_output=True, text=True).stdout.strip(),
+    report: dict = {"provenance": provenance(), "commit": subprocess.run(["git", "describe", "--always", "--dirty"], capture_output=True, text=True).stdout.strip(),
                     "model": os.path.basename(str(path)), "threads": threads, "prompt": args.prompt,
                     "backend": "gpu" if args.gpu else "cpu",
                     "numerics": {"repack": num.repack, "type_k": num.type_k, "flash_attn": num.flash_attn},
