@@ -89,7 +89,7 @@ def test_record_of_a_real_run(tiny_models):
 def test_record_marks_protected_document_tokens():
     text = "abcdefghij"
     pieces = [text[i:i + 2].encode() for i in range(0, 10, 2)]  # 5 tokens of 2 characters
-    sel = selection_record(pieces.__getitem__, text, list(range(5)), doc_start=3,
+    sel = selection_record(pieces, text, doc_start=3,
                            kept=[0, 1, 2, 3, 4, 6, 7], protected=[0, 1, 2, 7, 8],
                            doc_scores=np.array([1, 1, 5, 5, 3], dtype=np.float32), chunk=2, rule="mean")
     assert sel["kept_spans"] == [[0, 4], [6, 10]]  # document tokens 0, 1 (prompt 3, 4) and 3, 4 (prompt 6, 7)
@@ -99,7 +99,7 @@ def test_record_marks_protected_document_tokens():
     assert (sel["score_min"], sel["score_max"]) == (1.0, 5.0)
     # the border rule's scores are what it ranks by: chunk 0 takes the span over its right border
     # (tokens 1-2: 1, 5 -> 3), chunk 2 the span over its left border (tokens 3-4: 5, 3 -> 4)
-    border = selection_record(pieces.__getitem__, text, list(range(5)), doc_start=3, kept=[3, 4, 5, 6], protected=[],
+    border = selection_record(pieces, text, doc_start=3, kept=[3, 4, 5, 6], protected=[],
                               doc_scores=np.array([1, 1, 5, 5, 3], dtype=np.float32), chunk=2)
     assert (border["score_min"], border["score_max"]) == (3.0, 5.0)
     assert decode_scores(border["chunk_scores"]) == [0, 255, 128]
@@ -113,8 +113,8 @@ def test_scope_scores_are_what_it_ranks_by():
     scores = np.ones(n, dtype=np.float32)
     scores[-3:] = 9.0  # the raise line
     kw = dict(doc_start=0, kept=list(range(n)), protected=[], doc_scores=scores, chunk=2)
-    border = decode_scores(selection_record(pieces.__getitem__, text, list(range(n)), rule="border", **kw)["chunk_scores"])
-    scope = decode_scores(selection_record(pieces.__getitem__, text, list(range(n)), rule="scope", **kw)["chunk_scores"])
+    border = decode_scores(selection_record(pieces, text, rule="border", **kw)["chunk_scores"])
+    scope = decode_scores(selection_record(pieces, text, rule="scope", **kw)["chunk_scores"])
     iff = (text.index("if x") // 4) // 2
     assert scope[iff] > border[iff] and scope[-1] == border[-1] == 255
 
@@ -122,7 +122,7 @@ def test_scope_scores_are_what_it_ranks_by():
 @pytest.mark.parametrize("text", ["", "x"])
 def test_empty_or_tiny_documents(text):
     pieces = [text.encode()] if text else []
-    sel = selection_record(pieces.__getitem__, text, list(range(len(pieces))), 1, [0, 1, 2], [0, 2],
+    sel = selection_record(pieces, text, 1, [0, 1, 2], [0, 2],
                            np.ones(len(pieces), dtype=np.float32), 32)
     assert sel["n_chunks"] == len(pieces) and decode_offsets(sel["chunk_offsets"])[-1] == len(text)
 
@@ -133,7 +133,7 @@ def test_selection_is_stored_with_the_result_and_left_out_of_batch_exports(store
 
     text = "abcdefghij"
     pieces = [text[i:i + 2].encode() for i in range(0, 10, 2)]
-    sel = selection_record(pieces.__getitem__, text, list(range(5)), 1, [1, 2, 5], [], np.arange(5.0), 2)
+    sel = selection_record(pieces, text, 1, [1, 2, 5], [], np.arange(5.0), 2)
     with db.session() as s:
         job = jobs.create_job(s, text=text, params={})
         tok = jobs.mark_running(s, job.id, "w:1")

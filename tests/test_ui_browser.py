@@ -376,7 +376,7 @@ def _render_bound_job(st: Stack, key: str) -> tuple[str, int]:
     kept = select_kept(scores, doc_start=head, n_prompt=head + len(pieces) + 10,
                        protected=list(range(head)) + list(range(head + len(pieces), head + len(pieces) + 10)), keep=0.3,
                        pieces=pieces)
-    sel = selection_record(pieces.__getitem__, text, list(range(len(pieces))), head, kept, [], scores, 32)
+    sel = selection_record(pieces, text, head, kept, [], scores, 32)
     timings = {"tokenize": 40.0, "score": 2100.0, "speculator_prefill": 1500.0, "lookahead": 400.0, "score_math": 150.0,
                "select": 2.0, "sparse_prefill": 3300.0, "ttft": 5450.0, "decode": 2600.0, "total": 8060.0}
     with db.session(st.database_url) as s:

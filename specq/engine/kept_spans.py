@@ -24,7 +24,7 @@ multi-byte character is moved to the end of that character. A tokenizer that rew
 from __future__ import annotations
 
 import base64
-from typing import Callable, Sequence
+from typing import Sequence
 
 import numpy as np
 
@@ -101,9 +101,8 @@ def b64(data: bytes) -> str:
 
 
 def selection_record(
-    token_bytes: Callable[[int], bytes],
+    pieces: Sequence[bytes],
     document: str,
-    doc_tokens: Sequence[int],
     doc_start: int,
     kept: Sequence[int],
     protected: Sequence[int],
@@ -113,19 +112,12 @@ def selection_record(
 ) -> dict:
     """The result's `selection` object for one specprefill run.
 
-    doc_tokens: the prompt's document tokens (prompt[doc_start : doc_start + len(doc_tokens)]);
-    kept, protected: sorted prompt indices; doc_scores: one score per document token."""
-    cache: dict[int, bytes] = {}
-
-    def piece(t: int) -> bytes:
-        if t not in cache:
-            cache[t] = token_bytes(t)
-        return cache[t]
-
-    n_doc = len(doc_tokens)
-    bounds, exact = token_char_bounds([piece(t) for t in doc_tokens], document)
+    pieces: the bytes of each of the prompt's document tokens (prompt[doc_start : doc_start + len(pieces)],
+    e.g. `Model.pieces`); kept, protected: sorted prompt indices; doc_scores: one score per document token."""
+    n_doc = len(pieces)
+    bounds, exact = token_char_bounds(pieces, document)
     in_doc = lambda idx: [i - doc_start for i in idx if doc_start <= i < doc_start + n_doc]  # noqa: E731
-    headers = headers_for(rule, [piece(t) for t in doc_tokens], chunk) if n_doc else None
+    headers = headers_for(rule, pieces, chunk) if n_doc else None
     means = rank_scores(np.asarray(doc_scores, dtype=np.float64), chunk, rule, headers) if n_doc else np.zeros(0)
     scores, lo, hi = quantise(means)
     starts = np.minimum(np.arange(0, len(means) + 1) * chunk, n_doc)

@@ -430,7 +430,7 @@ class Engine:
         d = gen.draft.as_dict()
         # after the timed phases: what the target saw, in character offsets (kept_spans.py)
         selection = None if doc_scores is None else selection_record(
-            self.target.token_bytes, document, prompt.document, prompt.doc_start, kept,
+            self.target.pieces(prompt.document), document, prompt.doc_start, kept,
             prompt.protected_indices(), doc_scores, params.chunk, params.chunk_rule)
         return RunResult(
             text=text.text,
