@@ -42,10 +42,10 @@ def test_bands_are_the_measured_lengths_of_the_measured_pair():
     assert bands(QWEN_15B, QWEN_05B, 0.3, "full", "mean") == ()
     assert bands("some-7b", QWEN_05B, 0.3, "windowed", "mean") == ()
     # a row measured under one chunk rule is no evidence for the other: the border rule (the default)
-    # has its own rows, at the same two lengths
+    # has its own rows, at the same two lengths and at 8K between them
     (border,) = bands(QWEN_15B, QWEN_05B, 0.3, "windowed")
     assert (border.lo, border.hi) == (3670, 15978 + QUESTION_ALLOWANCE)
-    assert [(r.length, r.chunk_rule) for r in border.rows] == [(4000, "border"), (16000, "border")]
+    assert [(r.length, r.chunk_rule) for r in border.rows] == [(4000, "border"), (8000, "border"), (16000, "border")]
     assert bands(QWEN_15B, QWEN_05B, 0.3, "windowed", "border") == (border,) != (band,)
     assert bands(QWEN_15B, QWEN_05B, 0.3, "windowed", "border", rows=ROWS[:2]) == ()  # mean rows only
     # the scope rule's only row (4K) fails its lower bound: no band, so auto runs baseline under it

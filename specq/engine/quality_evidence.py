@@ -94,6 +94,12 @@ ROWS: tuple[QualityRow, ...] = (
     QualityRow(QWEN_15B, QWEN_05B, 0.3, "windowed", 16000, (15919, 15978), 20, 2, 0.4, 0.55, 1.375, 0.978,
                "bench/results/quality-cpu-border-answer-16000.jsonl",
                "docs/quality.md, Chunk borders: answer right at 16K (commit d09312f)", chunk_rule="border"),
+    # docs/quality.md "Answer right at 8K": 40 questions of 4 new 8K documents (two scoring windows), border
+    # rule, every arm run (closed-book, baseline, specprefill); CPU, code 669992d. Between the 4K and 16K
+    # rows, so the border band over them no longer assumes 8K.
+    QualityRow(QWEN_15B, QWEN_05B, 0.3, "windowed", 8000, (7896, 7967), 40, 4, 0.775, 0.875, 1.129, 1.015,
+               "bench/results/quality-cpu-border-answer-8000.jsonl",
+               "docs/quality.md, Answer right at 8K (commit 669992d)", chunk_rule="border"),
     # docs/quality.md "Header lines": the same 40 questions under the opt-in scope rule, baselines reused;
     # code 62b3411. It fails (lower bound < 0.95): mode auto has no band for `scope`.
     QualityRow(QWEN_15B, QWEN_05B, 0.3, "windowed", 4000, (3670, 3980), 40, 4, 0.825, 0.85, 1.03, 0.887,
