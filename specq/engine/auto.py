@@ -30,11 +30,11 @@ from typing import Sequence
 
 from .quality_evidence import Band
 
-#: break-even prompt lengths (tokens) per backend, below which baseline is taken as faster. Neither is a
-#: located break-even: CPU 1,024 is DEFAULT_MIN_TOKENS, a chosen value (a re-measurement on contended
-#: cores lost at 536 and 1,051 tokens and could not place it); CUDA 8,192 is the shortest length
-#: measured on the H200, where specprefill already won (1.28x at 8,157 tokens). docs/engine.md
-#: ("Break-evens") gives the runs
+#: break-even prompt lengths (tokens) per backend, below which baseline is taken as faster. CPU 1,024:
+#: measured on the real pair (bench/results/cpu-break-even-2026-12-04.json) specprefill loses at 536
+#: tokens (0.91-0.97x the fastest baseline), is even within noise at 1,051 (0.92-1.09x) and wins at
+#: 2,071 (1.20-1.22x). CUDA 8,192 is not a located break-even: the shortest length measured on the
+#: H200, where specprefill already won (1.28x at 8,157 tokens). docs/engine.md ("Break-evens")
 BREAK_EVEN_TOKENS = {"cpu": 1024, "cuda": 8192}
 #: backends without a measurement use the largest known break-even
 DEFAULT_BREAK_EVEN = max(BREAK_EVEN_TOKENS.values())
