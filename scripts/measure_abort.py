@@ -25,7 +25,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import threading
 import time
 
@@ -61,7 +60,7 @@ def main() -> None:
     text = open("examples/python-license.txt").read()
     toks = model.tokenize(text)
     toks = (toks * (args.prompt // len(toks) + 1))[: args.prompt]
-    report: dict = {"provenance": provenance(), "commit": subprocess.run(["git", "describe", "--always", "--dirty"], capture_output=True, text=True).stdout.strip(),
+    report: dict = {"provenance": provenance(),  # the commit: provenance.code.describe
                     "model": os.path.basename(str(path)), "threads": threads, "prompt": args.prompt,
                     "backend": "gpu" if args.gpu else "cpu",
                     "numerics": {"repack": num.repack, "type_k": num.type_k, "flash_attn": num.flash_attn},

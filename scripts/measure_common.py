@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import time
 
 from specq.bench.provenance import provenance
@@ -25,11 +24,10 @@ QS = ["Which company did the Python core development team move to in May 2000?",
 
 
 def report_header(script: str, args) -> dict:
-    """The command, commit (git describe --dirty), CPU, threads and load a report starts with, and the
-    benchmarks' `provenance` object (code state with a diff hash when dirty, the patched library's
-    probe, host), as docs/benchmarks.md asks of a quotable number."""
+    """The command, CPU, threads and load a report starts with, and the benchmarks' `provenance` object
+    (`code.describe` = git describe --dirty, a diff hash when dirty, the patched library's probe,
+    host), as docs/benchmarks.md asks of a quotable number."""
     return {"provenance": provenance(), "command": f"scripts/{script} " + " ".join(f"{k}={v}" for k, v in vars(args).items()),
-            "commit": subprocess.run(["git", "describe", "--always", "--dirty"], capture_output=True, text=True).stdout.strip(),
             "cpu": next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")), ""),
             "threads": os.cpu_count() or 1, "load_before": os.getloadavg(), "runs": []}
 

@@ -342,7 +342,7 @@ def run_recall(engine, settings: QualitySettings, journal: Journal, say: Say = p
                     need = evidence_place(sc, settings.chunk, ev, rule, pieces)
                     rec["kept"][vname] = {str(k): need <= window_budget(n_chunks, k) for k in settings.keeps}
                     rec["rank"][vname] = round(need / n_chunks, 4)
-            rec["random"] = {str(k): qt.random_recall(n_chunks, min(n_chunks, int(np.ceil(n_chunks * k - 1e-9))), len(ev))
+            rec["random"] = {str(k): qt.random_recall(n_chunks, window_budget(n_chunks, k), len(ev))
                              for k in settings.keeps}
             rec["load1"] = round(os.getloadavg()[0], 2)
             rec["t"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
