@@ -41,8 +41,8 @@ KEEPS = (0.2, 0.3, 0.5)
 
 
 def pieces_of(document: str, bounds: np.ndarray) -> list[bytes]:
-    ends = list(bounds[1:]) + [len(document)]
-    return [document[a:b].encode() for a, b in zip(bounds, ends)]
+    """Each token's text (bounds: where each token starts, and the end: n + 1 offsets)."""
+    return [document[a:b].encode() for a, b in zip(bounds[:-1], bounds[1:])]
 
 
 def lift_top_share(ranks: np.ndarray, pairs: np.ndarray, share: float) -> np.ndarray:
