@@ -9,7 +9,9 @@ A rule that lifts only the headers of the top share of chunks (by `border` rank)
    speculator's context and are kept far more often than the middle (the profile printed first), so
    `windowed` spends budget on W recency spots where one full pass has one. Two de-biased rankings
    within each window: the tail's excess over the window's median halved (`tail/2 mN`: last N chunks)
-   and each chunk's rank minus its neighbourhood's median (`minus local median hH`: 2H+1 chunks).
+   or removed (`tail to median mN`), and each chunk's rank minus its neighbourhood's median (`minus
+   local median hH`: 2H+1 chunks). And `per-window`: each window keeps its own share (the engine's
+   select_kept_per_window), to see whether the budget split is what loses the evidence.
 
 This ranks scores saved by `specq bench quality recall --scores-dir D` (no model, no scoring) and
 prints each rule's recall at keep 0.2 / 0.3 / 0.5, the `raises` questions kept at 0.3, and how many
@@ -76,10 +78,22 @@ def per_window(ranks: np.ndarray, wins: list[tuple[int, int]], fn) -> np.ndarray
     return out
 
 
-def halve_tail(x: np.ndarray, m: int) -> np.ndarray:
+def shrink_tail(x: np.ndarray, m: int, factor: float) -> np.ndarray:
+    """The last m chunks' excess over the window's median times `factor` (never raised)."""
     out, med = x.copy(), float(np.median(x))
-    out[-m:] = np.minimum(out[-m:], med + 0.5 * (out[-m:] - med))
+    out[-m:] = np.minimum(out[-m:], med + factor * (out[-m:] - med))
     return out
+
+
+def per_window_place(ranks: np.ndarray, wins: list[tuple[int, int]], ev: list[int], keep: float) -> bool:
+    """Whether every evidence chunk is kept when each window keeps window_budget(its chunks, keep) of
+    its own chunks by `border` rank (chunks are the document's grid here; the engine cuts each window
+    from its own start, which moves the grid by < 1 chunk)."""
+    kept: set[int] = set()
+    for a, b in wins:
+        order = np.argsort(-ranks[a:b], kind="stable")[: window_budget(b - a, keep)]
+        kept.update(int(c) + a for c in order)
+    return all(c in kept for c in ev)
 
 
 PROFILE = 16  #: chunks from each window's end and start in the kept-share profile
@@ -95,7 +109,8 @@ def main() -> None:
         files = sorted(glob.glob(f"{d}/*-windowed.npz"))
         tails, heads = (0, 4, 8, 16), (4, 8, 16)
         names = (["border", "scope"] + [f"scope top {s:g}" for s in shares] + [f"tail/2 m{m}" for m in tails[1:]]
-                 + [f"minus local median h{h}" for h in heads])
+                 + [f"tail to median m{m}" for m in tails[1:]] + [f"minus local median h{h}" for h in heads])
+        pw = dict.fromkeys(KEEPS, 0)
         kept = {n: dict.fromkeys(KEEPS, 0) for n in names}
         raises = dict.fromkeys(names, 0)
         swapped = dict.fromkeys(names, 0)
@@ -125,7 +140,11 @@ def main() -> None:
             n_raises += kind == "raises"
             ranked = {"border": border, "scope": rank_scores(scores, chunk, "scope", pairs)}
             ranked.update({f"scope top {s:g}": lift_top_share(border, pairs, s) for s in shares})
-            ranked.update({f"tail/2 m{m}": per_window(border, wins, lambda x, m=m: halve_tail(x, m)) for m in tails[1:]})
+            ranked.update({f"tail/2 m{m}": per_window(border, wins, lambda x, m=m: shrink_tail(x, m, 0.5)) for m in tails[1:]})
+            ranked.update({f"tail to median m{m}": per_window(border, wins, lambda x, m=m: shrink_tail(x, m, 0.0))
+                           for m in tails[1:]})
+            for k in KEEPS:
+                pw[k] += per_window_place(border, wins, ev, k)
             ranked.update({f"minus local median h{h}": per_window(border, wins, lambda x, h=h: x - local_median(x, h))
                            for h in heads})
             for name, r in ranked.items():
@@ -149,6 +168,7 @@ def main() -> None:
         for name in names:
             cells = " | ".join(f"{kept[name][k] / len(files):.3f}" for k in KEEPS)
             print(f"| {name} | {cells} | {raises[name]}/{n_raises} | {swapped[name] / len(files):.2f} |")
+        print("| border, per-window budget | " + " | ".join(f"{pw[k] / len(files):.3f}" for k in KEEPS) + " | | |")
 
 
 if __name__ == "__main__":
