@@ -117,6 +117,23 @@ def test_journal_resumes_and_survives_a_torn_line(tmp_path):
     json.dumps(agg)
 
 
+def test_recall_rows_count_each_arms_own_documents_and_random_control():
+    """Journals joined in one report may cover different tasks (an arm stopped early): each recall
+    row's documents and random control come from that arm's own tasks, not the whole length's."""
+    def rec(task, family, arms, random):  # each journal has its own settings key
+        return {"half": "recall", "settings_key": arms[0], "task": task, "family": family, "length": 16000,
+                "kind": "raises", "kept": {a: {"0.3": True} for a in arms}, "random": {"0.3": random}}
+
+    records = [rec(f"f{f}-q{q}", f"f{f}", ["windowed"], 0.1) for f in range(4) for q in range(2)]
+    records += [rec(f"f{f}-q{q}", f"f{f}", ["windowed@8192"], 0.1) for f in range(2) for q in range(2)]
+    records += [rec("f9-q0", "f9", ["windowed"], 0.5)]  # an arm-only task moves that arm's control alone
+    rows = {r["scorer"]: r for r in aggregate(records)["recall"]}
+    assert (rows["windowed"]["n"], rows["windowed"]["documents"]) == (9, 5)
+    assert (rows["windowed@8192"]["n"], rows["windowed@8192"]["documents"]) == (4, 2)
+    assert rows["windowed@8192"]["random_recall"] == pytest.approx(0.1)
+    assert rows["windowed"]["random_recall"] == pytest.approx((8 * 0.1 + 0.5) / 9)
+
+
 def test_renormalise():
     from specq.bench.quality import renormalise
 

@@ -119,15 +119,19 @@ def aggregate(records: list[dict], conf: float = 0.9) -> dict[str, Any]:
     score_ms: dict[tuple, list] = defaultdict(list)
     own_pass: dict[tuple, bool] = defaultdict(bool)  # the scorer ran its own pass on some task
     kinds: dict[tuple, dict] = defaultdict(lambda: defaultdict(lambda: [0, 0]))
-    families: dict[int, set] = defaultdict(set)  # documents behind the tasks, per length (a task alone is its own)
+    # documents behind each arm's tasks and its random control, per (length, scorer): journals joined in
+    # one report may cover different tasks (an arm stopped early), so neither is pooled over the length
+    families: dict[tuple, set] = defaultdict(set)  # a task alone is its own document
     loads: list[float] = []
     for r in records:
         if r.get("half") != "recall":
             continue
         L = r["length"]
-        families[L].add(r.get("family") or r["task"])
         loads.append(r.get("load1", 0.0))
         for scorer, by_keep in r["kept"].items():
+            families[(L, scorer)].add(r.get("family") or r["task"])
+            for keep, p in r["random"].items():
+                rand[(L, scorer, keep)].append(p)
             for keep, hit in by_keep.items():
                 recall[(L, scorer, keep)].append(bool(hit))
                 k = kinds[(L, scorer, keep)][r["kind"]]
@@ -136,14 +140,12 @@ def aggregate(records: list[dict], conf: float = 0.9) -> dict[str, Any]:
             if scorer in r.get("score_ms", {}):
                 score_ms[(L, scorer)].append(r["score_ms"][scorer])
             own_pass[(L, scorer)] |= scorer in r.get("score_ms", {}) or "-" in scorer
-        for keep, p in r["random"].items():
-            rand[(L, keep)].append(p)
     recall_rows = []
     for (L, scorer, keep), hits in sorted(recall.items()):
         k, n = sum(hits), len(hits)
-        rr = rand.get((L, keep), [])
+        rr = rand.get((L, scorer, keep), [])
         recall_rows.append({
-            "length": L, "scorer": scorer, "keep": float(keep), "n": n, "documents": len(families[L]),
+            "length": L, "scorer": scorer, "keep": float(keep), "n": n, "documents": len(families[(L, scorer)]),
             "recall": k / n, "recall_lower": cp_lower(k, n, conf),
             "random_recall": sum(rr) / len(rr) if rr else None,
             "by_kind": {kk: {"kept": v[0], "n": v[1]} for kk, v in sorted(kinds[(L, scorer, keep)].items())},
