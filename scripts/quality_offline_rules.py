@@ -37,6 +37,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from specq.engine.blocks import header_pairs  # noqa: E402
+from specq.engine.scoring import plan_windows  # noqa: E402
 from specq.engine.selection import HEADER_WEIGHT, rank_scores, window_budget  # noqa: E402
 
 KEEPS = (0.2, 0.3, 0.5)
@@ -62,8 +63,7 @@ def lift_top_share(ranks: np.ndarray, pairs: np.ndarray, share: float) -> np.nda
 def window_chunks(n_doc: int, windows: int, chunk: int) -> list[tuple[int, int]]:
     """The chunk range each scoring window covers (scoring.plan_windows' equal slices; a chunk cut by
     a window border counts in both)."""
-    cuts = [(i * n_doc) // windows for i in range(windows + 1)]
-    return [(a // chunk, -(-b // chunk)) for a, b in zip(cuts[:-1], cuts[1:])]
+    return [(a // chunk, -(-b // chunk)) for a, b in plan_windows(n_doc, -(-n_doc // windows))]
 
 
 def local_median(x: np.ndarray, h: int) -> np.ndarray:
