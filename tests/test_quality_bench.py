@@ -332,9 +332,10 @@ def test_recall_from_saved_scores_under_another_rule(tiny_models, tmp_path):
 
 
 def test_answer_half_reuses_an_earlier_runs_baselines(tiny_models, tmp_path):
-    """`--baseline-from`: a run under another chunk rule takes the closed-book and baseline answers of an
-    earlier journal of the same tasks (they do not depend on the rule) and runs only specprefill; the
-    report keeps the two rules' rows apart; a journal of other settings is refused."""
+    """`--baseline-from`: a run under another chunk rule or scorer takes the closed-book and baseline
+    answers of an earlier journal of the same tasks (they do not depend on either) and runs only
+    specprefill; the report keeps the rules' and scorers' rows apart; a journal of other settings is
+    refused."""
     from dataclasses import replace
 
     from specq.bench.quality import Journal, QualitySettings, baselines_from, build_report, run_answer
@@ -365,6 +366,13 @@ def test_answer_half_reuses_an_earlier_runs_baselines(tiny_models, tmp_path):
                 assert {k: v for k, v in r["baseline"].items() if k != "reused_from"} == before[tid]["baseline"]
         rows = build_report([old, new])["answer"]
         assert sorted(r["chunk_rule"] for r in rows) == ["border", "mean"]
+        # another scorer reuses them too, and its row stays apart from the windowed rows of the same rule
+        one_pass = replace(s, scorer="full")
+        assert set(baselines_from(old, one_pass)) == set(reuse)
+        run_answer(eng, one_pass, Journal(tmp_path / "full.jsonl", one_pass), baselines=reuse, baselines_path=str(old))
+        rows = build_report([old, new, tmp_path / "full.jsonl"])["answer"]
+        assert sorted((r["scorer"], r["chunk_rule"]) for r in rows) == [("full", "border"), ("windowed", "border"),
+                                                                        ("windowed", "mean")]
         with pytest.raises(ValueError, match="no answer records"):
             baselines_from(old, replace(s, max_tokens=8))
     finally:

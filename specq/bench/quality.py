@@ -30,6 +30,7 @@ import os
 import platform
 import subprocess
 import time
+import typing
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, NamedTuple
@@ -37,7 +38,7 @@ from typing import Any, Callable, Iterator, NamedTuple
 import numpy as np
 
 from ..engine.kept_spans import token_char_bounds
-from ..engine.options import RunParams
+from ..engine.options import RunParams, Scorer
 from ..engine.scoring import plan_windows
 from ..engine.selection import CHUNK_RULES, DEFAULT_CHUNK_RULE, chunk_order, window_budget
 from . import quality_tasks as qt
@@ -360,7 +361,8 @@ def _task_record(task: qt.Task, length: int, settings: QualitySettings) -> dict[
     """The fields an answer or group record starts with."""
     return {"task": task.id, "kind": task.kind, "planted": task.planted, "length": length, "depth": task.depth,
             "answer": task.answer, "source": task.source, "settings": {"keep": settings.keep, "scorer": settings.scorer,
-                                                                          "chunk_rule": settings.chunk_rule}}
+                                                                          "chunk_rule": settings.chunk_rule,
+                                                                          **({"window": settings.window} if settings.window else {})}}
 
 
 def _closed_book(engine, task: qt.Task, settings: QualitySettings) -> dict[str, Any]:
@@ -377,10 +379,12 @@ def _spec_params(settings: QualitySettings, question: str = "") -> RunParams:
 
 
 def baselines_from(path: Path, settings: QualitySettings) -> dict[str, dict]:
-    """Task id -> answer record of an earlier answer journal that ran these settings except the chunk
-    rule (so the same tasks, model settings and max_tokens): its closed-book and baseline answers do
-    not depend on how specprefill ranks chunks, and `run_answer(baselines=...)` reuses them."""
-    want = {QualitySettings(**{**asdict(settings), "chunk_rule": rule}).key("answer") for rule in CHUNK_RULES}
+    """Task id -> answer record of an earlier answer journal that ran these settings except how
+    specprefill scores and ranks chunks (chunk rule, scorer, window; so the same tasks, model settings
+    and max_tokens): its closed-book and baseline answers do not depend on those, and
+    `run_answer(baselines=...)` reuses them."""
+    want = {QualitySettings(**{**asdict(settings), "chunk_rule": rule, "scorer": scorer, "window": window}).key("answer")
+            for rule in CHUNK_RULES for scorer in typing.get_args(Scorer) for window in {0, settings.window}}
     out = {r["task"]: r for r in read_journal(path)
            if r.get("half") == "answer" and r.get("settings_key") in want and "closed_book" in r}
     if not out:
