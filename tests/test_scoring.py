@@ -191,12 +191,13 @@ def test_the_chunk_rule_is_a_job_parameter(engine):
     document is real code (a standard-library module), so `scope` has header lines to read."""
     doc = CODE[:6000]
     prompt = engine.tokenize_prompt(doc, RunParams(question="Who?"))
-    scores = engine.scorer().score(prompt, scorer="windowed", lookahead=8, pool=13).scores
+    scores = engine.scorer().score(prompt, scorer="windowed", window=3000, lookahead=8, pool=13).scores
     pieces = engine.target.pieces(prompt.document)
     assert b"".join(pieces).decode() == doc
     kept = {}
     for rule in CHUNK_RULES:
-        r = engine.run(doc, RunParams(question="Who?", mode="specprefill", max_tokens=1, chunk_rule=rule, min_tokens=0))
+        r = engine.run(doc, RunParams(question="Who?", mode="specprefill", max_tokens=1, chunk_rule=rule, min_tokens=0,
+                                      window=3000))
         assert r.spec.chunk_rule == rule and r.to_dict()["spec"]["chunk_rule"] == rule
         want = select_kept(scores, doc_start=prompt.doc_start, n_prompt=prompt.n, protected=prompt.protected_indices(),
                            keep=0.3, rule=rule, pieces=pieces)
@@ -215,6 +216,38 @@ def test_every_document_token_is_scored(engine):
     assert np.all(res.scores > 0) and np.all(np.isfinite(res.scores))
     # normalised per window: uniform attention would score 1.0 everywhere, so the mean is O(1)
     assert 0.05 < float(res.scores.mean()) < 20
+
+
+def test_default_window_is_one_pass_up_to_one_pass_tokens(engine, monkeypatch):
+    """window 0: a document of up to ONE_PASS_TOKENS is scored in one window (the scores equal the full
+    scorer's: the same pass), a longer one in DEFAULT_WINDOW slices, an explicit window is obeyed, and
+    a document longer than the speculator's context holds falls back to slices that fit."""
+    from specq.engine import scoring
+
+    sc = engine.scorer()
+    ids = engine.target.tokenize(TEXT)
+    assert scoring.DEFAULT_WINDOW < scoring.ONE_PASS_TOKENS < len(ids)
+    # the shipped sizes: ~6K tokens fit one pass in this 8,192-token context
+    mid = engine.tokenize_prompt(engine.target.detokenize(ids[:6000]), RunParams(question="Who?"))
+    assert scoring.DEFAULT_WINDOW < len(mid.document) <= scoring.ONE_PASS_TOKENS
+    one = sc.score(mid, scorer="windowed", lookahead=4, pool=13)
+    full = sc.score(mid, scorer="full", lookahead=4, pool=13)
+    assert one.windows == 1 and one.plan == [(0, len(mid.document))]
+    np.testing.assert_allclose(one.scores, full.scores, rtol=1e-5, atol=1e-6)
+    assert sc.score(mid, scorer="windowed", window=scoring.DEFAULT_WINDOW, lookahead=4, pool=13).windows == 2
+    # a context that holds no more than ~5K document tokens: slices that fit, never one pass
+    monkeypatch.setattr(sc, "n_ctx", 5000)
+    assert sc.window_tokens(mid, 4) == scoring.DEFAULT_WINDOW
+    monkeypatch.setattr(sc, "n_ctx", 3000)
+    assert sc.window_tokens(mid, 4) == 3000 - len(mid.head) - len(mid.tail) - 5
+    monkeypatch.undo()
+    # the rule on smaller sizes (so that both sides of it fit this context)
+    monkeypatch.setattr(scoring, "DEFAULT_WINDOW", 1000)
+    monkeypatch.setattr(scoring, "ONE_PASS_TOKENS", 2000)
+    for n_doc, windows in ((900, 1), (1900, 1), (2100, 3), (5000, 5)):
+        p = engine.tokenize_prompt(engine.target.detokenize(ids[:n_doc]), RunParams(question="Who?"))
+        assert sc.score(p, scorer="windowed", lookahead=4, pool=13).windows == windows, len(p.document)
+        assert sc.score(p, scorer="windowed", window=700, lookahead=4, pool=13).windows == len(plan_windows(len(p.document), 700))
 
 
 def test_short_prompts_run_baseline(engine):

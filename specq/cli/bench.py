@@ -145,7 +145,7 @@ def bench_ttft(
     keep: float = typer.Option(0.3, help="Fraction of the document's chunks kept."),
     scorer: str = typer.Option("windowed", help="windowed, sliding or full."),
     lookahead: int = typer.Option(8, help="Lookahead query rows."),
-    window: int = typer.Option(0, help="Document tokens per scoring window (0 = auto)."),
+    window: int = typer.Option(0, help="Document tokens per scoring window (0 = auto: one window up to 8,192 tokens, else 4,096)."),
     reps: int = typer.Option(3, help="Rounds per length after the dropped warm-up (median counts)."),
     target: str = typer.Option(None, help="Target model: registry name or GGUF path."),
     speculator: str = typer.Option(None, help="Speculator model: registry name or GGUF path."),
@@ -381,7 +381,7 @@ def bench_group(
     groups: str = typer.Option("1,2,4,8", help="Comma-separated group sizes (questions per document)."),
     keep: float = typer.Option(0.3, help="Fraction of the document's chunks each question keeps."),
     chunk: int = typer.Option(32, help="Tokens per kept chunk."),
-    window: int = typer.Option(0, help="Document tokens per scoring window (0 = auto)."),
+    window: int = typer.Option(0, help="Document tokens per scoring window (0 = auto: one window up to 8,192 tokens, else 4,096)."),
     max_tokens: int = typer.Option(8, help="Tokens decoded per answer."),
     reps: int = typer.Option(3, help="Rounds after the dropped warm-up (median counts)."),
     target: str = typer.Option(None, help="Target model: registry name or GGUF path."),
@@ -467,7 +467,7 @@ def bench_quality(
     keeps: str = typer.Option("0.2,0.3,0.5", help="recall: keep levels (all from one scoring pass)."),
     keep: float = typer.Option(0.3, help="answer: keep of the specprefill runs."),
     scorer: str = typer.Option("windowed", help="answer: scorer of the specprefill runs."),
-    window: int = typer.Option(0, help="Document tokens per scoring window (0 = the default)."),
+    window: int = typer.Option(0, help="Document tokens per scoring window (0 = the engine default: one window up to 8,192 tokens, else 4,096)."),
     chunk_rule: str = typer.Option(DEFAULT_CHUNK_RULE, help="How chunks are ranked: border (the engine's default), mean (the rule before "
                                                   "2026-12-04) or scope (border + header lines). recall also records "
                                                   "<scorer>-<rule> for the other rules from the same pass."),

@@ -25,7 +25,7 @@ def run_cmd(
     max_keep: int = typer.Option(0, help="Cap on kept document tokens (0 = none)."),
     min_tokens: int = typer.Option(-1, help="Shorter prompts run baseline (-1 = engine default)."),
     pool: int = typer.Option(13, help="Average-pool kernel over scores (odd)."),
-    window: int = typer.Option(0, help="Document tokens per scoring window (0 = auto)."),
+    window: int = typer.Option(0, help="Document tokens per scoring window (0 = auto: one window up to 8,192 tokens, else 4,096)."),
     selection: str = typer.Option("global", help="How specprefill spends the keep budget: global (whole document) or per-window (each scoring window)."),
     chunk_rule: str = typer.Option(DEFAULT_CHUNK_RULE, help="How chunks are ranked: border (the default: a chunk also scores the spans over its borders, so a line the chunk grid cuts is kept whole), mean (its mean score) or scope (border, and a line's header, the nearest less-indented line above it, ranks nearly as high as the line: a raise keeps its def; better recall, worse answers at 4K)."),
     pipelined: bool = typer.Option(False, "--pipelined/--no-pipelined", help="Prefill each window's kept chunks while the next window is scored (needs --selection per-window)."),

@@ -30,7 +30,7 @@ def submit_cmd(
     max_keep: int = typer.Option(None, help="Cap on kept document tokens (0 = none)."),
     min_tokens: int = typer.Option(None, help="Shorter prompts run baseline (-1 = engine default)."),
     pool: int = typer.Option(None, help="Average-pool kernel over scores (odd)."),
-    window: int = typer.Option(None, help="Document tokens per scoring window (0 = auto)."),
+    window: int = typer.Option(None, help="Document tokens per scoring window (0 = auto: one window up to 8,192 tokens, else 4,096)."),
     selection: str = typer.Option(None, help="How specprefill spends the keep budget: global (whole document) or per-window (each scoring window)."),
     chunk_rule: str = typer.Option(None, help="How chunks are ranked: border (the default: a chunk also scores the spans over its borders, so a line the chunk grid cuts is kept whole), mean (its mean score) or scope (border, and a line's header, the nearest less-indented line above it, ranks nearly as high as the line: a raise keeps its def; better recall, worse answers at 4K)."),
     pipelined: bool = typer.Option(None, "--pipelined/--no-pipelined", help="Prefill each window's kept chunks while the next window is scored (needs --selection per-window)."),

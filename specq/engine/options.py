@@ -161,7 +161,9 @@ class RunParams:
     pool: int = 13
     #: how long prompts are scored: windowed (default), sliding (the seed's), full (one pass)
     scorer: Scorer = "windowed"
-    #: document tokens per scoring window; 0 = sized from the speculator's context
+    #: document tokens per scoring window; 0 = automatic: the whole document in one window up to
+    #: 8,192 tokens (scoring.ONE_PASS_TOKENS), else 4,096 (DEFAULT_WINDOW); never more than the
+    #: speculator's context holds
     window: int = 0
     #: how specprefill spends the keep budget: global (the top `keep` share of the whole document's
     #: chunks) or per-window (the top `keep` share of each scoring window's chunks, chunks cut from the

@@ -14,7 +14,8 @@ GQA: the query heads that share a KV head are grouped, and all lookahead rows ar
 
 Windows. `windowed` (default): window = [template head][document slice][question + template tail],
 slices of equal size tile the document without overlap, so every window's lookahead asks the
-question; only slice tokens are scored. `full`: one window holding the whole document. `sliding`:
+question; only slice tokens are scored. Unless the job sets `window`, a document of up to
+ONE_PASS_TOKENS is one slice (one pass), a longer one is cut into DEFAULT_WINDOW slices. `full`: one window holding the whole document. `sliding`:
 the seed tool's scheme, kept for comparison — windows of the bare prompt with 50% overlap, each token
 taking its score from the window in which it lies most central.
 
@@ -56,6 +57,13 @@ from .prompt import Prompt
 #: chunk for 0.845 / 0.860 / 0.840 of the questions (paired differences within noise), and fewer
 #: windows cost fewer lookahead passes. Answer accuracy per size was not measured.
 DEFAULT_WINDOW = 4096
+#: a document of at most this many tokens is scored in ONE window when the job leaves the window to us
+#: (`window` 0) and it fits the speculator's context; longer ones in DEFAULT_WINDOW slices. Under the
+#: `border` chunk rule one pass kept the evidence of more 8K questions than two 4,096-token windows
+#: (docs/quality.md, "One pass against windows": recall 0.965 vs 0.935 at keep 0.3, 6 / 0 discordant,
+#: all `raises` questions whose two evidence lines the windows split), at no GPU cost at that length.
+#: Not raised further: at 16K two windows of 8,192 were no better than four of 4,096.
+ONE_PASS_TOKENS = 2 * DEFAULT_WINDOW
 #: window length of the `sliding` scorer (the seed's ~2,000 tokens)
 SLIDING_WINDOW = 2048
 
@@ -219,11 +227,15 @@ class SpecPrefillScorer:
         return self._streams
 
     def window_tokens(self, prompt: Prompt, lookahead: int, window: int = 0) -> int:
-        """Document tokens per window for the windowed scorer."""
+        """Document tokens per window for the windowed scorer: `window`, or when it is 0 the whole
+        document up to ONE_PASS_TOKENS (one pass), else DEFAULT_WINDOW; never more than the context holds."""
         room = self.n_ctx - len(prompt.head) - len(prompt.tail) - lookahead - 1
         if room < 64:
             raise EngineError(f"the speculator's context ({self.n_ctx}) is too small for this prompt's template and question")
-        return max(64, min(window or DEFAULT_WINDOW, room))
+        if not window:
+            n_doc = len(prompt.document)
+            window = n_doc if DEFAULT_WINDOW < n_doc <= min(ONE_PASS_TOKENS, room) else DEFAULT_WINDOW
+        return max(64, min(window, room))
 
     def score(
         self,
