@@ -46,6 +46,16 @@ def test_bands_are_the_measured_lengths_of_the_measured_pair():
     (border,) = bands(QWEN_15B, QWEN_05B, 0.3, "windowed")
     assert (border.lo, border.hi) == (3670, 15978 + QUESTION_ALLOWANCE)
     assert [(r.length, r.chunk_rule) for r in border.rows] == [(4000, "border"), (8000, "border"), (16000, "border")]
+    # at 8K the default windowed scorer reads the document in one pass: the one-pass (`full`) row stands
+    # for it, not the earlier two-window row with as many questions; `full` itself has only that length
+    assert [r.scorer for r in border.rows] == ["windowed", "full", "windowed"]
+    assert [r.journal for r in ROWS if r.length == 8000 and r.chunk_rule == "border"] == [
+        "bench/results/quality-cpu-border-answer-8000.jsonl", border.rows[1].journal]
+    (one_pass,) = bands(QWEN_15B, QWEN_05B, 0.3, "full")
+    assert (one_pass.lo, one_pass.hi) == (7896, 7967 + QUESTION_ALLOWANCE) and one_pass.rows == (border.rows[1],)
+    # a full row on documents longer than one pass of the windowed scorer is no evidence for it
+    long_full = replace(border.rows[1], length=16000, doc_tokens=(15919, 15978), ratio_lower=0.5)
+    assert bands(QWEN_15B, QWEN_05B, 0.3, "windowed", rows=ROWS + (long_full,)) == (border,)
     assert bands(QWEN_15B, QWEN_05B, 0.3, "windowed", "border") == (border,) != (band,)
     assert bands(QWEN_15B, QWEN_05B, 0.3, "windowed", "border", rows=ROWS[:2]) == ()  # mean rows only
     # the scope rule's only row (4K) fails its lower bound: no band, so auto runs baseline under it

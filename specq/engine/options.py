@@ -27,6 +27,20 @@ ChunkRule = Literal["border", "mean", "scope"]
 CHUNK_RULES: tuple[str, ...] = typing.get_args(ChunkRule)
 DEFAULT_CHUNK_RULE: ChunkRule = "border"
 
+#: document tokens per window when the caller leaves it to us; overridable per job (`window`). Kept
+#: after the recall benchmark compared sizes on the real pair (docs/quality.md, "Window size"): at
+#: 8K tokens, 200 questions, keep 0.3, windows of 2,048 / 4,096 / one 8K window kept every evidence
+#: chunk for 0.845 / 0.860 / 0.840 of the questions (paired differences within noise), and fewer
+#: windows cost fewer lookahead passes. Answer accuracy per size was not measured.
+DEFAULT_WINDOW = 4096
+#: a document of at most this many tokens is scored in ONE window when the job leaves the window to us
+#: (`window` 0) and it fits the speculator's context; longer ones in DEFAULT_WINDOW slices. Under the
+#: `border` chunk rule one pass kept the evidence of more 8K questions than two 4,096-token windows
+#: (docs/quality.md, "One pass against windows": recall 0.965 vs 0.935 at keep 0.3, 6 / 0 discordant,
+#: all `raises` questions whose two evidence lines the windows split), at no GPU cost at that length.
+#: Not raised further: at 16K two windows of 8,192 were no better than four of 4,096.
+ONE_PASS_TOKENS = 2 * DEFAULT_WINDOW
+
 
 @dataclass
 class EngineOptions:
@@ -162,7 +176,7 @@ class RunParams:
     #: how long prompts are scored: windowed (default), sliding (the seed's), full (one pass)
     scorer: Scorer = "windowed"
     #: document tokens per scoring window; 0 = automatic: the whole document in one window up to
-    #: 8,192 tokens (scoring.ONE_PASS_TOKENS), else 4,096 (DEFAULT_WINDOW); never more than the
+    #: 8,192 tokens (ONE_PASS_TOKENS), else 4,096 (DEFAULT_WINDOW); never more than the
     #: speculator's context holds
     window: int = 0
     #: how specprefill spends the keep budget: global (the top `keep` share of the whole document's
