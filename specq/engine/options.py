@@ -40,7 +40,8 @@ DEFAULT_WINDOW = 4096
 #: all `raises` questions whose two evidence lines the windows split) and answered as well (8K answer
 #: ratio 1.129, lower bound 0.996, "One pass up to 8,192 tokens"). Cost: on the H200 one pass took 500 vs
 #: 494 ms at 16K and 1,070 vs 1,176 ms at 32K (8K not measured); on the CPU 15-35% more scoring for a cold
-#: 8K document. Not raised further: at 16K two windows of 8,192 were no better than four of 4,096.
+#: 8K document. Not raised further: at 16K neither two windows of 8,192 nor one pass (104 questions)
+#: kept more than four of 4,096, and a cold 16K pass cost ~4.5x the windows' scoring on the CPU.
 ONE_PASS_TOKENS = 2 * DEFAULT_WINDOW
 
 
