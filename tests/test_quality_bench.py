@@ -369,6 +369,7 @@ def test_answer_half_reuses_an_earlier_runs_baselines(tiny_models, tmp_path):
         # another scorer reuses them too, and its row stays apart from the windowed rows of the same rule
         one_pass = replace(s, scorer="full")
         assert set(baselines_from(old, one_pass)) == set(reuse)
+        assert set(baselines_from(old, replace(s, window=0))) == set(reuse)  # the journal's window (600) is found
         run_answer(eng, one_pass, Journal(tmp_path / "full.jsonl", one_pass), baselines=reuse, baselines_path=str(old))
         rows = build_report([old, new, tmp_path / "full.jsonl"])["answer"]
         assert sorted((r["scorer"], r["chunk_rule"]) for r in rows) == [("full", "border"), ("windowed", "border"),

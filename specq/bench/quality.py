@@ -383,9 +383,11 @@ def baselines_from(path: Path, settings: QualitySettings) -> dict[str, dict]:
     specprefill scores and ranks chunks (chunk rule, scorer, window; so the same tasks, model settings
     and max_tokens): its closed-book and baseline answers do not depend on those, and
     `run_answer(baselines=...)` reuses them."""
+    records = read_journal(path)
+    windows = {0, settings.window} | {r.get("settings", {}).get("window", 0) for r in records}  # (records keep a set window)
     want = {QualitySettings(**{**asdict(settings), "chunk_rule": rule, "scorer": scorer, "window": window}).key("answer")
-            for rule in CHUNK_RULES for scorer in typing.get_args(Scorer) for window in {0, settings.window}}
-    out = {r["task"]: r for r in read_journal(path)
+            for rule in CHUNK_RULES for scorer in typing.get_args(Scorer) for window in windows}
+    out = {r["task"]: r for r in records
            if r.get("half") == "answer" and r.get("settings_key") in want and "closed_book" in r}
     if not out:
         raise ValueError(f"{path}: no answer records with these settings (seed, kinds, keep, scorer, chunk, max_tokens, family)")
