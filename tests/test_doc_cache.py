@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import llama_cpp
 import numpy as np
 import pytest
 
@@ -128,6 +129,27 @@ def test_baseline_questions_2_to_4_hit_the_target_prompt_cache(engine):
     assert not engine.run(DOC, _params("One more question?", mode="baseline"), scope="team-b").spec.cache["target"]["hit"]
 
 
+def test_a_saved_state_is_read_in_place_and_restores_from_its_disk_bytes_too(engine):
+    """save_seq hands the store llama.cpp's own buffer (read-only, no second copy: spec_cache.save_seq's
+    doc); restore_seq reads that array in place, and the same state as bytes (how the disk tier loads it)
+    restores the same KV."""
+    from specq.engine.spec_cache import restore_seq, save_seq
+
+    prompt = engine.tokenize_prompt(DOC, _params(QUESTIONS[0]))
+    ctx = engine.ctx
+    sparse_prefill(ctx, prompt.tokens[:-1], list(range(prompt.n - 1)))
+    state = save_seq(ctx, 0)
+    assert isinstance(state, np.ndarray) and state.dtype == np.uint8 and not state.flags.writeable
+    assert state.size == int(llama_cpp.llama_state_seq_get_size(ctx.ptr, 0))
+    ctx.decode([prompt.tokens[-1]], [prompt.n - 1], logits="last")
+    plain = np.array(ctx.logits_row(-1))  # the last token on the KV as it was prefilled
+    for data in (state, bytes(state)):
+        ctx.clear()
+        restore_seq(ctx, data, 0)
+        ctx.decode([prompt.tokens[-1]], [prompt.n - 1], logits="last")
+        np.testing.assert_array_equal(np.array(ctx.logits_row(-1)), plain)
+
+
 def test_a_hit_covering_the_prompt_is_not_saved_again(engine):
     """Question 2 about a cached document prefills only its question: no second copy of the document's
     KV (prefix_cache.py, "No second copy"); question 3 still hits the first entry. A prompt that grew
@@ -189,7 +211,7 @@ def test_a_change_of_model_or_numerics_misses(engine, tiny_models):
     cache.begin()
     engine.scorer().score(prompt, window=WINDOW, cache=cache, scope="s")
     head_slice = prompt.head + prompt.document[:WINDOW]
-    assert any(cache.lookup("s", prompt.head + prompt.document[a:b]) for a, b in
+    assert any(cache.lookup("s", prompt.head + prompt.document[a:b]) is not None for a, b in
                __import__("specq.engine.scoring", fromlist=["plan_windows"]).plan_windows(len(prompt.document), WINDOW))
     for change in (dict(model_sha256="0" * 64), dict(type_k="q8_0"), dict(flash_attn=False), dict(repack=False),
                    dict(batch_invariant=not cache.numerics.batch_invariant), dict(n_ubatch=cache.numerics.n_ubatch * 2)):

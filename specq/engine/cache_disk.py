@@ -135,7 +135,7 @@ class DiskTier:
         return raw[off:], tokens
 
     # -- while serving -----------------------------------------------------------------------------
-    def write(self, key: tuple, data: bytes, tokens: np.ndarray | None) -> None:
+    def write(self, key: tuple, data: bytes | np.ndarray, tokens: np.ndarray | None) -> None:
         with self._pending_lock:
             if self._pending + len(data) > self.max_pending:
                 self.skipped += 1
