@@ -315,7 +315,7 @@ class SpeculatorCache:
         num = self.numerics.key()[:-1] + (layout,)
         return (self.NAMESPACE, *num, scope, len(prefix_tokens), tokens_sha256(prefix_tokens))
 
-    def lookup(self, scope: str, prefix_tokens: Sequence[int], layout: str = "single") -> bytes | None:
+    def lookup(self, scope: str, prefix_tokens: Sequence[int], layout: str = "single") -> bytes | np.ndarray | None:
         if not self.store.enabled:
             return None
         e = self.store.get(self.key(scope, prefix_tokens, layout))
