@@ -11,7 +11,7 @@ import pytest
 
 from specq.bench.quality_report import aggregate, read_journal
 from specq.engine import auto
-from specq.engine.quality_evidence import QUESTION_ALLOWANCE, QWEN_05B, QWEN_15B, ROWS, bands, model_key
+from specq.engine.quality_evidence import MIN_QUESTIONS, QUESTION_ALLOWANCE, QWEN_05B, QWEN_15B, ROWS, bands, model_key
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -73,6 +73,11 @@ def test_bands_join_passing_lengths_and_stop_at_a_failing_one():
     assert [(b.lo, b.hi) for b in joined] == [(3670, 15990 + QUESTION_ALLOWANCE)]
     split = bands(*args, rows=(r4, bad8, r16))
     assert [(b.lo, b.hi) for b in split] == [(3670, 3980 + QUESTION_ALLOWANCE), (15900, 15990 + QUESTION_ALLOWANCE)]
+    # a few questions with no discordant pair: the conditional bound equals the ratio (1.0 on the first
+    # five 30K questions); too few to stand, so the band does not grow to that length
+    few30 = replace(r4, length=30000, doc_tokens=(29880, 29880), n=5, documents=1, ratio=1.0, ratio_lower=1.0)
+    assert not few30.passes and replace(few30, n=MIN_QUESTIONS).passes
+    assert bands(*args, rows=(r4, r16, few30)) == joined
 
 
 def test_auto_runs_specprefill_only_inside_a_band():

@@ -4,7 +4,10 @@ Each row is one answer-right run of `specq bench quality` (docs/quality.md): the
 answered by baseline and by specprefill at `keep` with `scorer`, on documents of `doc_tokens`
 tokens, with one model pair. A row **passes** when the exact one-sided 90% lower bound of the
 accuracy ratio (specprefill / baseline, paired) is at least `MIN_RATIO` — the measurement shows
-keep 0.3 at >= 95% of baseline, rather than a point estimate that happens to be above it. Where a
+keep 0.3 at >= 95% of baseline, rather than a point estimate that happens to be above it — and it has
+at least `MIN_QUESTIONS` questions: the bound is conditional on the discordant pairs, so a handful of
+questions with none of them (5 at 30K so far: both arms right on the same 2) gives a "lower bound"
+equal to the ratio, 1.0, that says nothing. Where a
 length was measured more than once, the row with the most questions stands (on a tie the later row:
 rows are in the order they were measured). A `full` row whose documents the default windowed scorer
 reads in one pass (options.ONE_PASS_TOKENS) is evidence for `windowed` too: it is the same pass.
@@ -29,6 +32,8 @@ from .options import DEFAULT_CHUNK_RULE, ONE_PASS_TOKENS
 
 #: the lower bound a row's accuracy ratio must reach
 MIN_RATIO = 0.95
+#: the fewest questions a passing row needs (the smallest standing row, 16K, has 20)
+MIN_QUESTIONS = 20
 #: prompt tokens on top of a measured document's: chat template + question
 QUESTION_ALLOWANCE = 256
 
@@ -53,7 +58,7 @@ class QualityRow:
 
     @property
     def passes(self) -> bool:
-        return self.ratio_lower >= MIN_RATIO
+        return self.ratio_lower >= MIN_RATIO and self.n >= MIN_QUESTIONS
 
 
 @dataclass(frozen=True)
@@ -157,4 +162,4 @@ def bands(target: str, speculator: str, keep: float, scorer: str, chunk_rule: st
     return tuple(out)
 
 
-__all__ = ["QualityRow", "Band", "ROWS", "MIN_RATIO", "QUESTION_ALLOWANCE", "bands", "measures", "model_key"]
+__all__ = ["QualityRow", "Band", "ROWS", "MIN_RATIO", "MIN_QUESTIONS", "QUESTION_ALLOWANCE", "bands", "measures", "model_key"]
