@@ -109,6 +109,12 @@ class ServiceSettings:
     #: the prompt cache); their own broker messages then find them claimed and do nothing
     #: (storage.groups, docs/serving.md "Group claims"). off = every job waits for its own message
     group_claims: bool = True
+    #: with group claims: seconds a delivery may wait before claiming when the job it would claim asks
+    #: about a stored document with more queued questions than this process has free slots (and some
+    #: of its slots are busy), for more slots to free, so that the document's questions start together
+    #: as one group (one prefill of the document, one group-sparse union, one decode wave) instead of
+    #: a slot at a time (docs/serving.md "Group claims"). 0 = claim at once with the slots free
+    group_hold: float = 0.0
     #: with several slots, specprefill questions about one document that are in the engine loop
     #: together share one sparse prefill of the target: the union of their kept chunks, prefilled once
     #: and copied on the device to the others' slots, which prefill only their own question
@@ -246,6 +252,7 @@ class ServiceSettings:
             (self.prefill_chunk >= 0, "SPECQ_PREFILL_CHUNK must be >= 0 (0 = n_ubatch)"),
             (self.score_thread in ("auto", "on", "off"), f"SPECQ_SCORE_THREAD must be auto, on or off, not {self.score_thread!r}"),
             (self.drain_grace >= 0, "SPECQ_DRAIN_GRACE must be >= 0 seconds"),
+            (0 <= self.group_hold <= 60, "SPECQ_GROUP_HOLD must be in [0, 60] seconds (0 = claim at once)"),
             (self.speculator_gpu == "" or (self.speculator_gpu.isdigit() and (self.gpu == "" or self.gpu.isdigit())),
              "SPECQ_SPECULATOR_GPU must be one GPU index (and SPECQ_GPU, with it, one index too)"),
             (self.progress_interval > 0, "SPECQ_PROGRESS_INTERVAL must be > 0"),

@@ -190,6 +190,41 @@ def test_queued_questions_on_one_document_are_group_claimed_and_run_once(stack, 
     assert ref_ids != ids
 
 
+@pytest.mark.parametrize("hold", [0, 30])
+def test_a_group_hold_waits_for_slots_so_a_documents_questions_start_together(stack, hold):
+    """SPECQ_GROUP_HOLD. A 2-slot worker runs document A's two questions as a group: one ends after 2
+    tokens, the other decodes 400 (ignore_eos). Document B's two questions are queued behind them. When
+    the short one's slot frees, B's first question is the next claim and B has two queued questions for
+    one free slot: with a hold, the delivery waits until the long one ends and claims B's two as one
+    group; without (0, the default), B's first takes the free slot alone while A's long one runs."""
+    short = {**PARAMS, "max_tokens": 2}
+    long = {"mode": "baseline", "max_tokens": 400, "ignore_eos": True, "seed": 1}
+    with _client(stack) as a:
+        doc_a, doc_b = _document(a, DOC + f"# hold {hold}: a\n"), _document(a, DOC + f"# hold {hold}: b\n")
+        a1, a2 = _submit(a, doc_a, QUESTIONS[0], short), _submit(a, doc_a, QUESTIONS[1], long)
+        b1, b2 = _submit(a, doc_b, QUESTIONS[2]), _submit(a, doc_b, QUESTIONS[3])
+        name = f"worker-hold{hold}"
+        _worker(stack, name, slots=2, SPECQ_GROUP_HOLD=str(hold))
+        try:
+            views = _done(stack, [a1, a2, b1, b2])
+        finally:
+            kill9(stack, name)
+    log = stack.log(name)
+    assert [v["status"] for v in views] == ["succeeded"] * 4 and [v["attempts"] for v in views] == [1] * 4, views
+    assert _counts(stack, [a1, a2, b1, b2]) == {"submitted": 4, "completed": 4, "failed": 0, "duplicated": 0, "lost": 0}
+    found = _groups(log)
+    assert found.get(a1) == [a2], log[-4000:]
+    rows = {j: job_row(stack, j) for j in (a1, a2, b1, b2)}
+    assert rows[a1].finished_at < rows[a2].finished_at  # the short one freed its slot first
+    if hold:
+        assert found.get(b1) == [b2], log[-4000:]  # B's questions started together, one group
+        assert "holding the claim up to 30.0s until 2 slots are free (1 now)" in log, log[-4000:]
+        assert min(rows[b1].started_at, rows[b2].started_at) >= rows[a2].finished_at
+    else:
+        assert b1 not in found and b2 not in found and "holding the claim" not in log, log[-4000:]
+        assert rows[b1].started_at < rows[a2].finished_at  # it took the short one's slot at once
+
+
 def test_two_tenants_with_the_same_text_never_group_together(stack):
     with _client(stack, "team-a") as a, _client(stack, "team-b") as b:
         text = DOC + "# shared by two tenants\n"

@@ -97,7 +97,9 @@ specq)
   # SPECQ_GROUP_SPARSE (off: no group-sparse prefill) and SPECQ_BENCH_UNION (random weights: emulated
   # selection overlap, engine/emulated_selection.py; "0.43:8" names the files "-union0.43x8") too
   utag=${SPECQ_BENCH_UNION:+-union${SPECQ_BENCH_UNION/:/x}}
-  tag=${SPECQ_SPEC_CACHE_SAVE:+-save-$SPECQ_SPEC_CACHE_SAVE}${SPECQ_SCORE_THREAD:+-score-$SPECQ_SCORE_THREAD}${SPECQ_GROUP_SPARSE:+-group-$SPECQ_GROUP_SPARSE}$utag$ctag$qtag${docflag:+-docs}$atag
+  # SPECQ_GROUP_HOLD (seconds a delivery may wait for a whole document group's slots) names them too
+  htag=${SPECQ_GROUP_HOLD:+-hold$SPECQ_GROUP_HOLD}
+  tag=${SPECQ_SPEC_CACHE_SAVE:+-save-$SPECQ_SPEC_CACHE_SAVE}$htag${SPECQ_SCORE_THREAD:+-score-$SPECQ_SCORE_THREAD}${SPECQ_GROUP_SPARSE:+-group-$SPECQ_GROUP_SPARSE}$utag$ctag$qtag${docflag:+-docs}$atag
   for slots in ${SLOTS_LIST:-8 1}; do
     home=/tmp/specq-home-$slots; rm -rf "$home"; port=$(( 8200 + slots ))
     # CUDA graphs off as production runs them (SPECQ_CUDA_GRAPHS); GRAPHS_ON=1 for the comparison

@@ -41,6 +41,9 @@ arrives here while the member runs is acknowledged and does nothing (`grouped`);
 later, it is an ordinary ticket (claims.claim_next). Since group members run outside Celery's
 threads, a delivery that finds every slot taken waits for one before it claims (it returns to the
 broker if the worker drains meanwhile), so the process never runs more than SPECQ_SLOTS jobs.
+With SPECQ_GROUP_HOLD > 0 a delivery that finds fewer slots free than the next job's document has
+queued questions (up to the slots), while others are busy, waits up to that long for them to free
+before it claims, so the questions start together as one group (`_group_wants`).
 
 Each worker process also runs the reconciler (`specq.reconciler`) in a thread: jobs whose worker died
 go back to the queue from there.
@@ -318,6 +321,7 @@ class WorkerRuntime:
         s_ = self.settings
         with db.session() as s:
             with self._claim_lock:  # one claim at a time: two messages of one job never both claim it
+                hold_until: float | None = None
                 while True:
                     if job_id in self.grouped:  # a group claim took this message's job: it runs here now
                         self.grouped.discard(job_id)
@@ -325,7 +329,22 @@ class WorkerRuntime:
                                  job_id)
                         return Outcome("skipped", "group-claimed")
                     if self.serving is None or len(self.live) < self.slots:
-                        break
+                        free = self.slots - len(self.live)
+                        want = self._group_wants(s, job_id, free)
+                        if self.serving is None or want <= free:
+                            break
+                        # a group hold (SPECQ_GROUP_HOLD): more of the next job's document's questions
+                        # are queued than slots are free, and busy slots will free
+                        now = time.monotonic()
+                        if hold_until is None:
+                            hold_until = now + self.settings.group_hold
+                            log.info("message of job %s: holding the claim up to %.1fs until %d slots are free "
+                                     "(%d now) for the next job's document's queued questions", job_id,
+                                     self.settings.group_hold, want, free)
+                        if now >= hold_until:
+                            break
+                        self._slot_free.wait(min(0.5, hold_until - now))
+                        continue
                     # group claims can fill every slot: wait for one rather than claim a job that
                     # would wait in the loop (another worker's free slot may take it meanwhile)
                     if self.draining:
@@ -355,6 +374,28 @@ class WorkerRuntime:
                 self._release(claim.job_id)
             outcome.job_id = claim.job_id
             return outcome
+
+    def _group_wants(self, s, job_id: str, free: int) -> int:
+        """Under _claim_lock, with `free` slots free: how many slots the group the next claim would
+        take asks for (the job claims.pick_next picks and its document's queued questions, up to the
+        slots), when that is worth holding the claim for (SPECQ_GROUP_HOLD > 0, group claims on, some
+        slots busy: they will free); else 0 (claim now)."""
+        if (self.serving is None or not self.settings.group_claims or self.settings.group_hold <= 0
+                or self.draining or free >= self.slots):
+            return 0
+        try:
+            pick = claims.pick_next(s, self.queue, job_id)
+            if pick is None:
+                return 0
+            mates = groups.group_candidates(s, pick, queue=self.queue, limit=self.slots - 1)
+        except Exception as e:  # the store failed: claim now; the claim itself handles the store's errors
+            log.warning("job %s: could not look at the queue for a group hold (%s: %s)", job_id, type(e).__name__, e)
+            try:
+                s.rollback()
+            except Exception:
+                pass
+            return 0
+        return min(1 + len(mates), self.slots)
 
     def _release(self, job_id: str) -> None:
         """The job's run in this process ended: its slot is free."""
