@@ -332,6 +332,47 @@ def test_parallel_windows_restore_into_their_own_streams(tiny_models):
         e.close()
 
 
+def test_the_next_question_on_the_same_document_reuses_the_resident_streams(tiny_models):
+    """n_parallel 2, a document of two windows (one parallel call): after question 1 the streams still
+    hold each window's head + document slice, so question 2 drops only question 1's tail and lookahead
+    and restores nothing, with exactly the scores of a restore from the cache (the same KV bytes); a
+    call about another document, another tenant, or an uncached call in between forgets them."""
+    e = _engine(tiny_models, n_parallel=2)
+    try:
+        scorer, cache = e.scorer(), e.spec_cache()
+
+        def score(q: str, doc: str = DOC, scope: str = "a"):
+            p = _params(q)
+            prompt = e.tokenize_prompt(doc, p)
+            window = (len(prompt.document) + 1) // 2  # two windows: one parallel call
+            use = cache.begin()
+            got = scorer.score(prompt, window=window, cache=cache, scope=scope)
+            assert got.windows == 2
+            return prompt, got, use
+
+        _, first, use = score(QUESTIONS[0])
+        assert (use.misses, use.hits, use.resident) == (2, 0, 0)
+        prompt, resident, use = score(QUESTIONS[1])
+        assert (use.hits, use.resident, use.misses, use.bytes_restored) == (2, 2, 0, 0)
+        assert resident.timings_ms["cache_restore"] == 0
+        _, other, use = score(QUESTIONS[1], doc=DOC[: len(DOC) // 2])  # another document: its own windows
+        assert use.resident == 0 and use.misses == 2
+        _, again, use = score(QUESTIONS[1])  # back: restored from the cache, not resident any more
+        assert (use.hits, use.resident) == (2, 0) and use.bytes_restored > 0
+        assert np.array_equal(resident.scores, again.scores)
+        _, _, use = score(QUESTIONS[2], scope="b")  # another tenant never reuses team a's streams
+        assert (use.resident, use.misses) == (0, 2)
+        _, _, use = score(QUESTIONS[2])  # nor does a's next question reuse b's
+        assert (use.resident, use.hits) == (0, 2)
+        _, _, use = score(QUESTIONS[3])
+        assert (use.resident, use.hits) == (2, 2)
+        scorer.score(prompt, window=(len(prompt.document) + 1) // 2)  # an uncached call forgets them
+        _, _, use = score(QUESTIONS[3])
+        assert (use.resident, use.hits) == (0, 2)
+    finally:
+        e.close()
+
+
 def test_serving_slots_use_the_prompt_cache(tiny_models):
     """Two serving slots (engine/serving.py): question 1's full prefill is saved from its slot's KV stream;
     questions 2-4, decoded together, reuse it in whichever slot they get (still there, copied from the

@@ -434,7 +434,7 @@ def summarize(recs: list[JobRecord], w: Workload) -> dict[str, Any]:
 def reuse(recs: list[JobRecord]) -> dict[str, Any]:
     """What the specq results report of the caches and modes ({} without any `spec`): jobs per mode
     that ran and per rule that chose it, target prompt-cache hits and the tokens they reused (and their
-    share of all prompt tokens), speculator windows restored and prefilled.
+    share of all prompt tokens), speculator windows reused (restored, or still resident in their stream) and prefilled.
 
     The rule is mode auto's decision, taken before the job waits for another job prefilling the same
     document (serving.py `_prefix_owner`): a question that arrived with its document's first one can
@@ -472,6 +472,8 @@ def reuse(recs: list[JobRecord]) -> dict[str, Any]:
         "target_reused_fraction": round(reused / prompt, 4) if prompt else None,
         "speculator_window_hits": sum(int(cache(sp, "speculator").get("hits") or 0) for sp in specs),
         "speculator_window_misses": sum(int(cache(sp, "speculator").get("misses") or 0) for sp in specs),
+        # of the hits, windows still in the scorer's streams from the question before (nothing restored)
+        "speculator_window_resident": sum(int(cache(sp, "speculator").get("resident") or 0) for sp in specs),
         **_groups([sp["group"] for sp in specs if isinstance(sp.get("group"), dict)]),
     }
 

@@ -354,8 +354,9 @@ def bench_serve(
     if "modes" in s:
         typer.echo(f"  modes {s['modes']}; target prompt-cache hits {s['target_cache_hits']} "
                    f"({s.get('target_slot_hits', 0)} from their slot; {s['target_reused_tokens']} tokens reused); "
-                   f"speculator windows restored "
-                   f"{s['speculator_window_hits']}, prefilled {s['speculator_window_misses']}")
+                   f"speculator windows reused "
+                   f"{s['speculator_window_hits']} ({s.get('speculator_window_resident', 0)} still in their stream), "
+                   f"prefilled {s['speculator_window_misses']}")
     if s.get("group_members"):
         typer.echo(f"  group-sparse: {s['group_members']} jobs in groups (size p50 {s['group_size_p50']}), "
                    f"{s['group_union_copies']} copied head + union from another slot; union {s['group_union_fraction_p50']} "

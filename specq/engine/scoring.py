@@ -31,6 +31,17 @@ is off, or installed but disarmed, until the lookahead), and the calls, so the K
 restored from the speculator cache, are the same with or without it. The hook's time is not counted
 in `speculator_prefill`.
 
+Resident windows (parallel scoring with the speculator cache). A cached parallel call leaves each
+stream holding its window's head + document slice (cells 0..len-1, then the question's tail and
+lookahead). When the next cached call scores the same windows of the same document for the same
+tenant (same cache key), each stream drops only the cells from the tail on (`seq_rm`) and nothing is
+restored: the cells hold exactly the bytes a restore would write, so the scores are identical
+(tests/test_doc_cache.py). That is the common case of a group's questions, scored one after another:
+on the H200 a restore of 8 windows of 32K tokens cost ~0.3 s per further question (2026-12-04). Any
+other call (another document or tenant, an uncached call, an error) forgets them; only one parallel
+call's windows stay (a document of more windows than `n_parallel` restores as before).
+`WindowCacheUse.resident` counts these hits.
+
 Normalisation: a window's scores are multiplied by the number of keys its softmax ran over, so that
 uniform attention scores 1.0 in every window; a short window (whose softmax mass is spread over
 fewer keys) then does not outweigh the others.
@@ -192,6 +203,9 @@ class SpecPrefillScorer:
         #: cells per stream of the parallel context: a default window with a long template and question
         self.stream_cells = min(n_ctx, DEFAULT_WINDOW + 1024)
         self._streams: Context | None = None  # built on first use (only when n_parallel > 1)
+        #: stream -> the speculator-cache key of the window prefix (head + document slice) its cells
+        #: 0..len-1 still hold after the last cached parallel call; empty after any other call
+        self._resident: dict[int, tuple] = {}
         # With our patch the callback is installed only for the lookahead steps: during the window's
         # prefill llama.cpp then makes no Python call per graph node (10–30% of the prefill otherwise).
         self.toggles_callback = set_eval_callback(self.ctx, None)
@@ -421,7 +435,11 @@ class SpecPrefillScorer:
         P = len(windows)
         lens = [len(w) for w in windows]
         cap.disarm()
-        ctx.clear()
+        # window prefixes still resident from the last cached call; forgotten until this one ends
+        resident, self._resident = self._resident, {}
+        keep_resident = cache is not None and bool(prefixes)
+        if not keep_resident:
+            ctx.clear()
         if self.toggles_callback:
             set_eval_callback(ctx, None)
         t0 = time.perf_counter()
@@ -438,8 +456,17 @@ class SpecPrefillScorer:
             for w, win in enumerate(windows):
                 pre = prefixes[w]
                 if not 0 < pre < len(win):
+                    ctx.seq_rm(w, 0, -1)
                     continue
                 starts[w] = pre
+                if resident.get(w) == cache.key(scope, win[:pre], "streams"):
+                    # the stream still holds this prefix (the last call scored another question about
+                    # the same document): drop that question's tail and lookahead, restore nothing
+                    ctx.seq_rm(w, pre, -1)
+                    cache.use.hits += 1
+                    cache.use.resident += 1
+                    continue
+                ctx.seq_rm(w, 0, -1)
                 if not cache.restore_into(ctx, scope, win[:pre], seq_id=w, layout="streams"):
                     miss_t += win[:pre]
                     miss_p += range(pre)
@@ -506,7 +533,11 @@ class SpecPrefillScorer:
             qw = [{il: q[w] for il, q in rows[s].items()} for s in range(len(rows)) if active[s, w]]
             out.append(self._scores(qw, k, lens[w], pool, stream=w, ctx=ctx) * np.float32(lens[w]))
         t3 = time.perf_counter()
-        ctx.clear()
+        if keep_resident:  # each stream keeps its window's prefix for a next question (module doc)
+            self._resident = {w: cache.key(scope, win[:prefixes[w]], "streams")
+                              for w, win in enumerate(windows) if 0 < prefixes[w] < len(win)}
+        else:
+            ctx.clear()
         # the single-sequence context no longer matches cached_tokens' story: a model drafter rebuilds
         self.ctx.clear()
         self.cached_tokens = []

@@ -273,11 +273,14 @@ class WindowCacheUse:
     prefilled_tokens: int = 0
     #: missed windows not saved (policy `repeat`: a one-off document's first sight)
     not_saved: int = 0
+    #: of the hits, windows whose prefix was still in the scorer's parallel stream from the question
+    #: scored just before (same document and tenant): nothing restored (scoring.py, "Resident windows")
+    resident: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         return {"hits": self.hits, "misses": self.misses, "bytes_restored": self.bytes_restored,
                 "bytes_saved": self.bytes_saved, "prefilled_tokens": self.prefilled_tokens,
-                "not_saved": self.not_saved}
+                "not_saved": self.not_saved, "resident": self.resident}
 
 
 #: which missed windows are saved (EngineOptions.spec_cache_save; module doc "Which windows are saved")
