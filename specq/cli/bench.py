@@ -355,7 +355,7 @@ def bench_serve(
         typer.echo(f"  modes {s['modes']}; target prompt-cache hits {s['target_cache_hits']} "
                    f"({s.get('target_slot_hits', 0)} from their slot; {s['target_reused_tokens']} tokens reused); "
                    f"speculator windows reused "
-                   f"{s['speculator_window_hits']} ({s.get('speculator_window_resident', 0)} still in their stream), "
+                   f"{s['speculator_window_hits']} ({s['speculator_window_resident']} still in their stream), "
                    f"prefilled {s['speculator_window_misses']}")
     if s.get("group_members"):
         typer.echo(f"  group-sparse: {s['group_members']} jobs in groups (size p50 {s['group_size_p50']}), "

@@ -37,7 +37,8 @@ lookahead). When the next cached call scores the same windows of the same docume
 tenant (same cache key), each stream drops only the cells from the tail on (`seq_rm`) and nothing is
 restored: the cells hold exactly the bytes a restore would write, so the scores are identical
 (tests/test_doc_cache.py). That is the common case of a group's questions, scored one after another:
-on the H200 a restore of 8 windows of 32K tokens cost ~0.3 s per further question (2026-12-04). Any
+on the H200 a further question's restore of 8 windows of a 32K document took 283-367 ms
+(bench/results/h200-serve-2026-12-04d/m1-*-docs-32768.json, `timings_ms.cache_restore`). Any
 other call (another document or tenant, an uncached call, an error) forgets them; only one parallel
 call's windows stay (a document of more windows than `n_parallel` restores as before).
 `WindowCacheUse.resident` counts these hits.
@@ -438,6 +439,9 @@ class SpecPrefillScorer:
         # window prefixes still resident from the last cached call; forgotten until this one ends
         resident, self._resident = self._resident, {}
         keep_resident = cache is not None and bool(prefixes)
+        # each window's cache key (scope, numerics, prefix tokens), hashed once for the call
+        keys = {w: cache.key(scope, win[:prefixes[w]], "streams") for w, win in enumerate(windows)
+                if 0 < prefixes[w] < len(win)} if keep_resident else {}
         if not keep_resident:
             ctx.clear()
         if self.toggles_callback:
@@ -459,7 +463,7 @@ class SpecPrefillScorer:
                     ctx.seq_rm(w, 0, -1)
                     continue
                 starts[w] = pre
-                if resident.get(w) == cache.key(scope, win[:pre], "streams"):
+                if resident.get(w) == keys[w]:
                     # the stream still holds this prefix (the last call scored another question about
                     # the same document): drop that question's tail and lookahead, restore nothing
                     ctx.seq_rm(w, pre, -1)
@@ -534,8 +538,7 @@ class SpecPrefillScorer:
             out.append(self._scores(qw, k, lens[w], pool, stream=w, ctx=ctx) * np.float32(lens[w]))
         t3 = time.perf_counter()
         if keep_resident:  # each stream keeps its window's prefix for a next question (module doc)
-            self._resident = {w: cache.key(scope, win[:prefixes[w]], "streams")
-                              for w, win in enumerate(windows) if 0 < prefixes[w] < len(win)}
+            self._resident = keys
         else:
             ctx.clear()
         # the single-sequence context no longer matches cached_tokens' story: a model drafter rebuilds

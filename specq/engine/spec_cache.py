@@ -22,7 +22,9 @@ Which windows are saved (`policy`, EngineOptions.spec_cache_save, SPECQ_SPEC_CAC
 (the default): every window prefix a run prefilled is saved. `repeat`: only where a later question is
 expected, i.e. the job asks about a stored document (`begin(expect_reuse=True)`: the worker's
 `document_id` jobs), or the same window prefix (same key: scope, numerics, tokens) was prefilled once
-before in this process and not saved then (its second sight; the third question hits). A one-off
+before in this process and not saved then (its second sight; the third question hits). A
+question served from the scorer's resident streams (scoring.py) looks nothing up, so it does not
+count as a sight. A one-off
 document's windows are then never copied to the host: at 32K tokens with the 0.5B speculator that is
 8 states of ~49 MB (~400 MB) per job, device to host into fresh host memory, on the engine thread,
 with no later hit to pay for it (docs/serving.md "Where the time goes"). Lookups and restores are the
