@@ -330,8 +330,8 @@ class WorkerRuntime:
                         return Outcome("skipped", "group-claimed")
                     if self.serving is None or len(self.live) < self.slots:
                         free = self.slots - len(self.live)
-                        want = self._group_wants(s, job_id, free)
-                        if self.serving is None or want <= free:
+                        want = self._group_wants(s, job_id, free)  # 0 without serving slots or a hold
+                        if want <= free:
                             break
                         # a group hold (SPECQ_GROUP_HOLD): more of the next job's document's questions
                         # are queued than slots are free, and busy slots will free
