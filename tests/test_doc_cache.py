@@ -411,6 +411,35 @@ def test_serving_slots_use_the_prompt_cache(tiny_models):
     assert answers[64 << 20] == answers[0]
 
 
+def _recording_saves(e, events: list) -> None:
+    cache = e.prefix_cache()
+    real_save = cache.save
+
+    def save(*args, **kw):
+        events.append("save")
+        return real_save(*args, **kw)
+
+    cache.save = save
+
+
+def test_one_job_emits_its_first_token_before_the_prompt_cache_save(tiny_models):
+    """The one-job path (one slot: the CPU's default) too: the prompt is saved once the first token is
+    out (decode.generate's `after_first`), the record says what was saved, and the next question hits it."""
+    e = _engine(tiny_models)
+    try:
+        events: list = []
+        _recording_saves(e, events)
+        first = e.run(DOC, _params(QUESTIONS[0], mode="baseline", max_tokens=4),
+                      lambda phase, done, total: events.append((phase, done)))
+        assert events.count("save") == 1 and events.index(("decode", 1)) < events.index("save"), events
+        t = first.spec.cache["target"]
+        assert not t["hit"] and t["bytes_saved"] > 0 and t["save_ms"] > 0
+        second = e.run(DOC, _params(QUESTIONS[1], mode="baseline", max_tokens=4)).spec.cache["target"]
+        assert second["hit"] and second["reused_tokens"] >= e.tokenize_prompt(DOC, _params(QUESTIONS[1])).doc_end
+    finally:
+        e.close()
+
+
 def test_a_full_prefill_emits_its_first_token_before_the_prompt_cache_save(tiny_models):
     """The serving loop samples and reports a full prefill's first token before it copies the prompt's
     KV into the prompt cache (0.5-0.85 s at 32K tokens of the 7B on the H200), so the save delays the
@@ -422,14 +451,7 @@ def test_a_full_prefill_emits_its_first_token_before_the_prompt_cache_save(tiny_
     loop = ServingEngine(e).start()
     try:
         events: list = []
-        cache = e.prefix_cache()
-        real_save = cache.save
-
-        def save(*args, **kw):
-            events.append("save")
-            return real_save(*args, **kw)
-
-        cache.save = save
+        _recording_saves(e, events)
         first = loop.submit(DOC, _params(QUESTIONS[0], mode="baseline", max_tokens=4),
                             lambda phase, done, total: events.append((phase, done))).result(120)
         assert events.count("save") == 1 and ("decode", 1) in events, events

@@ -155,11 +155,14 @@ def generate(
     progress: Callable[[int, int], None] | None = None,
     accept: Callable[[int], bool] | None = None,
     ignore_eos: bool = False,
+    after_first: Callable[[], None] | None = None,
 ) -> Generation:
     """Decode after a prefill whose last logits are `first_logits`; new tokens go at `next_pos`, ...
 
     `accept(token)` is called with each emitted token; True ends the generation there (a stop string
-    matched: finish_reason "stop").
+    matched: finish_reason "stop"). `after_first()` runs once the first token is sampled and emitted,
+    before anything more enters the context (the prompt cache's save: it delays the second token, not
+    the first).
 
     The target's output is the same with or without a drafter (greedy: identical tokens; sampled:
     the same distribution).
@@ -167,6 +170,8 @@ def generate(
     dec = SeqDecoder(ctx.model, prompt_tokens, first_logits, next_pos, max_tokens=max_tokens, sampler=sampler,
                      n_batch=ctx.n_batch, drafter=drafter, n_draft=n_draft, draft_min=draft_min,
                      progress=progress, accept=accept, ignore_eos=ignore_eos)
+    if after_first is not None:
+        after_first()
     while not dec.done:
         toks, pos = dec.plan()
         ctx.decode(toks, pos, logits="all" if len(toks) > 1 else "last")

@@ -317,6 +317,7 @@ class Engine:
         prefix = self.prefix_cache()
 
         doc_scores = None
+        save_prompt = None  # a full prefill through the prompt cache: its save, after the first token
         self.last_trace = None
         if mode == "specprefill" and params.pipelined and kept_override is None:
             # scoring and the target's prefill interleave (pipelined.py): an MTP/EAGLE3 drafter, which
@@ -344,12 +345,17 @@ class Engine:
             if mode == "baseline" and prefix is not None and observe is None:
                 # a full prefill: through the target's prompt cache (a drafter that reads the prompt's
                 # hidden states needs every token prefilled, so it bypasses the cache)
-                use = prefix.prefill(self.ctx, scope, prompt.tokens)
+                use = prefix.prefill(self.ctx, scope, prompt.tokens, save=False)
                 pre = PrefillResult(next_pos=prompt.n, n_kept=prompt.n, logits=self.ctx.logits_row(-1))
                 timings["cache_restore"] += use.restore_ms
-                spec.cache["target"] = use.as_dict()
                 spec.cache["bytes_restored"] += use.bytes_restored
                 timings["sparse_prefill"] = _ms(t0) - use.restore_ms
+
+                def save_prompt(use=use) -> None:
+                    prefix.save(self.ctx, 0, scope, prompt.tokens, use)
+                    spec.cache["target"] = use.as_dict()
+
+                spec.cache["target"] = use.as_dict()
             else:
                 pre = sparse_prefill(self.ctx, prompt.tokens, kept, positions, observe=observe)
                 timings["sparse_prefill"] = _ms(t0)
@@ -372,6 +378,7 @@ class Engine:
             progress=on_token,
             accept=accept,
             ignore_eos=params.ignore_eos,
+            after_first=save_prompt,
         )
         t_end = time.perf_counter()
         timings["ttft"] = ((first[0] if first else t_end) - t_start) * 1000.0
