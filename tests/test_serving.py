@@ -280,6 +280,9 @@ def test_bench_serve_documents_path_stores_each_document_once_and_reuses_it(stac
         assert report["path"] == s["path"] == "documents" and report["workload"]["documents"] is True
         assert s["jobs"] == s["succeeded"] == 6 and s["output_tokens"] == 36, s
         assert all(j["output_tokens"] == 6 and j["ttft_ms"] and j["ttft_ms"] > 0 for j in jobs), jobs
+        firsts = sorted(j["ttft_ms"] for j in jobs if j["question"] == 0)
+        assert len(firsts) == 2 and abs(s["client_ttft_ms_first_question_p50"] - sum(firsts) / 2) < 1e-2, (firsts, s)
+        assert s["client_ttft_ms_later_questions_p50"] is not None, s
         assert s["upload_s"] > 0 and s["jobs_per_min"] > s["jobs_per_min_with_upload"] > 0, s
         docs = report["documents"]
         assert [d["created"] for d in docs] == [True, True] and len({d["document_id"] for d in docs}) == 2, docs

@@ -427,8 +427,20 @@ def summarize(recs: list[JobRecord], w: Workload) -> dict[str, Any]:
         "mean_output_tokens": round(statistics.mean([r.output_tokens for r in ok]), 2) if ok else 0,
         "queue_wait_ms_p50": _pct([r.queue_wait_ms for r in ok if r.queue_wait_ms is not None], 0.5),
         "queue_wait_ms_p95": _pct([r.queue_wait_ms for r in ok if r.queue_wait_ms is not None], 0.95),
+        **first_and_later(ok),
         **reuse(ok),
     }
+
+
+def first_and_later(recs: list[JobRecord]) -> dict[str, Any]:
+    """Client TTFT of each document's first question (question 0: nothing of the document cached yet)
+    apart from its later ones (what the caches and group claims serve); {} with one question per document."""
+    if not any(r.question > 0 for r in recs):
+        return {}
+    first = [r.ttft_ms for r in recs if r.question == 0 and r.ttft_ms is not None]
+    later = [r.ttft_ms for r in recs if r.question > 0 and r.ttft_ms is not None]
+    return {"client_ttft_ms_first_question_p50": _pct(first, 0.5), "client_ttft_ms_first_question_p95": _pct(first, 0.95),
+            "client_ttft_ms_later_questions_p50": _pct(later, 0.5), "client_ttft_ms_later_questions_p95": _pct(later, 0.95)}
 
 
 def reuse(recs: list[JobRecord]) -> dict[str, Any]:

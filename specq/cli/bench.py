@@ -345,6 +345,10 @@ def bench_serve(
                f"client TTFT p50 {s['client_ttft_ms_p50']} ms p95 {s['client_ttft_ms_p95']} ms; engine TTFT p50 "
                f"{s['engine_ttft_ms_p50']} ms p95 {s['engine_ttft_ms_p95']} ms; decode {s['decode_tok_s_per_job_p50']} tok/s "
                f"per job, {s['output_tok_s_total']} tok/s in all")
+    if s.get("client_ttft_ms_first_question_p50") is not None:
+        typer.echo(f"  client TTFT of each document's first question p50 {s['client_ttft_ms_first_question_p50']} ms "
+                   f"p95 {s['client_ttft_ms_first_question_p95']} ms; of the later ones p50 "
+                   f"{s['client_ttft_ms_later_questions_p50']} ms p95 {s['client_ttft_ms_later_questions_p95']} ms")
     if s.get("prefill_floor_ms_p50") is not None:
         typer.echo(f"  prefill-compute floor per job (scoring + prefill, engine time) p50 {s['prefill_floor_ms_p50']} ms: "
                    f"{s['jobs_per_min_prefill_floor']} jobs/min if that work ran back to back and nothing else")
