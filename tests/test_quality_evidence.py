@@ -42,13 +42,15 @@ def test_bands_are_the_measured_lengths_of_the_measured_pair():
     assert bands(QWEN_15B, QWEN_05B, 0.3, "full", "mean") == ()
     assert bands("some-7b", QWEN_05B, 0.3, "windowed", "mean") == ()
     # a row measured under one chunk rule is no evidence for the other: the border rule (the default)
-    # has its own rows, at the same two lengths and at 8K between them
+    # has its own rows, at the same two lengths, at 8K between them and at 30K (40 questions)
     (border,) = bands(QWEN_15B, QWEN_05B, 0.3, "windowed")
-    assert (border.lo, border.hi) == (3670, 15978 + QUESTION_ALLOWANCE)
-    assert [(r.length, r.chunk_rule) for r in border.rows] == [(4000, "border"), (8000, "border"), (16000, "border")]
+    assert (border.lo, border.hi) == (3670, 29940 + QUESTION_ALLOWANCE)
+    assert [(r.length, r.chunk_rule) for r in border.rows] == [
+        (4000, "border"), (8000, "border"), (16000, "border"), (30000, "border")]
+    assert border.rows[-1].n == 40 and border.rows[-1].ratio_lower >= 0.95
     # at 8K the default windowed scorer reads the document in one pass: the one-pass (`full`) row stands
     # for it, not the earlier two-window row with as many questions; `full` itself has only that length
-    assert [r.scorer for r in border.rows] == ["windowed", "full", "windowed"]
+    assert [r.scorer for r in border.rows] == ["windowed", "full", "windowed", "windowed"]
     assert [r.journal for r in ROWS if r.length == 8000 and r.chunk_rule == "border"] == [
         "bench/results/quality-cpu-border-answer-8000.jsonl", border.rows[1].journal]
     (one_pass,) = bands(QWEN_15B, QWEN_05B, 0.3, "full")
