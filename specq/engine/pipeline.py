@@ -351,11 +351,9 @@ class Engine:
                 spec.cache["bytes_restored"] += use.bytes_restored
                 timings["sparse_prefill"] = _ms(t0) - use.restore_ms
 
-                def save_prompt(use=use) -> None:
+                def save_prompt() -> None:
                     prefix.save(self.ctx, 0, scope, prompt.tokens, use)
                     spec.cache["target"] = use.as_dict()
-
-                spec.cache["target"] = use.as_dict()
             else:
                 pre = sparse_prefill(self.ctx, prompt.tokens, kept, positions, observe=observe)
                 timings["sparse_prefill"] = _ms(t0)

@@ -26,8 +26,8 @@ Each step of the loop:
    window group, and its cancel (`JobHandle.cancel`) lands at the next call. A full prefill restores
    the longest prefix the target's prompt cache holds into the job's own sequence and prefills only
    the rest, and saves the whole prompt once its first token is out (prefix_cache.py, entries keyed by
-   the slots' layout "streams"); one whose prompt shares a longer prefix with a job prefilling now than the
-   cache holds sets up after that job's save (`_prefix_owner`: questions about one document arriving
+   the slots' layout "streams"); one whose prompt shares a longer prefix with a job prefilling now than
+   the cache holds sets up after that job's save (`_prefix_owner`: questions about one document arriving
    together prefill the document once). Before the host cache, a full prefill looks at its own slot:
    a slot keeps the prompt cells of the last full prefill it served (its "resident" prompt; the
    answer's cells are removed), admission gives a job the free slot whose resident shares the
