@@ -173,9 +173,12 @@ class ServiceSettings:
     #: mode auto's thresholds (EngineOptions.auto_min_tokens, auto_quality_min_tokens; docs/engine.md):
     #: baseline below the break-even length (0 = the backend's measured one); specprefill only where
     #: keep 0.3 was measured >= 95% of baseline's quality for the loaded models (-1: the measured
-    #: lengths of engine/quality_evidence.py; N >= 0: from N prompt tokens on)
+    #: lengths of engine/quality_evidence.py; N >= 0: from N prompt tokens on); a group of questions
+    #: about a stored document (a group claim) runs one group-sparse prefill from auto_group_min_tokens
+    #: on (0 = the backend's measured length, engine/auto.py GROUP_MIN_TOKENS; -1 = never)
     auto_min_tokens: int | None = None
     auto_quality_min_tokens: int | None = None
+    auto_group_min_tokens: int | None = None
 
     # --- API ------------------------------------------------------------------------------------------
     #: address `specq api` / `specq up` listen on
@@ -253,6 +256,8 @@ class ServiceSettings:
             (self.score_thread in ("auto", "on", "off"), f"SPECQ_SCORE_THREAD must be auto, on or off, not {self.score_thread!r}"),
             (self.drain_grace >= 0, "SPECQ_DRAIN_GRACE must be >= 0 seconds"),
             (0 <= self.group_hold <= 60, "SPECQ_GROUP_HOLD must be in [0, 60] seconds (0 = claim at once)"),
+            (self.auto_group_min_tokens is None or self.auto_group_min_tokens >= -1,
+             "SPECQ_AUTO_GROUP_MIN_TOKENS must be >= -1 (0 = the backend's measured length, -1 = never)"),
             (self.speculator_gpu == "" or (self.speculator_gpu.isdigit() and (self.gpu == "" or self.gpu.isdigit())),
              "SPECQ_SPECULATOR_GPU must be one GPU index (and SPECQ_GPU, with it, one index too)"),
             (self.progress_interval > 0, "SPECQ_PROGRESS_INTERVAL must be > 0"),
@@ -373,7 +378,8 @@ class ServiceSettings:
                              ("n_ubatch", "n_ubatch"), ("threads", "n_threads"), ("flash_attn", "flash_attn"), ("cuda_graphs", "cuda_graphs"),
                              ("n_parallel", "n_parallel"), ("cache_bytes", "cache_bytes"),
                              ("auto_min_tokens", "auto_min_tokens"),
-                             ("auto_quality_min_tokens", "auto_quality_min_tokens"), ("call_tokens", "call_tokens")):
+                             ("auto_quality_min_tokens", "auto_quality_min_tokens"),
+                             ("auto_group_min_tokens", "auto_group_min_tokens"), ("call_tokens", "call_tokens")):
             value = getattr(self, mine)
             if value is not None:
                 setattr(opts, theirs, value)

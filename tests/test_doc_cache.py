@@ -267,6 +267,28 @@ def test_off_when_the_budget_is_zero(tiny_models):
     (dict(n_prompt=9000, backend="cpu", quality_min_tokens=8000, reused_document=True), "baseline", "stored document"),
     (dict(n_prompt=9000, backend="cpu", quality_min_tokens=8000, reused_document=True, cached_tokens=8500), "baseline",
      "prompt cache hit"),
+    # rule 1a: a group of questions about a stored document
+    (dict(n_prompt=30000, backend="cuda", quality_min_tokens=0, reused_document=True, group=4), "specprefill",
+     "group of 4 questions about a stored document: one group-sparse prefill (30000 tokens >= 29000"),
+    (dict(n_prompt=20000, backend="cuda", quality_min_tokens=0, reused_document=True, group=4), "baseline",
+     "stored document: a full prefill"),  # shorter than measured to win on CUDA
+    (dict(n_prompt=30000, backend="cuda", quality_min_tokens=0, reused_document=True, group=1), "baseline",
+     "stored document: a full prefill"),  # alone
+    (dict(n_prompt=30000, backend="cuda", reused_document=True, group=4), "baseline",
+     "stored document: a full prefill"),  # no quality evidence for these models
+    (dict(n_prompt=30000, backend="cuda", quality_min_tokens=0, reused_document=True, group=4, group_min_tokens=-1),
+     "baseline", "stored document: a full prefill"),  # the operator turned the rule off
+    (dict(n_prompt=30000, backend="cuda", quality_min_tokens=0, reused_document=True, group=4, cached_tokens=29000),
+     "baseline", "prompt cache hit"),
+    (dict(n_prompt=30000, backend="cuda", quality_min_tokens=0, group=4), "specprefill", "one-off"),  # not stored
+    (dict(n_prompt=9000, backend="cpu", quality_min_tokens=8000, reused_document=True, group=4), "baseline",
+     "stored document: a full prefill"),  # CPU: never measured to win
+    (dict(n_prompt=9000, backend="cpu", quality_min_tokens=8000, reused_document=True, group=4, group_min_tokens=4000),
+     "specprefill", "group of 4 questions"),
+    (dict(n_prompt=9000, backend="cpu", quality_min_tokens=10000, reused_document=True, group=4, group_min_tokens=4000),
+     "baseline", "stored document: a full prefill"),  # quality not measured there
+    (dict(n_prompt=800, backend="cpu", quality_min_tokens=0, reused_document=True, group=4, group_min_tokens=100),
+     "baseline", "stored document: a full prefill"),  # below the break-even
 ])
 def test_auto_decisions(case, expect_mode, needle):
     d = auto.decide(**case)

@@ -225,6 +225,32 @@ def test_a_group_hold_waits_for_slots_so_a_documents_questions_start_together(st
         assert rows[b1].started_at < rows[a2].finished_at  # it took the short one's slot at once
 
 
+def test_auto_runs_a_group_claim_as_one_group_sparse_prefill(stack):
+    """Mode auto's rule 1a end to end: a worker's group claim of four questions about a stored document
+    tells its engine loop they came together, and auto runs them as one group-sparse prefill (on this
+    CPU only with SPECQ_AUTO_GROUP_MIN_TOKENS set: no CPU length was measured to win, engine/auto.py),
+    where quality is allowed (SPECQ_AUTO_QUALITY_MIN_TOKENS=0: the tiny models have no quality row)."""
+    params = {"mode": "auto", "max_tokens": 6, "seed": 1}
+    with _client(stack) as a:
+        doc = _document(a, DOC + "# auto group\n")
+        ids = [_submit(a, doc, q, params) for q in QUESTIONS]
+        _worker(stack, "worker-auto-group", SPECQ_AUTO_MIN_TOKENS="64", SPECQ_AUTO_QUALITY_MIN_TOKENS="0",
+                SPECQ_AUTO_GROUP_MIN_TOKENS="64")
+        try:
+            views = _done(stack, ids)
+        finally:
+            kill9(stack, "worker-auto-group")
+    log = stack.log("worker-auto-group")
+    assert _groups(log) == {ids[0]: ids[1:]}, log[-4000:]
+    assert [v["status"] for v in views] == ["succeeded"] * 4 and [v["attempts"] for v in views] == [1] * 4, views
+    for v in views:
+        spec = v["result"]["spec"]
+        assert spec["mode"] == "specprefill" and spec["reason"].startswith("auto: group of 4 questions"), spec
+        assert v["result"]["group"]["size"] == 4, v["result"].get("group")
+    assert sorted(v["result"]["group"]["index"] for v in views) == [0, 1, 2, 3]
+    assert _counts(stack, ids) == {"submitted": 4, "completed": 4, "failed": 0, "duplicated": 0, "lost": 0}
+
+
 def test_two_tenants_with_the_same_text_never_group_together(stack):
     with _client(stack, "team-a") as a, _client(stack, "team-b") as b:
         text = DOC + "# shared by two tenants\n"

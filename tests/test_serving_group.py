@@ -126,6 +126,61 @@ def test_other_documents_tenants_and_off_do_not_group(engine):
     assert all(r.group is None for r in results)
 
 
+def _auto(question: str):
+    return _params(question, mode="auto", min_tokens=-1)
+
+
+def test_auto_runs_a_stored_documents_questions_together_as_one_group(engine):
+    """Mode auto's rule 1a (engine/auto.py): questions about a stored document submitted together (a
+    worker's group claim says how many: `group_hint`) run specprefill as one group-sparse prefill, each
+    answer the forced single run's; the same questions one at a time take rule 1b (baseline, then a
+    prompt-cache hit), and so does a group with the rule off (auto_group_min_tokens -1)."""
+    opts = engine.options
+    saved = (opts.auto_min_tokens, opts.auto_quality_min_tokens, opts.auto_group_min_tokens)
+    opts.auto_min_tokens, opts.auto_quality_min_tokens, opts.auto_group_min_tokens = 64, 0, 64
+    try:
+        engine.cache_store.clear()
+        loop = _loop(engine)
+        try:
+            handles = [loop.submit(DOC, _auto(q), scope="t", reused_document=True, group_hint=4) for q in QUESTIONS]
+            together = [h.result(600) for h in handles]
+            assert loop.stats()["groups_formed"] == 1
+        finally:
+            loop.close()
+        for q, r in zip(QUESTIONS, together):
+            assert r.spec.mode == "specprefill", r.spec
+            assert r.spec.reason.startswith("auto: group of 4 questions about a stored document: one group-sparse "
+                                            "prefill"), r.spec.reason
+            assert r.group["size"] == 4
+            single = _forced_alone(engine, DOC, r, q)
+            assert r.tokens == single.tokens and len(r.tokens) == 6
+
+        engine.cache_store.clear()
+        loop = _loop(engine)
+        try:
+            alone = [loop.submit(DOC, _auto(q), scope="t", reused_document=True).result(600) for q in QUESTIONS[:2]]
+        finally:
+            loop.close()
+        assert alone[0].spec.mode == "baseline" and "stored document: a full prefill" in alone[0].spec.reason
+        assert alone[1].spec.mode == "baseline" and "prompt cache hit" in alone[1].spec.reason
+        assert all(r.group is None for r in alone)
+
+        opts.auto_group_min_tokens = -1
+        engine.cache_store.clear()
+        loop = _loop(engine)
+        try:
+            handles = [loop.submit(DOC, _auto(q), scope="t", reused_document=True, group_hint=4) for q in QUESTIONS]
+            off = [h.result(600) for h in handles]
+            assert loop.stats()["groups_formed"] == 0
+        finally:
+            loop.close()
+        assert [r.spec.mode for r in off] == ["baseline"] * 4
+        assert all("stored document" in r.spec.reason or "prompt cache hit" in r.spec.reason for r in off)
+    finally:
+        opts.auto_min_tokens, opts.auto_quality_min_tokens, opts.auto_group_min_tokens = saved
+        engine.cache_store.clear()
+
+
 def test_a_cancelled_union_prefill_is_taken_over(engine):
     """The member prefilling head + union is cancelled during it: another member prefills the union
     itself, and every answer is still the forced single run's."""

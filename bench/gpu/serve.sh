@@ -99,7 +99,10 @@ specq)
   utag=${SPECQ_BENCH_UNION:+-union${SPECQ_BENCH_UNION/:/x}}
   # SPECQ_GROUP_HOLD (seconds a delivery may wait for a whole document group's slots) names them too
   htag=${SPECQ_GROUP_HOLD:+-hold$SPECQ_GROUP_HOLD}
-  tag=${SPECQ_SPEC_CACHE_SAVE:+-save-$SPECQ_SPEC_CACHE_SAVE}$htag${SPECQ_SCORE_THREAD:+-score-$SPECQ_SCORE_THREAD}${SPECQ_GROUP_SPARSE:+-group-$SPECQ_GROUP_SPARSE}$utag$ctag$qtag${docflag:+-docs}$atag
+  # mode auto's thresholds (SPECQ_AUTO_GROUP_MIN_TOKENS: rule 1a's length, -1 = off; SPECQ_AUTO_QUALITY_MIN_TOKENS:
+  # the random-weight shapes have no quality row, so rule 1a runs only with it set) name them too
+  autotag=${SPECQ_AUTO_GROUP_MIN_TOKENS:+-agroup$SPECQ_AUTO_GROUP_MIN_TOKENS}${SPECQ_AUTO_QUALITY_MIN_TOKENS:+-aquality$SPECQ_AUTO_QUALITY_MIN_TOKENS}
+  tag=${SPECQ_SPEC_CACHE_SAVE:+-save-$SPECQ_SPEC_CACHE_SAVE}$htag$autotag${SPECQ_SCORE_THREAD:+-score-$SPECQ_SCORE_THREAD}${SPECQ_GROUP_SPARSE:+-group-$SPECQ_GROUP_SPARSE}$utag$ctag$qtag${docflag:+-docs}$atag
   for slots in ${SLOTS_LIST:-8 1}; do
     home=/tmp/specq-home-$slots; rm -rf "$home"; port=$(( 8200 + slots ))
     # CUDA graphs off as production runs them (SPECQ_CUDA_GRAPHS); GRAPHS_ON=1 for the comparison

@@ -5,6 +5,14 @@ In order:
 1. **a prompt-cache hit**: the target's prompt cache (prefix_cache.py) holds at least half of this
    prompt's tokens (another question about the same document, a chat continued): baseline, reusing
    them — cheaper than scoring, and exact.
+1a. **a group**: a stored document (the job names a `document_id`) whose questions are served
+   together — the worker claimed them as one group (worker/runtime.py, group claims) or they are in
+   the serving loop at once, not yet prefilling — where group-sparse prefill is measured to win
+   (`group_min_tokens`: the job's length at least EngineOptions.auto_group_min_tokens, else
+   GROUP_MIN_TOKENS of the backend; none measured = never) and specprefill's quality holds (rule 3):
+   specprefill, which the serving loop runs as one group-sparse prefill (serving_group.py: each
+   question scored on the speculator's cached windows, the target prefilled once on the union of
+   their kept chunks, every member decoding a context of ~40% of the document instead of all of it).
 1b. **a stored document** (the job names a `document_id`: more questions about it are expected) with
    the prompt cache on: baseline, so the target's KV of the document is cached for the next questions
    (measured on the CPU real pair: a further question then costs ~5% of the first's TTFT, against
@@ -40,6 +48,14 @@ BREAK_EVEN_TOKENS = {"cpu": 1024, "cuda": 8192}
 DEFAULT_BREAK_EVEN = max(BREAK_EVEN_TOKENS.values())
 #: a prompt-cache hit covering at least this fraction of the prompt is taken
 CACHE_HIT_FRACTION = 0.5
+#: rule 1a: the shortest prompt (tokens) per backend at which a group of questions about a stored
+#: document was measured faster as one group-sparse prefill than as a full prefill + prompt cache
+#: (rule 1b); a backend without an entry never takes rule 1a by default. CUDA: #17's workload (8
+#: documents x 8 questions, 7B/0.5B shapes), docs/benchmarks.md. CPU: none; there the real pair's
+#: speculator costs a third of the target, and a group of 4 questions at 3.4K tokens answered after
+#: 65-67 s as a group (docs/benchmarks.md, "CPU, real pair, group-sparse prefill in the engine loop")
+#: against ~39 s for a full prefill whose prompt-cache copies answer the others at once.
+GROUP_MIN_TOKENS: dict[str, int] = {"cuda": 29_000}
 
 
 @dataclass(frozen=True)
@@ -56,34 +72,58 @@ def break_even(backend: str, option: int = 0, job_min_tokens: int = -1) -> int:
     return BREAK_EVEN_TOKENS.get(backend, DEFAULT_BREAK_EVEN)
 
 
-def decide(n_prompt: int, *, backend: str, cached_tokens: int = 0, min_tokens: int = -1, auto_min_tokens: int = 0,
-           quality_min_tokens: int = -1, quality_bands: Sequence[Band] = (),
-           reused_document: bool = False) -> Decision:
-    """Mode auto's choice for a prompt of `n_prompt` tokens of which `cached_tokens` are in the target's
-    prompt cache (PrefixCache.lookup); `reused_document`: the job asks about a stored document and the
-    prompt cache is on (rule 1b); `quality_bands`: where specprefill's quality was measured to hold for
-    the loaded models and the job's keep and scorer (rule 3)."""
-    if n_prompt > 0 and cached_tokens >= CACHE_HIT_FRACTION * n_prompt:
-        return Decision("baseline", f"prompt cache hit: {cached_tokens} of {n_prompt} prompt tokens cached")
-    if reused_document:
-        return Decision("baseline", "stored document: a full prefill fills the prompt cache for its further questions")
-    be = break_even(backend, auto_min_tokens, min_tokens)
-    if n_prompt < be:
-        return Decision("baseline", f"{n_prompt} tokens < break-even {be} ({backend}): scoring would cost more "
-                                    "than it saves")
+def group_min(backend: str, option: int = 0) -> int:
+    """Rule 1a's shortest prompt: the operator's option (> 0; -1 = never), else the backend's measured
+    one, else -1 (never)."""
+    if option != 0:
+        return option if option > 0 else -1
+    return GROUP_MIN_TOKENS.get(backend, -1)
+
+
+def quality_holds(n_prompt: int, quality_min_tokens: int = -1, quality_bands: Sequence[Band] = ()) -> tuple[bool, str]:
+    """Rule 3: (whether specprefill's quality was measured to hold at `n_prompt` tokens, why)."""
     if quality_min_tokens < 0:
         band = next((b for b in quality_bands if b.covers(n_prompt)), None)
         if band is not None:
-            return Decision("specprefill", f"one-off long document: {n_prompt} tokens >= break-even {be}, in "
-                                           f"{band.lo:,}-{band.hi:,} tokens where {band.describe()}")
+            return True, f"in {band.lo:,}-{band.hi:,} tokens where {band.describe()}"
         where = ", ".join(f"{b.lo:,}-{b.hi:,}" for b in quality_bands)
-        return Decision("baseline", f"specprefill quality not measured at {n_prompt} tokens for these models and "
-                                    f"settings (measured to hold: {where or 'nowhere'}; docs/quality.md)")
+        return False, (f"specprefill quality not measured at {n_prompt} tokens for these models and settings "
+                       f"(measured to hold: {where or 'nowhere'}; docs/quality.md)")
     if n_prompt < quality_min_tokens:
-        return Decision("baseline", f"{n_prompt} tokens < {quality_min_tokens}, where keep 0.3 was measured "
-                                    ">= 95% of baseline quality")
-    return Decision("specprefill", f"one-off long document: {n_prompt} tokens >= break-even {be} and quality "
-                                   f"threshold {quality_min_tokens}")
+        return False, f"{n_prompt} tokens < {quality_min_tokens}, where keep 0.3 was measured >= 95% of baseline quality"
+    return True, f"quality threshold {quality_min_tokens}"
 
 
-__all__ = ["Decision", "decide", "break_even", "BREAK_EVEN_TOKENS", "CACHE_HIT_FRACTION"]
+def decide(n_prompt: int, *, backend: str, cached_tokens: int = 0, min_tokens: int = -1, auto_min_tokens: int = 0,
+           quality_min_tokens: int = -1, quality_bands: Sequence[Band] = (),
+           reused_document: bool = False, group: int = 0, group_min_tokens: int = 0) -> Decision:
+    """Mode auto's choice for a prompt of `n_prompt` tokens of which `cached_tokens` are in the target's
+    prompt cache (PrefixCache.lookup); `reused_document`: the job asks about a stored document and the
+    prompt cache is on (rule 1b); `group`: how many questions about that document (this one included)
+    are served together, where the caller can run them as one group-sparse prefill (rule 1a; 0 or 1:
+    none); `group_min_tokens`: EngineOptions.auto_group_min_tokens; `quality_bands`: where
+    specprefill's quality was measured to hold for the loaded models and the job's keep and scorer
+    (rule 3)."""
+    if n_prompt > 0 and cached_tokens >= CACHE_HIT_FRACTION * n_prompt:
+        return Decision("baseline", f"prompt cache hit: {cached_tokens} of {n_prompt} prompt tokens cached")
+    be = break_even(backend, auto_min_tokens, min_tokens)
+    if reused_document and group >= 2:
+        gmin = group_min(backend, group_min_tokens)
+        ok, why = quality_holds(n_prompt, quality_min_tokens, quality_bands)
+        if 0 <= gmin <= n_prompt and n_prompt >= be and ok:
+            return Decision("specprefill", f"group of {group} questions about a stored document: one group-sparse "
+                                           f"prefill ({n_prompt} tokens >= {gmin}, where it was measured faster than "
+                                           f"a prompt-cached full prefill on {backend}), {why}")
+    if reused_document:
+        return Decision("baseline", "stored document: a full prefill fills the prompt cache for its further questions")
+    if n_prompt < be:
+        return Decision("baseline", f"{n_prompt} tokens < break-even {be} ({backend}): scoring would cost more "
+                                    "than it saves")
+    ok, why = quality_holds(n_prompt, quality_min_tokens, quality_bands)
+    if not ok:
+        return Decision("baseline", why)
+    return Decision("specprefill", f"one-off long document: {n_prompt} tokens >= break-even {be}, {why}")
+
+
+__all__ = ["Decision", "decide", "break_even", "group_min", "quality_holds", "BREAK_EVEN_TOKENS", "CACHE_HIT_FRACTION",
+           "GROUP_MIN_TOKENS"]

@@ -127,6 +127,11 @@ class EngineOptions:
     #: keep 0.3 >= 95% of baseline for the loaded model pair (engine/quality_evidence.py); >= 0 = an
     #: operator's own measurement: specprefill from this many prompt tokens on
     auto_quality_min_tokens: int = -1
+    #: mode auto rule 1a (engine/auto.py): questions about a stored document served together (a worker's
+    #: group claim, or in the serving loop at once) run as one group-sparse prefill from this many
+    #: prompt tokens on, where the quality rule allows specprefill; 0 = the backend's measured length
+    #: (auto.GROUP_MIN_TOKENS: CUDA only), -1 = never (each takes rule 1b: baseline + prompt cache)
+    auto_group_min_tokens: int = 0
     #: the target's GPU: an index among the visible devices (llama.cpp's main_gpu); used with
     #: speculator_gpu, when both models are each placed whole on one device (split mode none)
     main_gpu: int = 0

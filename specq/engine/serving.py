@@ -153,6 +153,9 @@ class _Job:
     raw: bool
     scope: str = ""  # the tenant: the speculator cache reuses KV only within one scope
     reused_document: bool = False
+    #: questions about this document submitted together, this one included (a worker's group claim): mode
+    #: auto's rule 1a counts them before they all reach the loop (`_auto_group`)
+    group_hint: int = 0
     future: Future = field(default_factory=Future)
     t_submit: float = field(default_factory=_now)
     t_queued: float = 0.0  # tokenized (in the submitting thread, from t_submit) and handed to the loop
@@ -304,9 +307,11 @@ class ServingEngine:
 
     def submit(self, document: str, params: RunParams | None = None, progress=None, *, on_text=None,
                messages: list | None = None, raw: bool = False, scope: str = "",
-               reused_document: bool = False) -> JobHandle:
+               reused_document: bool = False, group_hint: int = 0) -> JobHandle:
+        """`group_hint`: how many questions about this stored document the caller submits together, this one
+        included (the worker's group claim; mode auto's rule 1a, `_auto_group`)."""
         job = _Job(document, params or RunParams(), progress or (lambda phase, done, total: None), on_text,
-                   messages, raw, scope, reused_document)
+                   messages, raw, scope, reused_document, group_hint)
         job.faulty = bool(self._fault) and job.params.question == self._fault
         # tokenized here, in the submitting thread (llama_tokenize reads only the vocabulary, and ctypes
         # lets go of the GIL), beside the loop's model work rather than as a step of the loop with every
@@ -445,7 +450,8 @@ class ServingEngine:
             job.prompt, job.mode, job.positions, job.warnings, job.timings, job.spec = eng.prepare(
                 job.document, job.params, messages=job.messages, raw=job.raw, scope=job.scope,
                 reused_document=job.reused_document, prompt=job.prompt,
-                slot_tokens=max(self._resident_prefix(job, forget=False), self._other_slot_prefix(job)[1]))
+                slot_tokens=max(self._resident_prefix(job, forget=False), self._other_slot_prefix(job)[1]),
+                group=self._auto_group(job))
             t1 = _now()
             job.engine_ms["tokenize"] += (t1 - t0) * 1000.0
             job.end_phase("tokenize", t1)
@@ -536,6 +542,17 @@ class ServingEngine:
         if job.group is not None:
             job.timings["group_wait"] = (t0 - job.t_group) * 1000.0
         job.engine_ms["sparse_prefill"] += (_now() - t0) * 1000.0
+
+    def _auto_group(self, job: _Job) -> int:
+        """Mode auto's rule 1a (engine/auto.py): how many questions about this job's stored document this
+        loop serves as one group-sparse prefill, this one included — the caller's count (a group claim,
+        whose members may not all have reached the loop yet) or the groupable mates admitted now,
+        whichever is larger; 0 where no group can form (group-sparse off, one slot, a drafter or
+        option that groups refuse, not mode auto, not a stored document)."""
+        if not (self.group_sparse and job.reused_document and job.params.mode == "auto" and groupable(job)):
+            return 0
+        pending, ready = mates(job, self._active)
+        return max(job.group_hint, 1 + len(pending) + len(ready))
 
     def _join_or_wait(self, job: _Job, t0: float) -> bool:
         """A scored specprefill job about to set up (serving_group.py): wait while a mate (same

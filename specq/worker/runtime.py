@@ -43,7 +43,9 @@ threads, a delivery that finds every slot taken waits for one before it claims (
 broker if the worker drains meanwhile), so the process never runs more than SPECQ_SLOTS jobs.
 With SPECQ_GROUP_HOLD > 0 a delivery that finds fewer slots free than the next job's document has
 queued questions (up to the slots), while others are busy, waits up to that long for them to free
-before it claims, so the questions start together as one group (`_group_wants`).
+before it claims, so the questions start together as one group (`_group_wants`). Each job of a group
+claim tells the engine loop how many were claimed together (`submit(group_hint=N)`): mode auto's rule
+1a (engine/auto.py) may run them as one group-sparse prefill before every member has reached the loop.
 
 Each worker process also runs the reconciler (`specq.reconciler`) in a thread: jobs whose worker died
 go back to the queue from there.
@@ -197,6 +199,9 @@ class WorkerRuntime:
         self.grouped: set[str] = set()
         #: jobs taken by group claims since the worker started (its heartbeat reports it)
         self.group_claimed = 0
+        #: job -> the size of the group claim it was part of (leader included), until its run submits it
+        #: to the engine loop (mode auto's rule 1a counts the group before every member has reached the loop)
+        self.claimed_with: dict[str, int] = {}
         #: jobs this process runs at once (load(): SPECQ_SLOTS; 1 without the engine loop)
         self.slots = 1
         #: the engine loop (built by load(); None when a test hands in an engine: it then runs in the
@@ -402,6 +407,7 @@ class WorkerRuntime:
         with self._claim_lock:
             self.live.discard(job_id)
             self.grouped.discard(job_id)
+            self.claimed_with.pop(job_id, None)
             self.current_job = next(iter(self.live), None)
             self._slot_free.notify_all()
 
@@ -425,6 +431,9 @@ class WorkerRuntime:
         for c in got:
             self.live.add(c.job_id)
             self.grouped.add(c.job_id)
+        if got:
+            for j in [job_id, *(c.job_id for c in got)]:
+                self.claimed_with[j] = 1 + len(got)
         self.group_claimed += len(got)
         return got
 
@@ -505,8 +514,10 @@ class WorkerRuntime:
                     result = self.engine.run(inp.text, params, progress=watcher.progress, on_text=publisher.feed,
                                              stop=watcher.run_stop, **reuse, **source)
                 else:
+                    with self._claim_lock:
+                        together = self.claimed_with.pop(job_id, 0)
                     handle = self.serving.submit(inp.text, params, watcher.progress, on_text=publisher.feed,
-                                                 **reuse, **source)
+                                                 group_hint=together, **reuse, **source)
                     result = self._wait(handle, watcher)
             finally:
                 publisher.finish()
