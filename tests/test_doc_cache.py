@@ -269,7 +269,7 @@ def test_off_when_the_budget_is_zero(tiny_models):
      "prompt cache hit"),
     # rule 1a: a group of questions about a stored document
     (dict(n_prompt=30000, backend="cuda", quality_min_tokens=0, reused_document=True, group=4), "specprefill",
-     "group of 4 questions about a stored document: one group-sparse prefill (30000 tokens >= 29000"),
+     "group of 4 questions about a stored document: one group-sparse prefill (30000 tokens >= 29842"),
     (dict(n_prompt=20000, backend="cuda", quality_min_tokens=0, reused_document=True, group=4), "baseline",
      "stored document: a full prefill"),  # shorter than measured to win on CUDA
     (dict(n_prompt=30000, backend="cuda", quality_min_tokens=0, reused_document=True, group=1), "baseline",

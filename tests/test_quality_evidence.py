@@ -16,10 +16,23 @@ from specq.engine.quality_evidence import MIN_QUESTIONS, QUESTION_ALLOWANCE, QWE
 REPO = Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.parametrize("row", ROWS, ids=lambda r: f"{r.length}-{r.keep}")
+@pytest.mark.parametrize("row", ROWS, ids=lambda r: f"{r.arm}-{r.length}-{r.keep}-{r.chunk_rule}")
 def test_each_row_is_what_its_journal_says(row):
     records = read_journal(REPO / row.journal)
     assert records, row.journal
+    if row.arm == "group":  # its answers paired with the answer run's baseline answers, by task id
+        answers = read_journal(REPO / row.paired_with)
+        cells = [g for g in aggregate(answers + records)["group"] if g["length"] == row.length]
+        assert len(cells) == 1
+        g = cells[0]
+        assert (g["n"], g["documents"]) == (row.n, row.documents)
+        assert round(g["baseline_acc"], 3) == row.baseline_acc and round(g["group_acc"], 3) == row.specprefill_acc
+        assert round(g["ratio_vs_baseline"], 3) == row.ratio and round(g["ratio_vs_baseline_lower"], 3) == row.ratio_lower
+        grouped = {r["task"] for r in records if r.get("half") == "group"}
+        answered = [r for r in answers if r.get("half") == "answer" and r["task"] in grouped
+                    and not r["closed_book"]["correct"]]
+        assert (min(r["doc_tokens"] for r in answered), max(r["doc_tokens"] for r in answered)) == row.doc_tokens
+        return
     cells = [a for a in aggregate(records)["answer"] if a["length"] == row.length and a["chunk_rule"] == row.chunk_rule]
     assert len(cells) == 1
     a = cells[0]
@@ -94,3 +107,27 @@ def test_auto_runs_specprefill_only_inside_a_band():
     assert auto.decide(3900, backend="cuda", quality_bands=bs).mode == "baseline"
     # an operator's own threshold replaces the bands
     assert auto.decide(20000, backend="cpu", quality_bands=bs, quality_min_tokens=8000).mode == "specprefill"
+
+
+def test_a_group_runs_group_sparse_only_inside_a_group_band():
+    """Rule 1a rests on rows of the group path's own answers (arm "group"), not on rule 3's: the 4K group
+    row fails (lower 0.927), so no band; a passing group row at 30K would make a CUDA group of 8 at 30K
+    tokens run group-sparse, and the reason names that row."""
+    (group_4k,) = [r for r in ROWS if r.arm == "group"]
+    assert not group_4k.passes and group_4k.ratio_lower < 0.95
+    assert bands(QWEN_15B, QWEN_05B, 0.3, "windowed", "mean", arm="group") == ()
+    assert bands(QWEN_15B, QWEN_05B, 0.3, "windowed", "mean")[0].rows[0].arm == "specprefill"
+    spec = bands(QWEN_15B, QWEN_05B, 0.3, "windowed")  # rule 3's border band covers 30K
+    assert spec[0].covers(29900)
+    none = auto.decide(29900, backend="cuda", quality_bands=spec, reused_document=True, group=8,
+                       group_bands=bands(QWEN_15B, QWEN_05B, 0.3, "windowed", arm="group"))
+    assert none.mode == "baseline" and "(a group of 8, but group-sparse quality not measured at 29900" in none.reason
+    passing = replace(group_4k, length=30000, doc_tokens=(29821, 29940), ratio_lower=0.96, chunk_rule="border")
+    gb = bands(QWEN_15B, QWEN_05B, 0.3, "windowed", rows=ROWS + (passing,), arm="group")
+    assert [(b.lo, b.hi) for b in gb] == [(29821, 29940 + QUESTION_ALLOWANCE)]
+    yes = auto.decide(29900, backend="cuda", quality_bands=spec, reused_document=True, group=8, group_bands=gb)
+    assert yes.mode == "specprefill" and yes.reason.startswith("group of 8 questions about a stored document")
+    assert "group-sparse answers, keep 0.3, border chunk rule" in yes.reason
+    # the CPU has no measured length for it, so its groups take rule 1b even inside the band
+    cpu = auto.decide(29900, backend="cpu", quality_bands=spec, reused_document=True, group=8, group_bands=gb)
+    assert cpu.mode == "baseline" and "group-sparse not measured faster on cpu" in cpu.reason

@@ -9,10 +9,14 @@ In order:
    together — the worker claimed them as one group (worker/runtime.py, group claims) or they are in
    the serving loop at once, not yet prefilling — where group-sparse prefill is measured to win
    (`group_min_tokens`: the job's length at least EngineOptions.auto_group_min_tokens, else
-   GROUP_MIN_TOKENS of the backend; none measured = never) and specprefill's quality holds (rule 3):
-   specprefill, which the serving loop runs as one group-sparse prefill (serving_group.py: each
-   question scored on the speculator's cached windows, the target prefilled once on the union of
-   their kept chunks, every member decoding a context of ~40% of the document instead of all of it).
+   GROUP_MIN_TOKENS of the backend; none measured = never) and where the *group's* answers were
+   measured to hold (`group_bands`: quality_evidence rows of arm "group" — a group answer sees the
+   other questions' chunks too, so rule 3's rows are not evidence for it; the operator's
+   auto_quality_min_tokens, when set, stands for both): specprefill, which the serving loop runs as
+   one group-sparse prefill (serving_group.py: each question scored on the speculator's cached
+   windows, the target prefilled once on the union of their kept chunks, every member decoding a
+   context of ~40% of the document instead of all of it). Where the length or the evidence is
+   missing, rule 1b, and its reason says which.
 1b. **a stored document** (the job names a `document_id`: more questions about it are expected) with
    the prompt cache on: baseline, so the target's KV of the document is cached for the next questions
    (measured on the CPU real pair: a further question then costs ~5% of the first's TTFT, against
@@ -55,7 +59,7 @@ CACHE_HIT_FRACTION = 0.5
 #: speculator costs a third of the target, and a group of 4 questions at 3.4K tokens answered after
 #: 65-67 s as a group (docs/benchmarks.md, "CPU, real pair, group-sparse prefill in the engine loop")
 #: against ~39 s for a full prefill whose prompt-cache copies answer the others at once.
-GROUP_MIN_TOKENS: dict[str, int] = {"cuda": 29_000}
+GROUP_MIN_TOKENS: dict[str, int] = {"cuda": 29_842}
 
 
 @dataclass(frozen=True)
@@ -80,14 +84,16 @@ def group_min(backend: str, option: int = 0) -> int:
     return GROUP_MIN_TOKENS.get(backend, -1)
 
 
-def quality_holds(n_prompt: int, quality_min_tokens: int = -1, quality_bands: Sequence[Band] = ()) -> tuple[bool, str]:
-    """Rule 3: (whether specprefill's quality was measured to hold at `n_prompt` tokens, why)."""
+def quality_holds(n_prompt: int, quality_min_tokens: int = -1, quality_bands: Sequence[Band] = (),
+                  what: str = "specprefill") -> tuple[bool, str]:
+    """Rule 3 (and 1a's, with the group bands): (whether `what`'s quality was measured to hold at
+    `n_prompt` tokens, why)."""
     if quality_min_tokens < 0:
         band = next((b for b in quality_bands if b.covers(n_prompt)), None)
         if band is not None:
             return True, f"in {band.lo:,}-{band.hi:,} tokens where {band.describe()}"
         where = ", ".join(f"{b.lo:,}-{b.hi:,}" for b in quality_bands)
-        return False, (f"specprefill quality not measured at {n_prompt} tokens for these models and settings "
+        return False, (f"{what} quality not measured at {n_prompt} tokens for these models and settings "
                        f"(measured to hold: {where or 'nowhere'}; docs/quality.md)")
     if n_prompt < quality_min_tokens:
         return False, f"{n_prompt} tokens < {quality_min_tokens}, where keep 0.3 was measured >= 95% of baseline quality"
@@ -96,26 +102,36 @@ def quality_holds(n_prompt: int, quality_min_tokens: int = -1, quality_bands: Se
 
 def decide(n_prompt: int, *, backend: str, cached_tokens: int = 0, min_tokens: int = -1, auto_min_tokens: int = 0,
            quality_min_tokens: int = -1, quality_bands: Sequence[Band] = (),
-           reused_document: bool = False, group: int = 0, group_min_tokens: int = 0) -> Decision:
+           reused_document: bool = False, group: int = 0, group_min_tokens: int = 0,
+           group_bands: Sequence[Band] = ()) -> Decision:
     """Mode auto's choice for a prompt of `n_prompt` tokens of which `cached_tokens` are in the target's
     prompt cache (PrefixCache.lookup); `reused_document`: the job asks about a stored document and the
     prompt cache is on (rule 1b); `group`: how many questions about that document (this one included)
     are served together, where the caller can run them as one group-sparse prefill (rule 1a; 0 or 1:
     none); `group_min_tokens`: EngineOptions.auto_group_min_tokens; `quality_bands`: where
     specprefill's quality was measured to hold for the loaded models and the job's keep and scorer
-    (rule 3)."""
+    (rule 3); `group_bands`: the same for a group's answers (rule 1a)."""
     if n_prompt > 0 and cached_tokens >= CACHE_HIT_FRACTION * n_prompt:
         return Decision("baseline", f"prompt cache hit: {cached_tokens} of {n_prompt} prompt tokens cached")
     be = break_even(backend, auto_min_tokens, min_tokens)
+    not_group = ""
     if reused_document and group >= 2:
         gmin = group_min(backend, group_min_tokens)
-        ok, why = quality_holds(n_prompt, quality_min_tokens, quality_bands)
-        if 0 <= gmin <= n_prompt and n_prompt >= be and ok:
+        ok, why = quality_holds(n_prompt, quality_min_tokens, group_bands, what="group-sparse")
+        if gmin < 0:
+            not_group = f"group-sparse not measured faster on {backend}"
+        elif n_prompt < max(gmin, be):
+            not_group = f"group-sparse measured faster from {max(gmin, be)} tokens on {backend}"
+        elif not ok:
+            not_group = why
+        else:
             return Decision("specprefill", f"group of {group} questions about a stored document: one group-sparse "
                                            f"prefill ({n_prompt} tokens >= {gmin}, where it was measured faster than "
                                            f"a prompt-cached full prefill on {backend}), {why}")
+        not_group = f" (a group of {group}, but {not_group})"
     if reused_document:
-        return Decision("baseline", "stored document: a full prefill fills the prompt cache for its further questions")
+        return Decision("baseline", "stored document: a full prefill fills the prompt cache for its further "
+                                    f"questions{not_group}")
     if n_prompt < be:
         return Decision("baseline", f"{n_prompt} tokens < break-even {be} ({backend}): scoring would cost more "
                                     "than it saves")

@@ -282,7 +282,10 @@ class Engine:
                                  quality_bands=quality_evidence.bands(self.options.target, self.options.speculator,
                                                                       params.keep, params.scorer, params.chunk_rule),
                                  reused_document=reused_document and prefix is not None, group=group,
-                                 group_min_tokens=self.options.auto_group_min_tokens)
+                                 group_min_tokens=self.options.auto_group_min_tokens,
+                                 group_bands=quality_evidence.bands(self.options.target, self.options.speculator,
+                                                                    params.keep, params.scorer, params.chunk_rule,
+                                                                    arm="group"))
             mode, reason = choice.mode, "auto: " + choice.reason
         elif mode == "specprefill" and prompt.n < min_tokens:
             mode = "baseline"

@@ -12,6 +12,13 @@ length was measured more than once, the row with the most questions stands (on a
 rows are in the order they were measured). A `full` row whose documents the default windowed scorer
 reads in one pass (options.ONE_PASS_TOKENS) is evidence for `windowed` too: it is the same pass.
 
+A row's `arm` says whose answers it measured: `specprefill` (one question, its own kept chunks: rule 3)
+or `group` (a family of questions answered through one group-sparse prefill of the union of their
+kept chunks, `specq bench quality group`, paired with the answer run's baseline answers): rule 1a
+runs the group path only inside a `group` band. The two are kept apart because a group answer sees
+other questions' chunks too — on the 4K families those were the distractors in every one of the
+group's misses (docs/quality.md, "Group-sparse on the same 40 questions").
+
 `bands(target, speculator, keep, scorer, chunk_rule)`: the prompt lengths where auto may run specprefill — each
 passing row's documents, plus `QUESTION_ALLOWANCE` tokens for the chat template and the question,
 and the lengths between two passing rows with no failing row between them (quality is assumed not to
@@ -55,6 +62,11 @@ class QualityRow:
     journal: str  # bench/results/… the row is computed from
     source: str  # where docs/quality.md shows it, and the code it ran
     chunk_rule: str = "mean"  # how the run ranked chunks (RunParams.chunk_rule; "mean" before 2026-12-04)
+    #: which answers `specprefill_acc` counts: "specprefill" (each question's own selection) or "group" (the
+    #: questions of a family through one group-sparse prefill, `bench quality group`: mode auto's rule 1a)
+    arm: str = "specprefill"
+    #: a group row: the answer journal its records are paired with (baseline answers), by task id
+    paired_with: str = ""
 
     @property
     def passes(self) -> bool:
@@ -73,7 +85,8 @@ class Band:
     def describe(self) -> str:
         parts = "; ".join(f"{r.doc_tokens[0]:,}-{r.doc_tokens[1]:,}-token documents: n {r.n} ({r.documents} documents), "
                           f"ratio {r.ratio:.2f}, 90% lower {r.ratio_lower:.2f}" for r in self.rows)
-        return (f"keep {self.rows[0].keep:g}, {self.rows[0].chunk_rule} chunk rule, measured >= {MIN_RATIO:.0%} of baseline "
+        what = "group-sparse answers, " if self.rows[0].arm == "group" else ""
+        return (f"{what}keep {self.rows[0].keep:g}, {self.rows[0].chunk_rule} chunk rule, measured >= {MIN_RATIO:.0%} of baseline "
                 f"({parts}; docs/quality.md)")
 
 
@@ -121,6 +134,13 @@ ROWS: tuple[QualityRow, ...] = (
     QualityRow(QWEN_15B, QWEN_05B, 0.3, "windowed", 30000, (29821, 29940), 40, 4, 0.5, 0.575, 1.15, 0.962,
                "bench/results/quality-cpu-border-answer-30000.jsonl",
                "docs/quality.md, Answer right at 30K (commits b381143..b12f298)", chunk_rule="border"),
+    # docs/quality.md "Group-sparse on the same 40 questions": the 4K families' questions through one
+    # group-sparse prefill per family (mean rule, paired with the mean rule's answer journal); CPU, commit
+    # b61bbb6. It fails (lower bound 0.927 < 0.95): mode auto's rule 1a has no band there.
+    QualityRow(QWEN_15B, QWEN_05B, 0.3, "windowed", 4000, (3670, 3980), 40, 4, 0.825, 0.85, 1.03, 0.927,
+               "bench/results/quality-cpu-families-group-4000.jsonl",
+               "docs/quality.md, Group-sparse on the same 40 questions (commit b61bbb6)", arm="group",
+               paired_with="bench/results/quality-cpu-families-answer-4000.jsonl"),
     # docs/quality.md "Header lines": the same 40 questions under the opt-in scope rule, baselines reused;
     # code 62b3411. It fails (lower bound < 0.95): mode auto has no band for `scope`.
     QualityRow(QWEN_15B, QWEN_05B, 0.3, "windowed", 4000, (3670, 3980), 40, 4, 0.825, 0.85, 1.03, 0.887,
@@ -143,13 +163,13 @@ def measures(row: QualityRow, scorer: str) -> bool:
 
 @lru_cache(maxsize=256)
 def bands(target: str, speculator: str, keep: float, scorer: str, chunk_rule: str = DEFAULT_CHUNK_RULE,
-          rows: tuple[QualityRow, ...] = ROWS) -> tuple[Band, ...]:
+          rows: tuple[QualityRow, ...] = ROWS, arm: str = "specprefill") -> tuple[Band, ...]:
     """The prompt-length bands where `keep` (>= a row's keep) with `scorer` and `chunk_rule` was
-    measured to pass for this model pair (module doc). A row measured with the other chunk rule does
-    not count: the rules keep different chunks. Cached: mode auto asks once per job with the same few
-    arguments."""
+    measured to pass for this model pair, for `arm`'s answers (module doc). A row measured with the
+    other chunk rule does not count: the rules keep different chunks. Cached: mode auto asks once per
+    job with the same few arguments."""
     mine = [r for r in rows if r.target == model_key(target) and r.speculator == model_key(speculator)
-            and measures(r, scorer) and r.chunk_rule == chunk_rule and keep >= r.keep]
+            and measures(r, scorer) and r.chunk_rule == chunk_rule and keep >= r.keep and r.arm == arm]
     # per measured length, the row with the most questions (the later one on a tie)
     best: dict[tuple[float, int], QualityRow] = {}
     for r in mine:
