@@ -287,6 +287,12 @@ def test_off_when_the_budget_is_zero(tiny_models):
      "specprefill", "group of 4 questions"),
     (dict(n_prompt=9000, backend="cpu", quality_min_tokens=10000, reused_document=True, group=4, group_min_tokens=4000),
      "baseline", "stored document: a full prefill"),  # quality not measured there
+    (dict(n_prompt=30000, backend="cuda", quality_min_tokens=0, reused_document=True, grouped_before=True),
+     "specprefill", "a stored document whose earlier questions ran as a group"),
+    (dict(n_prompt=30000, backend="cuda", quality_min_tokens=0, reused_document=True, grouped_before=True,
+          cached_tokens=29000), "baseline", "prompt cache hit"),
+    (dict(n_prompt=9000, backend="cpu", quality_min_tokens=0, reused_document=True, grouped_before=True), "baseline",
+     "(grouped before, but group-sparse not measured faster on cpu)"),
     (dict(n_prompt=800, backend="cpu", quality_min_tokens=0, reused_document=True, group=4, group_min_tokens=100),
      "baseline", "stored document: a full prefill"),  # below the break-even
 ])

@@ -238,9 +238,13 @@ def test_auto_runs_a_group_claim_as_one_group_sparse_prefill(stack):
                 SPECQ_AUTO_GROUP_MIN_TOKENS="64")
         try:
             views = _done(stack, ids)
+            # a later question alone stays on its document's path (rule 1a: grouped before)
+            (later,) = _done(stack, [_submit(a, doc, "Which item has the smallest value?", params)])
         finally:
             kill9(stack, "worker-auto-group")
     log = stack.log("worker-auto-group")
+    assert later["status"] == "succeeded" and later["result"]["spec"]["mode"] == "specprefill", later
+    assert "earlier questions ran as a group" in later["result"]["spec"]["reason"], later["result"]["spec"]
     assert _groups(log) == {ids[0]: ids[1:]}, log[-4000:]
     assert [v["status"] for v in views] == ["succeeded"] * 4 and [v["attempts"] for v in views] == [1] * 4, views
     for v in views:

@@ -133,8 +133,9 @@ def _auto(question: str):
 def test_auto_runs_a_stored_documents_questions_together_as_one_group(engine):
     """Mode auto's rule 1a (engine/auto.py): questions about a stored document submitted together (a
     worker's group claim says how many: `group_hint`) run specprefill as one group-sparse prefill, each
-    answer the forced single run's; the same questions one at a time take rule 1b (baseline, then a
-    prompt-cache hit), and so does a group with the rule off (auto_group_min_tokens -1)."""
+    answer the forced single run's, and a later question about that document stays on that path; the
+    same questions one at a time take rule 1b (baseline, then a prompt-cache hit), and so does a group
+    with the rule off (auto_group_min_tokens -1)."""
     opts = engine.options
     saved = (opts.auto_min_tokens, opts.auto_quality_min_tokens, opts.auto_group_min_tokens)
     opts.auto_min_tokens, opts.auto_quality_min_tokens, opts.auto_group_min_tokens = 64, 0, 64
@@ -145,8 +146,15 @@ def test_auto_runs_a_stored_documents_questions_together_as_one_group(engine):
             handles = [loop.submit(DOC, _auto(q), scope="t", reused_document=True, group_hint=4) for q in QUESTIONS]
             together = [h.result(600) for h in handles]
             assert loop.stats()["groups_formed"] == 1
+            # a later question alone stays on its document's path: specprefill on the cached windows, not a
+            # full prefill (the document is not in the prompt cache); another tenant's takes rule 1b
+            later = loop.submit(DOC, _auto("Who wrote it?"), scope="t", reused_document=True).result(600)
+            other = loop.submit(DOC, _auto("Who wrote it?"), scope="u", reused_document=True).result(600)
         finally:
             loop.close()
+        assert later.spec.mode == "specprefill" and "earlier questions ran as a group" in later.spec.reason, later.spec
+        assert later.spec.cache["speculator"]["hits"] > 0 and later.spec.cache["speculator"]["misses"] == 0
+        assert other.spec.mode == "baseline" and "stored document: a full prefill" in other.spec.reason
         for q, r in zip(QUESTIONS, together):
             assert r.spec.mode == "specprefill", r.spec
             assert r.spec.reason.startswith("auto: group of 4 questions about a stored document: one group-sparse "

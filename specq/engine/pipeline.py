@@ -242,7 +242,8 @@ class Engine:
     def prepare(self, document: str, params: RunParams, *, messages: list[tuple[str, str]] | None = None,
                 raw: bool = False, scope: str = "", reused_document: bool = False,
                 prompt_cache: bool = True, prompt: Prompt | None = None,
-                slot_tokens: int = 0, group: int = 0) -> tuple[Prompt, str, str, list[str], dict, SpecInfo]:
+                slot_tokens: int = 0, group: int = 0,
+                grouped_before: bool = False) -> tuple[Prompt, str, str, list[str], dict, SpecInfo]:
         """The first phase of a job: params checked, prompt tokenized, the mode and positions that will
         run decided; (prompt, mode, positions, warnings, timings, spec). `scope` (the tenant) keys the
         caches: saved KV is only ever reused within one scope. `reused_document`: the job asks about a
@@ -253,7 +254,7 @@ class Engine:
         this prompt's prefix already in the caller's serving slot (serving.py's resident prompt), which
         mode auto counts as cached like the prompt cache's. `group`: how many questions about this stored
         document (this one included) the caller serves together as one group-sparse prefill (serving.py;
-        mode auto's rule 1a), 0 where it cannot."""
+        mode auto's rule 1a), 0 where it cannot; `grouped_before`: earlier questions about it were."""
         params.validate()
         timings = {p: 0.0 for p in CORE_PHASES}
         timings["cache_restore"] = 0.0
@@ -282,6 +283,7 @@ class Engine:
                                  quality_bands=quality_evidence.bands(self.options.target, self.options.speculator,
                                                                       params.keep, params.scorer, params.chunk_rule),
                                  reused_document=reused_document and prefix is not None, group=group,
+                                 grouped_before=grouped_before,
                                  group_min_tokens=self.options.auto_group_min_tokens,
                                  group_bands=quality_evidence.bands(self.options.target, self.options.speculator,
                                                                     params.keep, params.scorer, params.chunk_rule,

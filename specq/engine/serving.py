@@ -105,7 +105,7 @@ from .result import RunResult
 from .sampling import Sampler
 from .score_thread import ScoreThread, resolve_score_thread
 from .serving_group import form as form_group
-from .serving_group import groupable, mates, still_pending
+from .serving_group import GroupedDocuments, groupable, mates, still_pending
 from .stop import Stop, running
 
 log = logging.getLogger("specq.engine")
@@ -296,6 +296,8 @@ class ServingEngine:
         #: target (serving_group.py); groups formed, and members that copied the union from another slot
         self.group_sparse = bool(group_sparse) and self.slots > 1
         self.groups_formed = 0
+        #: documents whose questions ran as a group here (mode auto's rule 1a keeps their later questions on it)
+        self.grouped_documents = GroupedDocuments()
         self.group_copies = 0
 
     # -- other threads ---------------------------------------------------------------------------
@@ -451,7 +453,7 @@ class ServingEngine:
                 job.document, job.params, messages=job.messages, raw=job.raw, scope=job.scope,
                 reused_document=job.reused_document, prompt=job.prompt,
                 slot_tokens=max(self._resident_prefix(job, forget=False), self._other_slot_prefix(job)[1]),
-                group=self._auto_group(job))
+                **self._auto_group(job))
             t1 = _now()
             job.engine_ms["tokenize"] += (t1 - t0) * 1000.0
             job.end_phase("tokenize", t1)
@@ -543,16 +545,18 @@ class ServingEngine:
             job.timings["group_wait"] = (t0 - job.t_group) * 1000.0
         job.engine_ms["sparse_prefill"] += (_now() - t0) * 1000.0
 
-    def _auto_group(self, job: _Job) -> int:
-        """Mode auto's rule 1a (engine/auto.py): how many questions about this job's stored document this
-        loop serves as one group-sparse prefill, this one included — the caller's count (a group claim,
-        whose members may not all have reached the loop yet) or the groupable mates admitted now,
-        whichever is larger; 0 where no group can form (group-sparse off, one slot, a drafter or
-        option that groups refuse, not mode auto, not a stored document)."""
+    def _auto_group(self, job: _Job) -> dict:
+        """Mode auto's rule 1a (engine/auto.py), as `prepare`'s keywords: `group`, how many questions about
+        this job's stored document this loop serves as one group-sparse prefill, this one included — the
+        caller's count (a group claim, whose members may not all have reached the loop yet) or the
+        groupable mates admitted now, whichever is larger; `grouped_before`, whether earlier questions
+        about it ran as a group here. Nothing where no group can form (group-sparse off, one slot, a
+        drafter or option that groups refuse, not mode auto, not a stored document)."""
         if not (self.group_sparse and job.reused_document and job.params.mode == "auto" and groupable(job)):
-            return 0
+            return {}
         pending, ready = mates(job, self._active)
-        return max(job.group_hint, 1 + len(pending) + len(ready))
+        return {"group": max(job.group_hint, 1 + len(pending) + len(ready)),
+                "grouped_before": job in self.grouped_documents}
 
     def _join_or_wait(self, job: _Job, t0: float) -> bool:
         """A scored specprefill job about to set up (serving_group.py): wait while a mate (same
@@ -569,6 +573,7 @@ class ServingEngine:
         members = [m for m in self._active if m is job or m in ready]  # admission order: the oldest first
         form_group(members)
         self.groups_formed += 1
+        self.grouped_documents.add(job)
         for m in members:
             m.group_pending = []
             m.t_group = m.t_group or t0

@@ -42,6 +42,7 @@ own kept chunks, as before.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -131,6 +132,33 @@ def mates(job, active) -> tuple[list, list]:
         elif m.stage == "setup" and m.kept is not None and m.mode == "specprefill":
             ready.append(m)
     return pending, ready
+
+
+class GroupedDocuments:
+    """The documents (per tenant) whose questions this loop last served as a group, most recent last, up
+    to `limit`: mode auto's rule 1a keeps a stored document's later questions on the group path
+    (its windows are in the speculator cache, its KV not in the prompt cache), instead of paying a full
+    prefill for it as well (serving.py `_auto_group`)."""
+
+    def __init__(self, limit: int = 1024) -> None:
+        self.limit = limit
+        self._keys: dict[tuple, None] = {}
+
+    @staticmethod
+    def key(job) -> tuple:
+        p = job.prompt
+        digest = hashlib.sha256(job.token_array()[: p.doc_end].tobytes()).hexdigest()
+        return (job.scope, p.doc_start, p.doc_end, tuple(p.pinned or ()), digest)
+
+    def add(self, job) -> None:
+        k = self.key(job)
+        self._keys.pop(k, None)
+        self._keys[k] = None
+        while len(self._keys) > self.limit:
+            self._keys.pop(next(iter(self._keys)))
+
+    def __contains__(self, job) -> bool:
+        return self.key(job) in self._keys
 
 
 def still_pending(job) -> bool:
