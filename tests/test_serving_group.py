@@ -130,6 +130,18 @@ def _auto(question: str):
     return _params(question, mode="auto", min_tokens=-1)
 
 
+def _auto_group(engine, questions, **submit):
+    """`questions` about DOC (a stored document of tenant "t") submitted at once to a fresh loop with empty
+    caches, in mode auto: (results, the loop's groups_formed)."""
+    engine.cache_store.clear()
+    loop = _loop(engine)
+    try:
+        handles = [loop.submit(DOC, _auto(q), scope="t", reused_document=True, **submit) for q in questions]
+        return [h.result(600) for h in handles], loop.stats()["groups_formed"]
+    finally:
+        loop.close()
+
+
 def test_auto_runs_a_stored_documents_questions_together_as_one_group(engine):
     """Mode auto's rule 1a (engine/auto.py): questions about a stored document submitted together (a
     worker's group claim says how many: `group_hint`) run specprefill as one group-sparse prefill, each
@@ -174,15 +186,8 @@ def test_auto_runs_a_stored_documents_questions_together_as_one_group(engine):
         assert all(r.group is None for r in alone)
 
         opts.auto_group_min_tokens = -1
-        engine.cache_store.clear()
-        loop = _loop(engine)
-        try:
-            handles = [loop.submit(DOC, _auto(q), scope="t", reused_document=True, group_hint=4) for q in QUESTIONS]
-            off = [h.result(600) for h in handles]
-            assert loop.stats()["groups_formed"] == 0
-        finally:
-            loop.close()
-        assert [r.spec.mode for r in off] == ["baseline"] * 4
+        off, formed = _auto_group(engine, QUESTIONS, group_hint=4)
+        assert formed == 0 and [r.spec.mode for r in off] == ["baseline"] * 4
         assert all("stored document" in r.spec.reason or "prompt cache hit" in r.spec.reason for r in off)
     finally:
         opts.auto_min_tokens, opts.auto_quality_min_tokens, opts.auto_group_min_tokens = saved
