@@ -58,8 +58,9 @@ DEFAULT_BREAK_EVEN = max(BREAK_EVEN_TOKENS.values())
 CACHE_HIT_FRACTION = 0.5
 #: rule 1a: the shortest prompt (tokens) per backend at which a group of questions about a stored
 #: document was measured faster as one group-sparse prefill than as a full prefill + prompt cache
-#: (rule 1b); a backend without an entry never takes rule 1a by default. CUDA: #17's workload (8
-#: documents x 8 questions, 7B/0.5B shapes), docs/benchmarks.md. CPU: none; there the real pair's
+#: (rule 1b); a backend without an entry never takes rule 1a by default. CUDA: the shortest prompt of
+#: #17's workload (8 documents x 8 questions at 32K, 7B/0.5B shapes) where the group path beat rule 1b
+#: on one machine start (H100 and H200, docs/benchmarks.md); shorter ones not measured. CPU: none; there the real pair's
 #: speculator costs a third of the target, and a group of 4 questions at 3.4K tokens answered after
 #: 65-67 s as a group (docs/benchmarks.md, "CPU, real pair, group-sparse prefill in the engine loop")
 #: against ~39 s for a full prefill whose prompt-cache copies answer the others at once.
