@@ -118,8 +118,11 @@ class ServiceSettings:
     #: with several slots, specprefill questions about one document that are in the engine loop
     #: together share one sparse prefill of the target: the union of their kept chunks, prefilled once
     #: and copied on the device to the others' slots, which prefill only their own question
-    #: (engine/serving_group.py). off = each question prefills its own kept chunks
-    group_sparse: bool = True
+    #: (engine/serving_group.py). Off by default since 2026-12-05: a group answer sees the other questions'
+    #: kept chunks too, and on the real pair at 30K group answers were right 0.425 of the time against
+    #: 0.575 for single specprefill and 0.500 for baseline (7 questions lost, 1 gained; docs/quality.md
+    #: "Group-sparse at 30K"). on = an operator trading that for throughput (docs/serving.md)
+    group_sparse: bool = False
     #: seconds a stopping worker (SIGTERM) gives its running jobs to finish; the rest go back to
     #: the queue (jobs waiting for a slot go back at once); below `specq up`'s 30 s stop deadline
     drain_grace: float = 20.0

@@ -228,14 +228,15 @@ def test_a_group_hold_waits_for_slots_so_a_documents_questions_start_together(st
 def test_auto_runs_a_group_claim_as_one_group_sparse_prefill(stack):
     """Mode auto's rule 1a end to end: a worker's group claim of four questions about a stored document
     tells its engine loop they came together, and auto runs them as one group-sparse prefill (on this
-    CPU only with SPECQ_AUTO_GROUP_MIN_TOKENS set: no CPU length was measured to win, engine/auto.py),
+    CPU only with SPECQ_AUTO_GROUP_MIN_TOKENS set: no CPU length was measured to win, engine/auto.py;
+    and with SPECQ_GROUP_SPARSE=on, which is opt-in),
     where quality is allowed (SPECQ_AUTO_QUALITY_MIN_TOKENS=0: the tiny models have no quality row)."""
     params = {"mode": "auto", "max_tokens": 6, "seed": 1}
     with _client(stack) as a:
         doc = _document(a, DOC + "# auto group\n")
         ids = [_submit(a, doc, q, params) for q in QUESTIONS]
         _worker(stack, "worker-auto-group", SPECQ_AUTO_MIN_TOKENS="64", SPECQ_AUTO_QUALITY_MIN_TOKENS="0",
-                SPECQ_AUTO_GROUP_MIN_TOKENS="64")
+                SPECQ_AUTO_GROUP_MIN_TOKENS="64", SPECQ_GROUP_SPARSE="on")
         try:
             views = _done(stack, ids)
             # a later question alone stays on its document's path (rule 1a: grouped before)

@@ -110,19 +110,23 @@ def test_auto_runs_specprefill_only_inside_a_band():
 
 
 def test_a_group_runs_group_sparse_only_inside_a_group_band():
-    """Rule 1a rests on rows of the group path's own answers (arm "group"), not on rule 3's: the 4K group
-    row fails (lower 0.927), so no band; a passing group row at 30K would make a CUDA group of 8 at 30K
-    tokens run group-sparse, and the reason names that row."""
-    (group_4k,) = [r for r in ROWS if r.arm == "group"]
+    """Rule 1a rests on rows of the group path's own answers (arm "group"), not on rule 3's: the 4K and
+    30K group rows fail (lower 0.927 and 0.771), so no band; a passing group row at 30K would make a
+    CUDA group of 8 at 30K tokens run group-sparse, and the reason names that row."""
+    group_4k, group_30k = [r for r in ROWS if r.arm == "group"]
+    assert (group_4k.length, group_30k.length) == (4000, 30000)
     assert not group_4k.passes and group_4k.ratio_lower < 0.95
+    # at 30K group answers lose to the single specprefill answers of the same questions, and to baseline
+    assert not group_30k.passes and group_30k.specprefill_acc < group_30k.baseline_acc and group_30k.ratio_lower < 0.8
     assert bands(QWEN_15B, QWEN_05B, 0.3, "windowed", "mean", arm="group") == ()
+    assert bands(QWEN_15B, QWEN_05B, 0.3, "windowed", arm="group") == ()
     assert bands(QWEN_15B, QWEN_05B, 0.3, "windowed", "mean")[0].rows[0].arm == "specprefill"
     spec = bands(QWEN_15B, QWEN_05B, 0.3, "windowed")  # rule 3's border band covers 30K
     assert spec[0].covers(29900)
     none = auto.decide(29900, backend="cuda", quality_bands=spec, reused_document=True, group=8,
                        group_bands=bands(QWEN_15B, QWEN_05B, 0.3, "windowed", arm="group"))
     assert none.mode == "baseline" and "(a group of 8, but group-sparse quality not measured at 29900" in none.reason
-    passing = replace(group_4k, length=30000, doc_tokens=(29821, 29940), ratio_lower=0.96, chunk_rule="border")
+    passing = replace(group_30k, n=41, ratio_lower=0.96)  # more questions: it would stand for 30K
     gb = bands(QWEN_15B, QWEN_05B, 0.3, "windowed", rows=ROWS + (passing,), arm="group")
     assert [(b.lo, b.hi) for b in gb] == [(29821, 29940 + QUESTION_ALLOWANCE)]
     yes = auto.decide(29900, backend="cuda", quality_bands=spec, reused_document=True, group=8, group_bands=gb)

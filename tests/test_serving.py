@@ -325,11 +325,11 @@ def test_questions_on_a_stored_document_share_one_union_prefill_in_a_worker(stac
     """Three specprefill questions on one stored document, queued before a 3-slot worker starts: its
     group claim takes them together, the engine loop forms one group (engine/serving_group.py), one
     question prefills head + union, the other two copy it from that slot, and every stored result says
-    so; with SPECQ_GROUP_SPARSE=off the same three run without a group."""
+    so; without SPECQ_GROUP_SPARSE=on (the default: off) the same three run without a group."""
     doc = "".join(f"def f{i}(x):\n    return x * {i} + {i * i}\n" for i in range(40))
     params = {"mode": "specprefill", "min_tokens": 0, "window": 96, "max_tokens": 8, "seed": 1, "ignore_eos": True}
     questions = ["What does f3 return?", "Which function squares?", "What is f10(1)?"]
-    for env, grouped in (({}, True), ({"SPECQ_GROUP_SPARSE": "off"}, False)):
+    for env, grouped in (({"SPECQ_GROUP_SPARSE": "on"}, True), ({}, False)):
         with httpx.Client(base_url=stack.url, timeout=30) as client:
             r = client.post("/v1/documents", json={"text": doc})
             assert r.status_code in (200, 201), r.text

@@ -39,7 +39,7 @@ def engine(tiny_models):
 def _loop(engine, **kw):
     from specq.engine.serving import ServingEngine
 
-    return ServingEngine(engine, **kw).start()
+    return ServingEngine(engine, **{"group_sparse": True, **kw}).start()  # on: it is opt-in
 
 
 def _forced_alone(engine, doc, result, question, **kw):

@@ -24,10 +24,10 @@
 #   SPECQ_SCORE_THREAD=off SPECQ_SPEC_CACHE_SAVE=repeat SLOTS_LIST=8 bash bench/gpu/serve.sh specq 32768 64
 #       # A/B: the speculator's scoring on the engine thread between decode batches, as before the score
 #       # thread (engine/score_thread.py; default auto = its own thread on a GPU); files carry "-score-off"
-#   SPECQ_BENCH_UNION=0.43:8 QUESTIONS=8 SPECQ_SPEC_CACHE_SAVE=repeat SLOTS_LIST=8 bash bench/gpu/serve.sh specq 32768 64
-#       # group-sparse prefill in the loop (engine/serving_group.py) with the selections' overlap emulated at
-#       # the real pair's union (random weights overlap far less: engine/emulated_selection.py); SPECQ_GROUP_SPARSE=off
-#       # for the same run without it; files carry "-union0.43x8" / "-group-off"
+#   SPECQ_GROUP_SPARSE=on SPECQ_BENCH_UNION=0.43:8 QUESTIONS=8 SPECQ_SPEC_CACHE_SAVE=repeat SLOTS_LIST=8 bash bench/gpu/serve.sh specq 32768 64
+#       # group-sparse prefill in the loop (engine/serving_group.py; opt-in since 2026-12-05, docs/quality.md
+#       # "Group-sparse at 30K") with the selections' overlap emulated at the real pair's union (random weights
+#       # overlap far less: engine/emulated_selection.py); files carry "-group-on" / "-union0.43x8"
 #   ARRIVAL=per-doc ... bash bench/gpu/serve.sh specq|llama 32768 64   # each document's questions in sequence
 #       # (the next sent when the last ended), the documents in parallel; default t0 (all at once); "-perdoc"
 #

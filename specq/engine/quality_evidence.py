@@ -141,6 +141,13 @@ ROWS: tuple[QualityRow, ...] = (
                "bench/results/quality-cpu-families-group-4000.jsonl",
                "docs/quality.md, Group-sparse on the same 40 questions (commit b61bbb6)", arm="group",
                paired_with="bench/results/quality-cpu-families-answer-4000.jsonl"),
+    # docs/quality.md "Group-sparse at 30K": the 30K families' 40 questions through one group-sparse prefill
+    # per family (border rule, paired with the 30K answer journal); CPU, code 7e989c7 (no engine change
+    # to the group path since). It fails (ratio 0.85, lower 0.771): group answers lose to single specprefill.
+    QualityRow(QWEN_15B, QWEN_05B, 0.3, "windowed", 30000, (29821, 29940), 40, 4, 0.5, 0.425, 0.85, 0.771,
+               "bench/results/quality-cpu-border-group-30000.jsonl",
+               "docs/quality.md, Group-sparse at 30K (commit 7e989c7)", chunk_rule="border", arm="group",
+               paired_with="bench/results/quality-cpu-border-answer-30000.jsonl"),
     # docs/quality.md "Header lines": the same 40 questions under the opt-in scope rule, baselines reused;
     # code 62b3411. It fails (lower bound < 0.95): mode auto has no band for `scope`.
     QualityRow(QWEN_15B, QWEN_05B, 0.3, "windowed", 4000, (3670, 3980), 40, 4, 0.825, 0.85, 1.03, 0.887,

@@ -247,7 +247,7 @@ class JobHandle:
 class ServingEngine:
     """The engine loop over an `Engine` (module doc). `start()` it, then `submit()` / `run()`."""
 
-    def __init__(self, engine, *, prefill_chunk: int = 0, score_thread: str = "auto", group_sparse: bool = True) -> None:
+    def __init__(self, engine, *, prefill_chunk: int = 0, score_thread: str = "auto", group_sparse: bool = False) -> None:
         self.engine = engine
         self.ctx = engine.ctx
         self.slots = int(getattr(engine, "slots", 1))

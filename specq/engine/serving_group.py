@@ -36,8 +36,10 @@ whole plan for the member that computed the union, its tail for the others) and 
 prefill`, or the slot it was copied from); `timings_ms.group_wait` is the time a member waited for
 its mates' scoring and for the union.
 
-Off with SPECQ_GROUP_SPARSE=off (ServingEngine(group_sparse=False)): each question then prefills its
-own kept chunks, as before.
+On only with SPECQ_GROUP_SPARSE=on (ServingEngine(group_sparse=True)); off, the default since
+2026-12-05, each question prefills its own kept chunks. Why off: a member's answer sees the other
+members' chunks too, and on the real pair at 30K group answers were right less often than the same
+questions' single specprefill answers and than baseline (docs/quality.md, "Group-sparse at 30K").
 """
 
 from __future__ import annotations
