@@ -17,7 +17,8 @@ In order:
    measured to hold (`group_bands`: quality_evidence rows of arm "group" — a group answer sees the
    other questions' chunks too, so rule 3's rows are not evidence for it; the operator's
    auto_quality_min_tokens, when set, stands for both): specprefill, which the serving loop runs as
-   one group-sparse prefill (serving_group.py: each question scored on the speculator's cached
+   one group-sparse prefill when that is on (SPECQ_GROUP_SPARSE; off, the loop counts no group;
+   serving_group.py: each question scored on the speculator's cached
    windows, the target prefilled once on the union of their kept chunks, every member decoding a
    context of ~40% of the document instead of all of it). Where the length or the evidence is
    missing, rule 1b, and its reason says which.

@@ -130,7 +130,8 @@ class EngineOptions:
     #: mode auto rule 1a (engine/auto.py): questions about a stored document served together (a worker's
     #: group claim, or in the serving loop at once), and that document's later questions, run as
     #: group-sparse prefill from this many prompt tokens on, where the group path's own answers were
-    #: measured to hold (quality_evidence rows of arm "group"); 0 = the backend's measured length
+    #: measured to hold (quality_evidence rows of arm "group"; none passes) and the serving loop's
+    #: group-sparse prefill is on (SPECQ_GROUP_SPARSE); 0 = the backend's measured length
     #: (auto.GROUP_MIN_TOKENS: CUDA only), -1 = never (each takes rule 1b: baseline + prompt cache)
     auto_group_min_tokens: int = 0
     #: the target's GPU: an index among the visible devices (llama.cpp's main_gpu); used with
