@@ -44,7 +44,6 @@ questions' single specprefill answers and than baseline (docs/quality.md, "Group
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,6 +51,7 @@ import numpy as np
 
 from .group_sparse import GROUP_DRAFTERS, forced_kept, union_kept
 from .prefill import prefill_plan
+from .spec_cache import tokens_sha256
 
 #: stages of a job before it prefills (serving.py): a mate in one of them may still join a group
 _BEFORE_SCORED = ("tokenize", "score", "scoring")
@@ -149,8 +149,7 @@ class GroupedDocuments:
     @staticmethod
     def key(job) -> tuple:
         p = job.prompt
-        digest = hashlib.sha256(job.token_array()[: p.doc_end].tobytes()).hexdigest()
-        return (job.scope, p.doc_start, p.doc_end, tuple(p.pinned or ()), digest)
+        return (job.scope, p.doc_start, p.doc_end, p.pinned, tokens_sha256(job.token_array()[: p.doc_end]))
 
     def add(self, job) -> None:
         k = self.key(job)
