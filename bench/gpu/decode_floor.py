@@ -59,7 +59,7 @@ def run_case(model: llama.Model, layout: str, args: argparse.Namespace) -> dict:
     n_seq, per_seq = args.seqs, args.ctx
     unified = layout == "shared"
     ctx = llama.Context(model, n_ctx=n_seq * per_seq, n_batch=args.n_batch, n_ubatch=args.n_ubatch,
-                        flash_attn=True, n_seq_max=n_seq, kv_unified=unified)
+                        n_threads=args.threads, flash_attn=True, n_seq_max=n_seq, kv_unified=unified)
     rng = np.random.default_rng(0)
     vocab = model.n_vocab
     out: dict = {"layout": layout, "kv_unified": unified, "seqs": n_seq, "cells_per_seq": per_seq}
@@ -101,17 +101,21 @@ def main() -> None:
     ap.add_argument("--n-batch", type=int, default=4096)
     ap.add_argument("--n-ubatch", type=int, default=2048)
     ap.add_argument("--cuda-graphs", action="store_true", help="default off, as production (SPECQ_CUDA_GRAPHS)")
+    ap.add_argument("--threads", type=int, default=0, help="CPU threads (0 = all cores)")
     ap.add_argument("--layouts", default="short,streams,shared")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     llama.set_cuda_graphs(args.cuda_graphs)
-    model = llama.Model(args.target, n_gpu_layers=-1)
+    model = llama.Model(args.target, n_gpu_layers=-1, repack=False)
     try:
         code = subprocess.run(["git", "describe", "--always", "--dirty"], capture_output=True, text=True).stdout.strip()
     except OSError:
         code = ""
-    gpu = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
-                         capture_output=True, text=True).stdout.strip()
+    try:
+        gpu = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+                             capture_output=True, text=True).stdout.strip()
+    except OSError:
+        gpu = ""   # a CPU machine (the script then measures the CPU build: --threads)
     result = {"command": "python3 bench/gpu/decode_floor.py " + " ".join(
                   f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if k not in ("out",)),
               "code": code, "gpu": gpu, "host": platform.node(), "backend": llama.backend_name(),
