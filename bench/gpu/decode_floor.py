@@ -26,7 +26,9 @@ import json
 import os
 import platform
 import statistics
+import shlex
 import subprocess
+import sys
 import time
 
 import numpy as np
@@ -116,8 +118,7 @@ def main() -> None:
                              capture_output=True, text=True).stdout.strip()
     except OSError:
         gpu = ""   # a CPU machine (the script then measures the CPU build: --threads)
-    result = {"command": "python3 bench/gpu/decode_floor.py " + " ".join(
-                  f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if k not in ("out",)),
+    result = {"command": "python3 " + " ".join(shlex.quote(a) for a in sys.argv),
               "code": code, "gpu": gpu, "host": platform.node(), "backend": llama.backend_name(),
               "llama_cpp": llama.library_version(), "target": os.path.basename(args.target),
               "n_layer": model.n_layer, "n_head_kv": model.n_head_kv, "cuda_graphs": args.cuda_graphs,
