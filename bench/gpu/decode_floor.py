@@ -21,6 +21,8 @@ llama_decode + synchronize, median and p90. Random token ids: the cost does not 
 
 from __future__ import annotations
 
+import llama_cpp  # noqa: F401  (before numpy: see bench/gpu/README.md, "Pitfalls")
+
 import argparse
 import json
 import os
