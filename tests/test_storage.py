@@ -323,6 +323,46 @@ def test_input_limit(s, monkeypatch):
     assert jobs.count_jobs(s) == 2
 
 
+@pytest.mark.parametrize("url", ["postgresql"], indirect=True)
+def test_a_batch_cancel_never_deadlocks_with_claims(url, s):
+    """A worker's claim writes its job row twice in one transaction (jobs.mark_running: the claim, then
+    queue_wait_ms), and PostgreSQL checks a row's foreign key again when the row was written earlier in
+    the same transaction: FOR KEY SHARE on the job's batch row. A cancel holding the batch row and
+    waiting for that job must not block the check: with FOR UPDATE on the batch the two deadlocked and
+    the cancel's request got a 500 (storage/batches.py, "The batch row's lock"). The interleaving is
+    forced: the claim's first write, the cancel blocked behind it, the claim's second write."""
+    import threading
+    import time
+
+    b = batches.create_batch(s, tenant="t", endpoint="/v1/chat/completions")
+    ids = [jobs.create_job(s, text=f"doc {i}", tenant="t", batch_id=b.id, custom_id=f"r{i}").id for i in range(3)]
+    assert batches.set_batch_status(s, b.id, "in_progress")
+    outcome: dict = {}
+    with db.session(url) as claim, db.session(url) as canceller, _pg_admin() as admin:
+        claim.execute(update(Job).where(Job.id == ids[0]).values(status="running", worker="w"))  # the row is locked
+
+        def cancel():
+            try:
+                outcome["batch"] = batches.cancel_batch(canceller, b.id).status
+            except Exception as e:  # noqa: BLE001 - the assertion below shows it
+                outcome["error"] = e
+
+        t = threading.Thread(target=cancel)
+        t.start()
+        deadline = time.monotonic() + 20
+        while not admin.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = %s AND wait_event_type = 'Lock'",
+                                (url.rsplit("/", 1)[1],)).fetchone()[0]:
+            assert time.monotonic() < deadline and t.is_alive(), outcome  # the cancel waits for the claimed row
+            time.sleep(0.05)
+        claim.execute(update(Job).where(Job.id == ids[0]).values(queue_wait_ms=1.0))  # the FK check runs here
+        claim.commit()
+        t.join(30)
+    assert not t.is_alive() and "error" not in outcome, outcome
+    assert outcome["batch"] == "cancelling"  # the claimed job still runs; the queued ones are cancelled
+    assert [jobs.get_job(s, i).status for i in ids] == ["running", "cancelled", "cancelled"]
+    assert jobs.get_job(s, ids[0]).cancel_requested
+
+
 def test_batches_and_phase_stats(s):
     b = batches.create_batch(s, tenant="acme", endpoint="/v1/jobs", metadata={"run": "nightly"})
     assert b.id.startswith("batch_") and b.status == "validating"

@@ -22,6 +22,15 @@ The life of a batch in the service:
 * when the last request ends, the output and error files are written in OpenAI's format
   (`batch_files`) in the same transaction that completes the batch;
 * `iter_batch_jobs` pages through the batch's jobs in request (line) order for the result exports.
+
+**The batch row's lock** (`_locked_batch`, `refresh_request_counts`) is PostgreSQL's `FOR NO KEY
+UPDATE`, not `FOR UPDATE`: these transactions change the batch's columns, never its id, and a plain
+`FOR UPDATE` also blocks the `FOR KEY SHARE` lock that PostgreSQL's foreign-key check on `jobs.batch_id`
+takes. That check runs on a job UPDATE whenever the job row was already written in the same
+transaction (a worker's claim writes its job twice), so a cancel holding the batch and waiting for that
+job deadlocked with the claim waiting for the batch (the cancel got a 500, found by
+tests/test_openai_sdk.py; tests/test_storage.py::test_a_batch_cancel_never_deadlocks_with_claims).
+Deleting a batch still takes `FOR UPDATE` (lifecycle.py).
 """
 
 from __future__ import annotations
@@ -163,7 +172,7 @@ def refresh_request_counts(session: Session, batch_id: str) -> dict[str, int]:
         write_transaction(session)
         # lock the batch row: concurrent recounts run one after the other, so the last one sees every
         # job committed before it (and no older count overwrites a newer one)
-        session.execute(select(Batch.id).where(Batch.id == batch_id).with_for_update())
+        session.execute(select(Batch.id).where(Batch.id == batch_id).with_for_update(key_share=True))
         total, completed, failed = session.execute(
             select(
                 func.count(),
@@ -266,7 +275,8 @@ def add_requests(
 
 
 def _locked_batch(session: Session, batch_id: str, tenant: str | None = None) -> Batch | None:
-    q = _batch_query(batch_id, tenant).with_for_update()
+    """The batch row, locked for this transaction's update (`BATCH_ROW_LOCK`)."""
+    q = _batch_query(batch_id, tenant).with_for_update(key_share=True)
     return session.scalars(q.execution_options(populate_existing=True)).one_or_none()
 
 
