@@ -341,6 +341,11 @@ def test_readyz_says_unavailable_when_the_store_goes_away_and_healthz_does_not(t
             assert r.status_code == 503 and r.headers["retry-after"] == "10", r.text
             assert r.json()["database"].startswith("unreachable") and r.json()["status"] == "unavailable"
             assert c.get("/healthz").status_code == 200
+            # a route that needs the store says so with 503 + Retry-After (clients retry), not a 500
+            for method, path, body in (("GET", "/v1/jobs", None), ("POST", "/v1/jobs", {"text": DOC, "question": "q"})):
+                r = c.request(method, path, json=body)
+                assert r.status_code == 503 and r.headers["retry-after"] == "10", (path, r.status_code, r.text)
+                assert r.json()["error"]["type"] == "unavailable" and "job store" in r.json()["error"]["message"]
 
 
 # --- data lifecycle --------------------------------------------------------------------------------------------

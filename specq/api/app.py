@@ -29,6 +29,7 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError, ResponseValidationError
 from fastapi.openapi.utils import get_openapi
 from pydantic.json_schema import models_json_schema
+from sqlalchemy.exc import DBAPIError, DisconnectionError, PendingRollbackError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
@@ -37,6 +38,7 @@ from ..settings import ServiceSettings
 from . import openai_schemas as O
 from . import schemas as S
 from .auth import admin_only, authenticator
+from ..storage.retry import is_transient
 from .errors import ApiError, describe, error_response, http_error_response
 from .guard import BodyLimit, RequestGuard, StreamSlots
 
@@ -84,6 +86,21 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
         log.error("response of %s %s does not fit its schema: %s", request.method, request.url.path,
                   describe(list(exc.errors())))
         return error_response(500, "internal error: the response did not fit its schema", "internal")
+
+    async def _store_error(request: Request, exc: Exception):
+        """A store error raised in a route: 503 + Retry-After when it is transient (the store unreachable,
+        restarting, busy (SQLite) or this request's transaction a deadlock victim: nothing was stored, each
+        storage call being one transaction, and the same request may go through in a moment; SDKs retry
+        it), else the 500 below. Handled here, inside the app, so the response goes out as any other."""
+        if not is_transient(exc):
+            return await _internal_error(request, exc)
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        log.warning("store unavailable on %s %s: %s: %s", request.method, request.url.path, type(exc).__name__, first)
+        return error_response(503, f"the job store is unavailable or busy ({type(exc).__name__}): try again shortly",
+                              "unavailable")
+
+    for store_error in (DBAPIError, DisconnectionError, PendingRollbackError):
+        app.add_exception_handler(store_error, _store_error)
 
     @app.exception_handler(Exception)
     async def _internal_error(request: Request, exc: Exception):
