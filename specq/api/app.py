@@ -35,10 +35,10 @@ from starlette.routing import Match
 
 from .. import __version__ as _version
 from ..settings import ServiceSettings
+from ..storage.retry import is_transient
 from . import openai_schemas as O
 from . import schemas as S
 from .auth import admin_only, authenticator
-from ..storage.retry import is_transient
 from .errors import ApiError, describe, error_response, http_error_response
 from .guard import BodyLimit, RequestGuard, StreamSlots
 

@@ -275,7 +275,7 @@ def add_requests(
 
 
 def _locked_batch(session: Session, batch_id: str, tenant: str | None = None) -> Batch | None:
-    """The batch row, locked for this transaction's update (`BATCH_ROW_LOCK`)."""
+    """The batch row, locked for this transaction's update (FOR NO KEY UPDATE: module doc, "The batch row's lock")."""
     q = _batch_query(batch_id, tenant).with_for_update(key_share=True)
     return session.scalars(q.execution_options(populate_existing=True)).one_or_none()
 
