@@ -26,15 +26,14 @@ import llama_cpp  # noqa: F401  (before numpy: see bench/gpu/README.md, "Pitfall
 import argparse
 import json
 import os
-import platform
-import statistics
 import shlex
-import subprocess
+import statistics
 import sys
 import time
 
 import numpy as np
 
+from specq.bench.provenance import Start, numerics_of, provenance
 from specq.engine import llama
 
 
@@ -66,7 +65,8 @@ def run_case(model: llama.Model, layout: str, args: argparse.Namespace) -> dict:
                         n_threads=args.threads, flash_attn=True, n_seq_max=n_seq, kv_unified=unified)
     rng = np.random.default_rng(0)
     vocab = model.n_vocab
-    out: dict = {"layout": layout, "kv_unified": unified, "seqs": n_seq, "cells_per_seq": per_seq}
+    out: dict = {"layout": layout, "kv_unified": unified, "seqs": n_seq, "cells_per_seq": per_seq,
+                 "numerics": numerics_of(model, ctx)}
     doc_len = args.short if layout == "short" else args.doc
     doc = rng.integers(1000, vocab - 1000, size=doc_len).tolist()
     t0 = time.perf_counter()
@@ -109,26 +109,19 @@ def main() -> None:
     ap.add_argument("--layouts", default="short,streams,shared")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
+    start = Start()   # the code and the load before the run (provenance below, with the host and library)
     llama.set_cuda_graphs(args.cuda_graphs)
     model = llama.Model(args.target, n_gpu_layers=-1, repack=False)
-    try:
-        code = subprocess.run(["git", "describe", "--always", "--dirty"], capture_output=True, text=True).stdout.strip()
-    except OSError:
-        code = ""
-    try:
-        gpu = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
-                             capture_output=True, text=True).stdout.strip()
-    except OSError:
-        gpu = ""   # a CPU machine (the script then measures the CPU build: --threads)
-    result = {"command": "python3 " + " ".join(shlex.quote(a) for a in sys.argv),
-              "code": code, "gpu": gpu, "host": platform.node(), "backend": llama.backend_name(),
-              "llama_cpp": llama.library_version(), "target": os.path.basename(args.target),
-              "n_layer": model.n_layer, "n_head_kv": model.n_head_kv, "cuda_graphs": args.cuda_graphs,
-              "cases": []}
+    cases = []
     for layout in args.layouts.split(","):
         case = run_case(model, layout, args)
         print(json.dumps(case), flush=True)
-        result["cases"].append(case)
+        cases.append(case)
+    result = {"command": "python3 " + " ".join(shlex.quote(a) for a in sys.argv),
+              "provenance": provenance(start=start, numerics_by_mode={c["layout"]: c["numerics"] for c in cases},
+                                       cuda_graphs=args.cuda_graphs, backend=llama.backend_name()),
+              "target": os.path.basename(args.target), "n_layer": model.n_layer, "n_head_kv": model.n_head_kv,
+              "cases": cases}
     with open(args.out, "w") as f:
         json.dump(result, f, indent=1)
 
