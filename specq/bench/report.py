@@ -322,6 +322,9 @@ def headline_table(results: list[Result], base: Path) -> str:
         r = _find(results, rel)
         jpm = r.data["summary"]["jobs_per_min"]
         text = f"**{jpm:.1f}** jobs/min"
+        modes = r.data["summary"].get("modes")
+        if modes:
+            text += " (ran: " + ", ".join(f"{m} {n}" for m, n in sorted(modes.items())) + ")"
         links = [_link(r, base, "result")]
         if vs:
             o = _find(results, vs)
@@ -349,7 +352,8 @@ def headline_table(results: list[Result], base: Path) -> str:
     serve("Serving 64 distinct ~31K-token documents at once (8 slots, specprefill)",
           "bench/results/h200-2026-12-04e/m1-serve-specq8-save-repeat-32768.json",
           "bench/results/h200-serve-2026-12-04b/serve-llama0-32768.json", f"[`bench/gpu/serve.sh`]({bench_doc}#serving)")
-    serve("8 documents × 8 questions at 32K at once, default mode `auto`",
+    serve("8 documents × 8 questions at 32K at once, stored documents, mode `auto` "
+          "(`SPECQ_AUTO_QUALITY_MIN_TOKENS=8192`: random weights have no quality row)",
           "bench/results/h200-serve-2026-12-05b/serve-specq8-save-repeat-agroup-1-aquality8192-union0.43x8-cache32G-q8-auto-docs-32768.json",
           "bench/results/h200-serve-2026-12-05b/serve-llama0-q8-32768.json", f"[`bench/gpu/serve.sh`]({bench_doc}#serving)")
     answers("Answers right, specprefill / baseline (keep 0.3, `border`; 90% lower bound), real pair, CPU",
