@@ -163,12 +163,15 @@ def ttft_table(results: list[Result], base: Path) -> str:
         st = r.data.get("settings", {})
         for row in _ttft_rows(r):
             window = st.get("window")
+            windows = row.get("windows")
+            shape = "–" if windows is None else "1 pass" if windows == 1 else f"{windows} × {window:,}" if window else f"{windows}"
+            if st.get("scorer", "windowed") != "windowed":
+                shape = f"{st['scorer']}: {shape}"
             rows.append([_link(r, base), r.device, f"`{r.code}`", f"{_model(e.get('target'))} / {_model(e.get('speculator'))}",
-                         f"{row.get('prompt_tokens', row.get('length')):,}", f"{st.get('keep', '–')}",
-                         "one pass" if window == 0 else f"{window:,}" if window else "–",
+                         f"{row.get('prompt_tokens', row.get('length')):,}", f"{st.get('keep', '–')}", shape,
                          _ms(row.get("fastest_baseline_ms", row["baseline_ttft_ms"])), _ms(row["specprefill_ttft_ms"]),
                          f"**{row['ratio']:.2f}×**" if row.get("ratio") else "–"])
-    return _table(["result", "device", "code", "target / speculator", "prompt tokens", "keep", "window",
+    return _table(["result", "device", "code", "target / speculator", "prompt tokens", "keep", "scoring windows",
                    "baseline TTFT ms", "specprefill TTFT ms", "speed-up"], "lllllrrrrrr"[:10], rows)
 
 
