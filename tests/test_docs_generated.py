@@ -97,10 +97,10 @@ def test_an_unknown_marker_is_an_error(tmp_path):
 
 
 def test_prose_outside_the_markers_is_kept():
-    text = "before\n<!-- report:settings -->\nold\n<!-- /report:settings -->\nafter\n"
+    text = "before\n<!-- report:settings -->\nSTALE TEXT\n<!-- /report:settings -->\nafter\n"
     out = report.render_text(text, REPO / "docs", [])
     assert out.startswith("before\n<!-- report:settings -->\n") and out.endswith("<!-- /report:settings -->\nafter\n")
-    assert "old" not in out and "`SPECQ_TIME_LIMIT`" in out
+    assert "STALE TEXT" not in out and "`SPECQ_TIME_LIMIT`" in out
 
 
 def test_the_configuration_reference_names_every_setting_with_its_default_and_comment():
