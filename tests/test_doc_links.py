@@ -177,3 +177,12 @@ def test_every_relative_link_and_anchor_in_readme_and_docs_resolves():
 def test_every_docs_reference_in_code_and_data_exists():
     problems = broken_code_references()
     assert not problems, f"{len(problems)} broken docs/ reference(s):\n" + "\n".join(problems)
+
+
+def test_the_docs_index_links_every_page():
+    """docs/README.md is the way in: a page it does not link is a page nobody finds."""
+    index = (REPO / "docs" / "README.md").read_text(encoding="utf-8")
+    linked = {t.partition("#")[0] for t in _LINK.findall(index)}
+    missing = [p.relative_to(REPO / "docs").as_posix() for p in sorted((REPO / "docs").rglob("*.md"))
+               if p.name != "README.md" and p.relative_to(REPO / "docs").as_posix() not in linked]
+    assert not missing, "add to docs/README.md: " + ", ".join(missing)
