@@ -64,7 +64,9 @@ class Result:
         if d.get("benchmark") == "quality":
             return "quality"
         script = next((w for w in str(d.get("command", "")).split() if w.endswith(".py")), "")
-        return str(d.get("benchmark") or Path(script).stem or "other")
+        # else the file's name without its date: cpu-abort-cost-2026-12-02.json -> cpu-abort-cost
+        stem = re.sub(r"-?\d{4}-\d{2}-\d{2}.*$", "", self.path.stem)
+        return str(d.get("benchmark") or Path(script).stem or stem or "other")
 
     @property
     def provenance(self) -> dict | None:
@@ -102,6 +104,9 @@ class Result:
     def date(self) -> str:
         p = self.provenance or {}
         d = p.get("date_utc") or self.data.get("date") or self.data.get("measured") or ""
+        if not d:  # the date in the file's or its folder's name
+            m = re.search(r"\d{4}-\d{2}-\d{2}", self.rel)
+            d = m.group(0) if m else ""
         return str(d)[:10]
 
 
@@ -224,7 +229,8 @@ def history_table(results: list[Result], base: Path) -> str:
     for r in results:
         if r.provenance is not None:
             continue
-        rows.append([_link(r, base), r.kind, _history_figure(r), f"`{r.code}` (as typed by the run)", r.date or "–"])
+        commit = f"`{r.code}` (as typed by the run)" if r.data.get("commit") else "none recorded"
+        rows.append([_link(r, base), r.kind, _history_figure(r), commit, r.date or "–"])
     note = ("No provenance object: these reports predate specq/bench/provenance.py. The commit is what the run "
             "wrote down (not whether the tree was dirty), the numerics and the host load are unknown; no other "
             "table or the README quotes them.\n\n")
