@@ -2,7 +2,8 @@
 
 ttft (baseline vs specprefill), decode (drafters side by side), prefill (sparse prefill cost),
 selection (answer-chunk recall of global vs per-window selection);
-each writes JSON with the settings and code version it ran with.
+each writes JSON with the settings and code version it ran with. report renders the docs' tables
+of measured numbers from those JSON files (report.py).
 """
 
 from pathlib import Path

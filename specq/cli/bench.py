@@ -567,3 +567,25 @@ def bench_quality(
     if plot:
         draw(report, plot, title=f"{report['provenance']['git_describe']} · {report['provenance']['cpu']} · {report['provenance']['date_utc']} UTC")
         typer.echo(f"wrote {plot}")
+
+
+@bench_app.command("report")
+def bench_report(
+    check: bool = typer.Option(False, "--check", help="Write nothing; exit 1 when a committed table differs from what the results render."),
+) -> None:
+    """Render the tables of measured numbers in README.md and docs/*.md from bench/results/*.json (with
+    each result's provenance), and the configuration reference from specq/settings.py: every
+    `<!-- report:NAME -->` … `<!-- /report:NAME -->` block is rewritten, the prose around it is kept."""
+    from ..bench.report import REPO, ReportError, render_all
+
+    try:
+        changed = render_all(write=not check)
+    except ReportError as e:
+        raise fail(str(e)) from None
+    for path in changed:
+        typer.echo(f"{'differs' if check else 'rendered'}: {path.relative_to(REPO)}")
+    if check and changed:
+        typer.echo("run `specq bench report` to render them", err=True)
+        raise typer.Exit(1)
+    if not changed:
+        typer.echo("every table is up to date")

@@ -1,0 +1,472 @@
+"""`specq bench report`: the tables of measured numbers in the docs, rendered from bench/results.
+
+A number a reader sees in README.md or docs/*.md that came out of a benchmark is not typed by hand:
+it sits between marker comments
+
+    <!-- report:NAME -->
+    …rendered table…
+    <!-- /report:NAME -->
+
+and `render_text` replaces what is between them with `RENDERERS[NAME]`'s output, computed from the
+JSON reports under bench/results (prose around the markers stays hand-written). Each row names its
+result file (a link) and the code that produced it as the report's provenance records it
+(specq/bench/provenance.py: `git describe --dirty`; `-dirty` stays in the name). Reports written
+before that object existed go into the `history` table, marked so: their commit is what the run typed,
+the tree state and numerics are unknown, and no row elsewhere quotes them.
+
+`specq bench report --check` fails when a committed table differs from what this renders
+(tests/test_docs_generated.py runs the same check). The configuration reference
+(docs/configuration.md) is rendered the same way, from specq/settings.py (`settings_reference`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from ..settings_reference import settings_markdown
+from .provenance import REPO
+from .quality_report import table_markdown
+
+RESULTS = REPO / "bench" / "results"
+#: the files whose marker blocks `specq bench report` renders
+DOCS = ("README.md", "docs")
+
+_BLOCK = re.compile(r"(<!-- report:([\w-]+) -->\n)(.*?)(<!-- /report:\2 -->)", re.S)
+
+
+class ReportError(ValueError):
+    """A marker names no renderer, or a result a table needs is missing."""
+
+
+@dataclass(frozen=True)
+class Result:
+    """One JSON report under bench/results."""
+
+    path: Path
+    data: dict
+
+    @property
+    def rel(self) -> str:
+        return self.path.relative_to(REPO).as_posix()
+
+    @property
+    def kind(self) -> str:
+        d = self.data
+        if "summary" in d and "workload" in d:
+            return "serve"
+        if d.get("benchmark") == "ttft":
+            return "ttft"
+        if d.get("benchmark") == "quality":
+            return "quality"
+        script = next((w for w in str(d.get("command", "")).split() if w.endswith(".py")), "")
+        # else the file's name without its date: cpu-abort-cost-2026-12-02.json -> cpu-abort-cost
+        stem = re.sub(r"-?\d{4}-\d{2}-\d{2}.*$", "", self.path.stem)
+        return str(d.get("benchmark") or Path(script).stem or stem or "other")
+
+    @property
+    def provenance(self) -> dict | None:
+        """The provenance object (specq/bench/provenance.py), or the quality benchmark's own record."""
+        p = self.data.get("provenance")
+        if isinstance(p, dict) and (isinstance(p.get("code"), dict) or "git_describe" in p):
+            return p
+        return None
+
+    @property
+    def code(self) -> str:
+        p = self.provenance
+        if p is None:
+            return str(self.data.get("commit") or "?")
+        if isinstance(p.get("code"), dict):
+            return str(p["code"].get("describe") or "?")
+        return str(p["git_describe"])
+
+    @property
+    def device(self) -> str:
+        p = self.provenance or {}
+        host = p.get("host") or self.data.get("hardware") or {}
+        gpu = host.get("gpu")
+        if gpu:
+            name = str(gpu).split(",")[0].strip()
+            count = host.get("gpu_count", 1)
+            return name if count == 1 else f"{count}× {name}"
+        cpu = host.get("cpu") or p.get("cpu") or ""
+        cores = host.get("cores") or p.get("cores")
+        cpu = re.sub(r"\((R|TM)\)|\bProcessor\b|\bCPU\b", "", str(cpu))
+        cpu = " ".join(cpu.split()) or "CPU"
+        return f"{cpu}, {cores} cores" if cores else cpu
+
+    @property
+    def date(self) -> str:
+        p = self.provenance or {}
+        d = p.get("date_utc") or self.data.get("date") or self.data.get("measured") or ""
+        if not d:  # the date in the file's or its folder's name
+            m = re.search(r"\d{4}-\d{2}-\d{2}", self.rel)
+            d = m.group(0) if m else ""
+        return str(d)[:10]
+
+
+def load_results(root: Path = RESULTS) -> list[Result]:
+    """Every JSON object report under `root` (sorted by path); other files are skipped."""
+    out = []
+    for path in sorted(root.rglob("*.json")):
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError):
+            continue
+        if isinstance(data, dict):
+            out.append(Result(path, data))
+    return out
+
+
+# ----------------------------------------------------------------------------------------- formatting
+
+
+def _link(r: Result, base: Path, text: str | None = None) -> str:
+    rel = os.path.relpath(r.path, base).replace(os.sep, "/")
+    return f"[{text or r.rel.removeprefix('bench/results/')}]({rel})"
+
+
+def _ms(x: Any) -> str:
+    return "–" if x is None else f"{x:,.0f}"
+
+
+def _f(x: Any, fmt: str = "{:.3f}") -> str:
+    return "–" if x is None else fmt.format(x)
+
+
+def _model(name: Any) -> str:
+    name = Path(str(name or "?")).name.removesuffix(".gguf")
+    m = re.match(r"qwen2\.5-coder-([\d.]+b)-instruct-(\w+)", name)
+    return f"Qwen2.5-Coder {m.group(1)} {m.group(2)}" if m else name
+
+
+def _table(header: list[str], align: str, rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---:" if a == "r" else "---" for a in align) + "|"]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def _ttft_rows(r: Result) -> list[dict]:
+    return [row for row in r.data.get("rows", []) if "baseline_ttft_ms" in row]
+
+
+# ----------------------------------------------------------------------------------------- tables
+
+
+def ttft_table(results: list[Result], base: Path) -> str:
+    """`specq bench ttft` reports with provenance: baseline vs specprefill time to first token."""
+    rows = []
+    for r in results:
+        if r.kind != "ttft" or r.provenance is None:
+            continue
+        e = r.data.get("engine", {})
+        st = r.data.get("settings", {})
+        for row in _ttft_rows(r):
+            window = st.get("window")
+            windows = row.get("windows")
+            shape = "–" if windows is None else "1 pass" if windows == 1 else f"{windows} × {window:,}" if window else f"{windows}"
+            if st.get("scorer", "windowed") != "windowed":
+                shape = f"{st['scorer']}: {shape}"
+            rows.append([_link(r, base), r.device, f"`{r.code}`", f"{_model(e.get('target'))} / {_model(e.get('speculator'))}",
+                         f"{row.get('prompt_tokens', row.get('length')):,}", f"{st.get('keep', '–')}", shape,
+                         _ms(row.get("fastest_baseline_ms", row["baseline_ttft_ms"])), _ms(row["specprefill_ttft_ms"]),
+                         f"**{row['ratio']:.2f}×**" if row.get("ratio") else "–"])
+    return _table(["result", "device", "code", "target / speculator", "prompt tokens", "keep", "scoring windows",
+                   "baseline TTFT ms", "specprefill TTFT ms", "speed-up"], "lllllrrrrrr"[:10], rows)
+
+
+def _workload(w: dict) -> str:
+    arrival = {"t0": "all at once", "per-doc": "one document after another"}.get(w.get("arrival"), w.get("arrival", ""))
+    q = w.get("questions", 1)
+    docs = f"{w.get('docs')} docs × {q} questions" if q and q > 1 else f"{w.get('docs')} docs"
+    stored = ", stored documents" if w.get("documents") else ""
+    return f"{docs} × {w.get('doc_tokens', 0):,} tokens, {arrival}, mode {w.get('mode')}{stored}"
+
+
+def serve_table(results: list[Result], base: Path) -> str:
+    """`specq bench serve` reports with provenance: jobs/min and client TTFT of one workload each."""
+    rows = []
+    for r in results:
+        if r.kind != "serve" or r.provenance is None:
+            continue
+        s, w = r.data["summary"], r.data["workload"]
+        ttft = s.get("client_ttft_ms_p50")
+        rows.append([_link(r, base), r.device, f"`{r.code}`", str(r.data.get("label", "")), _model(r.data.get("model")),
+                     _workload(w), f"{s.get('succeeded', '–')}/{s.get('jobs', '–')}",
+                     f"**{s['jobs_per_min']:.1f}**" if s.get("jobs_per_min") is not None else "–",
+                     _f(None if ttft is None else ttft / 1000, "{:.1f}")])
+    return _table(["result", "device", "code", "server", "target", "workload", "ok", "jobs/min", "client TTFT p50 s"],
+                  "llllllrrr", rows)
+
+
+def other_table(results: list[Result], base: Path) -> str:
+    """Other reports with provenance (their figures are in the sections that discuss them)."""
+    rows = []
+    for r in results:
+        if r.kind in ("serve", "ttft", "quality") or r.provenance is None:
+            continue
+        rows.append([_link(r, base), r.kind, r.device, f"`{r.code}`", r.date])
+    return _table(["result", "benchmark", "device", "code", "date (UTC)"], "lllll", rows)
+
+
+def _history_figure(r: Result) -> str:
+    if r.kind == "ttft":
+        return "; ".join(f"{row.get('prompt_tokens', row.get('length')):,} tokens: {_ms(row['baseline_ttft_ms'])} → "
+                         f"{_ms(row['specprefill_ttft_ms'])} ms" for row in _ttft_rows(r))
+    if r.kind == "serve":
+        return f"{r.data.get('label', '')}: {r.data['summary'].get('jobs_per_min', 0):.1f} jobs/min ({_workload(r.data['workload'])})"
+    return "–"
+
+
+def history_table(results: list[Result], base: Path) -> str:
+    """Reports without a provenance object (written before specq/bench/provenance.py): kept, not quoted."""
+    rows = []
+    for r in results:
+        if r.provenance is not None:
+            continue
+        commit = f"`{r.code}` (as typed by the run)" if r.data.get("commit") else "none recorded"
+        rows.append([_link(r, base), r.kind, _history_figure(r), commit, r.date or "–"])
+    note = ("No provenance object: these reports predate specq/bench/provenance.py. The commit is what the run "
+            "wrote down (not whether the tree was dirty), the numerics and the host load are unknown; no other "
+            "table or the README quotes them.\n\n")
+    return note + _table(["result (no provenance)", "benchmark", "figures", "commit", "date"], "lllll", rows)
+
+
+def _quality_results(results: list[Result]) -> list[Result]:
+    return [r for r in results if r.kind == "quality"]
+
+
+def quality_answer_table(results: list[Result], base: Path) -> str:
+    """Answer right, baseline vs specprefill on the real pair, from every aggregated quality report
+    (a row that several reports hold is shown once, naming each)."""
+    seen: dict[tuple, list] = {}
+    for r in _quality_results(results):
+        for a in r.data.get("answer", []):
+            key = (a["length"], a["scorer"], a.get("window", 0), a["keep"], a.get("chunk_rule", "mean"), a["n"],
+                   a["both_right"], a["baseline_only"], a["specprefill_only"])
+            seen.setdefault(key, [a, []])[1].append(r)
+    rows = []
+    for key in sorted(seen, key=lambda k: (k[4], k[0], k[1])):
+        a, rs = seen[key]
+        rows.append([f"{a['length']:,}", f"{a['scorer']}{'@' + str(a['window']) if a.get('window') else ''}",
+                     f"{a['keep']}", a.get("chunk_rule", "mean"), f"{a['n']} ({a.get('documents', '–')})",
+                     _f(a["baseline_acc"]), _f(a["specprefill_acc"]), _f(a["ratio"]), f"**{_f(a['ratio_lower'])}**",
+                     f"{a['baseline_only']} / {a['specprefill_only']}",
+                     ", ".join(_link(r, base) for r in rs), ", ".join(sorted({f"`{r.code}`" for r in rs}))])
+    return _table(["doc tokens", "scorer", "keep", "chunk rule", "n (documents)", "baseline acc", "specprefill acc",
+                   "ratio", "90% lower", "baseline only / specprefill only", "results", "code"], "rllllrrrrrll", rows)
+
+
+def quality_recall_table(results: list[Result], base: Path) -> str:
+    """Answer-chunk recall at keep 0.3 of each report's scorers (no ranking-rule arms), deduplicated."""
+    seen: dict[tuple, list] = {}
+    for r in _quality_results(results):
+        for a in r.data.get("recall", []):
+            if a["keep"] != 0.3 or "-" in a["scorer"]:
+                continue
+            key = (a["length"], a["scorer"], a["n"], round(a["recall"], 6), a.get("documents"))
+            seen.setdefault(key, [a, []])[1].append(r)
+    rows = []
+    for key in sorted(seen, key=lambda k: (seen[k][1][0].rel, k)):
+        a, rs = seen[key]
+        rows.append([f"{a['length']:,}", a["scorer"], f"{a['n']} ({a.get('documents', '–')})", f"**{a['recall']:.3f}**",
+                     _f(a.get("recall_lower")), _f(a.get("random_recall")),
+                     ", ".join(_link(r, base) for r in rs), ", ".join(sorted({f"`{r.code}`" for r in rs}))])
+    return _table(["doc tokens", "scorer", "n (documents)", "recall", "90% lower", "random", "results", "code"],
+                  "rllrrrll", rows)
+
+
+def quality_group_table(results: list[Result], base: Path) -> str:
+    """Group-sparse answers against the same questions' baseline and single specprefill answers."""
+    rows = []
+    for r in _quality_results(results):
+        for g in r.data.get("group", []):
+            rows.append([f"{g['length']:,}", f"{g['n']} ({g['documents']})", _f(g["baseline_acc"]), _f(g["specprefill_acc"]),
+                         f"**{_f(g['group_acc'])}**", _f(g["ratio_vs_baseline"]), _f(g["ratio_vs_baseline_lower"]),
+                         _link(r, base), f"`{r.code}`"])
+    return _table(["doc tokens", "n (documents)", "baseline acc", "specprefill acc", "group acc", "group / baseline",
+                   "90% lower", "result", "code"], "rlrrrrrll", rows)
+
+
+def quality_default_table(results: list[Result], base: Path) -> str:
+    """The default settings' full table (quality_report.table_markdown) from its aggregated report."""
+    r = _find(results, "bench/results/quality-cpu-default.json")
+    return (f"From {_link(r, base)} (code `{r.code}`, {r.device}):\n\n" + table_markdown(r.data)).rstrip("\n")
+
+
+# ----------------------------------------------------------------------------------------- README's headline
+
+
+def _find(results: list[Result], rel: str) -> Result:
+    for r in results:
+        if r.rel == rel:
+            return r
+    raise ReportError(f"a headline row needs {rel}, which is not under bench/results")
+
+
+def _ttft_at(r: Result, tokens: int) -> dict:
+    for row in _ttft_rows(r):
+        if row.get("prompt_tokens") == tokens:
+            return row
+    raise ReportError(f"{r.rel} has no row at {tokens} prompt tokens")
+
+
+def headline_table(results: list[Result], base: Path) -> str:
+    """README's one table: each figure from its report (code as recorded) and where it is reproduced."""
+    rows = []
+
+    def ttft(what: str, rel: str, tokens: int, where: str) -> None:
+        r = _find(results, rel)
+        row = _ttft_at(r, tokens)
+        rows.append([what, f"{_ms(row['baseline_ttft_ms'])} → {_ms(row['specprefill_ttft_ms'])} ms TTFT "
+                           f"(**{row['ratio']:.2f}×**) at {tokens:,} tokens", f"{r.device}, `{r.code}`",
+                     f"{_link(r, base, 'result')} · {where}"])
+
+    def serve(what: str, rel: str, vs: str | None, where: str) -> None:
+        r = _find(results, rel)
+        jpm = r.data["summary"]["jobs_per_min"]
+        text = f"**{jpm:.1f}** jobs/min"
+        modes = r.data["summary"].get("modes")
+        if modes:
+            text += " (ran: " + ", ".join(f"{m} {n}" for m, n in sorted(modes.items())) + ")"
+        links = [_link(r, base, "result")]
+        if vs:
+            o = _find(results, vs)
+            ojpm = o.data["summary"]["jobs_per_min"]
+            text += f" vs {o.data.get('label', 'llama-server')} {ojpm:.1f} (**{jpm / ojpm:.2f}×**)"
+            links.append(_link(o, base, "llama-server"))
+            if o.code != r.code:
+                text += f" (llama-server at `{o.code}`)"
+        rows.append([what, text, f"{r.device}, `{r.code}`", " · ".join(links) + f" · {where}"])
+
+    def answers(what: str, rel: str, where: str) -> None:
+        r = _find(results, rel)
+        cells = [f"{a['length'] // 1000}K: {a['ratio']:.2f} (≥ {a['ratio_lower']:.2f}, n {a['n']})"
+                 for a in sorted(r.data["answer"], key=lambda a: a["length"])]
+        rows.append([what, "; ".join(cells), f"{r.device}, `{r.code}`", f"{_link(r, base, 'result')} · {where}"])
+
+    bench_doc = os.path.relpath(REPO / "docs" / "benchmarks.md", base).replace(os.sep, "/")
+    quality_doc = os.path.relpath(REPO / "docs" / "quality.md", base).replace(os.sep, "/")
+    ttft("TTFT, one long prompt (7B / 0.5B random-weight shapes, keep 0.3)", "bench/results/h200-2026-12-04e/m1-ttft-7b.json",
+         32653, f"[`bench/gpu/ttft.sh`]({bench_doc}#ttft)")
+    ttft("TTFT, one long prompt (same)", "bench/results/h200-2026-12-04e/m1-ttft-7b.json", 130584,
+         f"[`bench/gpu/ttft.sh`]({bench_doc}#ttft)")
+    ttft("TTFT on a 2-core CPU, real pair (Qwen2.5-Coder 1.5B / 0.5B)", "bench/results/cpu-real-4k-both-2026-12-03.json",
+         4015, f"[`specq bench ttft`]({bench_doc}#ttft)")
+    serve("Serving 64 distinct ~31K-token documents at once (8 slots, specprefill)",
+          "bench/results/h200-2026-12-04e/m1-serve-specq8-save-repeat-32768.json",
+          "bench/results/h200-serve-2026-12-04b/serve-llama0-32768.json", f"[`bench/gpu/serve.sh`]({bench_doc}#serving)")
+    serve("8 documents × 8 questions at 32K at once, stored documents, mode `auto` "
+          "(`SPECQ_AUTO_QUALITY_MIN_TOKENS=8192`: random weights have no quality row)",
+          "bench/results/h200-serve-2026-12-05b/serve-specq8-save-repeat-agroup-1-aquality8192-union0.43x8-cache32G-q8-auto-docs-32768.json",
+          "bench/results/h200-serve-2026-12-05b/serve-llama0-q8-32768.json", f"[`bench/gpu/serve.sh`]({bench_doc}#serving)")
+    answers("Answers right, specprefill / baseline (keep 0.3, `border`; 90% lower bound), real pair, CPU",
+            "bench/results/quality-cpu-default.json", f"[`specq bench quality`]({quality_doc}#answers-right)")
+    answers("… at 30K", "bench/results/quality-cpu-border-group-30000.json",
+            f"[`specq bench quality`]({quality_doc}#answers-right)")
+    return _table(["what", "measured", "where, code", "reproduce"], "llll", rows)
+
+
+# ----------------------------------------------------------------------------------------- history
+
+#: the pages whose dated sections (a heading with a YYYY-MM-DD date) make up docs/history.md
+DATED_PAGES = ("docs/benchmarks.md", "docs/quality.md", "docs/benchmarks-history.md")
+_DATE = re.compile(r"(\d{4}-\d{2}-\d{2})")
+
+
+def heading_slug(text: str) -> str:
+    """The anchor GitHub gives a heading (tests/test_doc_links.py checks every link made with it)."""
+    text = re.sub(r"!?\[([^\]]*)\]\([^)]*\)", r"\1", text).replace("`", "").strip().lower()
+    return "".join(c for c in text if c.isalnum() or c in " -_").replace(" ", "-")
+
+
+def dated_sections(_results: list[Result], base: Path) -> str:
+    """Every dated section of the measurement pages, newest first (the same day: in page order)."""
+    items = []
+    for order, page in enumerate(DATED_PAGES):
+        path = REPO / page
+        if not path.exists():
+            continue
+        seen: dict[str, int] = {}
+        fenced = False
+        for no, line in enumerate(path.read_text(encoding="utf-8").splitlines()):
+            if line.lstrip().startswith("```"):
+                fenced = not fenced
+            m = None if fenced else re.match(r"^(#{1,6})\s+(.*?)\s*$", line)
+            if not m:
+                continue
+            slug = heading_slug(m.group(2))
+            n = seen.get(slug, 0)
+            seen[slug] = n + 1
+            date = _DATE.search(m.group(2))
+            if date and len(m.group(1)) == 2:
+                rel = os.path.relpath(path, base).replace(os.sep, "/")
+                anchor = slug if n == 0 else f"{slug}-{n}"
+                items.append((date.group(1), -order, -no, f"* {date.group(1)} · [{m.group(2)}]({rel}#{anchor})"))
+    items.sort(reverse=True)
+    return "\n".join(line for *_, line in items)
+
+
+# ----------------------------------------------------------------------------------------- rendering
+
+Renderer = Callable[[list[Result], Path], str]
+
+RENDERERS: dict[str, Renderer] = {
+    "headline": headline_table,
+    "ttft": ttft_table,
+    "serve": serve_table,
+    "other": other_table,
+    "history": history_table,
+    "quality-answer": quality_answer_table,
+    "quality-recall": quality_recall_table,
+    "quality-group": quality_group_table,
+    "quality-default": quality_default_table,
+    "dated-sections": dated_sections,
+    "settings": lambda _results, _base: settings_markdown(),
+}
+
+
+def render_text(text: str, base: Path, results: list[Result]) -> str:
+    """`text` with every marker block re-rendered (`base`: the folder of the file, for relative links)."""
+
+    def block(m: re.Match) -> str:
+        name = m.group(2)
+        if name not in RENDERERS:
+            raise ReportError(f"<!-- report:{name} --> names no table (known: {', '.join(sorted(RENDERERS))})")
+        return m.group(1) + RENDERERS[name](results, base).rstrip("\n") + "\n" + m.group(4)
+
+    return _BLOCK.sub(block, text)
+
+
+def doc_files(repo: Path = REPO) -> list[Path]:
+    """README.md and every docs/**.md."""
+    out = []
+    for name in DOCS:
+        p = repo / name
+        out += sorted(p.rglob("*.md")) if p.is_dir() else [p] if p.exists() else []
+    return out
+
+
+def render_all(write: bool, repo: Path = REPO, results: list[Result] | None = None) -> list[Path]:
+    """Re-render every marker block; returns the files whose committed text differs (written when
+    `write`)."""
+    results = load_results() if results is None else results
+    changed = []
+    for path in doc_files(repo):
+        text = path.read_text(encoding="utf-8")
+        if "<!-- report:" not in text:
+            continue
+        new = render_text(text, path.parent, results)
+        if new != text:
+            changed.append(path)
+            if write:
+                path.write_text(new, encoding="utf-8")
+    return changed
+
+
+__all__ = ["RENDERERS", "ReportError", "Result", "load_results", "render_text", "render_all", "doc_files"]
