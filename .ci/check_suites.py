@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
-"""Fail when a marked test suite (services, real_models, faults, load) was skipped entirely.
+"""Fail when a marked test suite (services, real_models, faults, load, engine) was skipped entirely.
 
 tests/conftest.py writes, at the end of every pytest run, how many tests of each marked suite passed,
 failed and were skipped ($SPECQ_SUITE_REPORT, default .pytest_cache/specq-suites.json). A suite none
-of whose tests passed — every one skipped because Redis, PostgreSQL, the real models or a tool was
-missing, or none collected — proves nothing, so CI must not pass on it.
+of whose tests passed — every one skipped because Redis, PostgreSQL, the real models, llama_cpp or a
+tool was missing, or none collected — proves nothing, so CI must not pass on it.
 
 Usage: .ci/check_suites.py [REPORT]   (exit 0: every suite had a passing test; 1 otherwise)
 """
@@ -16,7 +16,7 @@ import os
 import sys
 from pathlib import Path
 
-SUITES = ("services", "real_models", "faults", "load")
+SUITES = ("services", "real_models", "faults", "load", "engine")
 
 
 def main(argv: list[str]) -> int:

@@ -135,6 +135,11 @@ class ServiceSettings:
     #: a running job whose heartbeat is older than this (seconds) was left by a dead worker: a
     #: redelivery may claim it, and the reconciler requeues it (or fails it after max_attempts)
     stale_after: float = 120.0
+    #: seconds past a job's time limit after which a worker whose engine has not stepped since that
+    #: limit (a thread stuck in a C call: the limit could not end it) exits with status 70, to be
+    #: restarted by its supervisor while the reconciler runs its jobs again (worker/watchdog.py,
+    #: docs/reliability.md); < 0 = no watchdog
+    watchdog_grace: float = 60.0
     #: seconds between the reconciler's sweeps in each worker process (specq.reconciler: stale running
     #: jobs are requeued and re-sent, or failed); 0 = none in the workers (run `specq reconcile` instead)
     reconcile_interval: float = 30.0

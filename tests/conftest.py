@@ -4,10 +4,18 @@ from __future__ import annotations
 
 # llama_cpp must be imported before numpy in any process that loads a model (a known segfault
 # otherwise on some setups); conftest is imported before every test module, so do it here first.
+#: why `import llama_cpp` failed ("" = it imported). Not installed: the `engine` tests skip, and
+#: .ci/check_suites.py fails a run where none of them passed. Installed but failing to import (a
+#: half-written or broken build): every `engine` test fails with this error, and the report header
+#: and summary print it, so a broken library never shrinks the suite silently.
+LLAMA_CPP_ERROR = ""
+LLAMA_CPP_MISSING = False
 try:  # pragma: no cover - depends on whether the patched build is installed
     import llama_cpp  # noqa: F401
-except Exception:  # not installed (yet), or a half-written install: tests that need it skip
+except Exception as _e:  # noqa: BLE001 - recorded, and reported (pytest_report_header, pytest_runtest_setup)
     llama_cpp = None
+    LLAMA_CPP_ERROR = f"{type(_e).__name__}: {_e}"
+    LLAMA_CPP_MISSING = isinstance(_e, ModuleNotFoundError) and getattr(_e, "name", "") == "llama_cpp"
 
 from pathlib import Path
 from typing import NamedTuple
@@ -76,8 +84,29 @@ def store(tmp_path, monkeypatch):
 # --- marked suites: CI fails when one is skipped entirely (.ci/check_suites.py) ---------------------
 #: the markers of suites that need something outside Python (servers, the real models, minutes of time);
 #: a run where every test of one of them skipped proves nothing about it
-MARKED_SUITES = ("services", "real_models", "faults", "load")
+MARKED_SUITES = ("services", "real_models", "faults", "load", "engine")
 _suite_outcomes: dict[str, dict[str, str]] = {m: {} for m in MARKED_SUITES}
+
+
+def pytest_report_header(config) -> str:
+    if not LLAMA_CPP_ERROR:
+        return f"llama_cpp: {getattr(llama_cpp, '__version__', '?')}"
+    return f"llama_cpp: NOT IMPORTABLE ({LLAMA_CPP_ERROR}): the engine tests {'skip' if LLAMA_CPP_MISSING else 'fail'}"
+
+
+def pytest_runtest_setup(item) -> None:
+    """An `engine` test without an importable llama_cpp: skipped when it is not installed, failed with
+    the import's error when it is installed but broken (LLAMA_CPP_ERROR)."""
+    if LLAMA_CPP_ERROR and item.get_closest_marker("engine") is not None:
+        if LLAMA_CPP_MISSING:
+            pytest.skip(f"llama-cpp-python is not installed ({LLAMA_CPP_ERROR})")
+        pytest.fail(f"llama_cpp failed to import: {LLAMA_CPP_ERROR}", pytrace=False)
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    if LLAMA_CPP_ERROR:
+        terminalreporter.write_line(f"llama_cpp could not be imported: {LLAMA_CPP_ERROR} (engine tests "
+                                    f"{'skipped' if LLAMA_CPP_MISSING else 'failed'})", red=True)
 
 
 def pytest_runtest_logreport(report) -> None:

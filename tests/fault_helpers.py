@@ -71,6 +71,26 @@ def start_slots_worker(st: Stack, name: str, slots: int, **env: str) -> subproce
     return p
 
 
+def start_seamed_worker(st: Stack, name: str, slots: int, *, fails: str = "", blocks: str = "",
+                        **env: str) -> subprocess.Popen:
+    """As start_slots_worker, with the engine loop's test seams (tests/seamed_worker.py): `fails` = the
+    question whose decode batches fail, `blocks` = the question that blocks the loop for good."""
+    import sys
+    from pathlib import Path
+
+    launcher = Path(__file__).resolve().parent / "seamed_worker.py"
+    args = [sys.executable, str(launcher), "--loglevel", "INFO"]
+    args += ["--fails", fails] if fails else []
+    args += ["--blocks", blocks] if blocks else []
+    log = open(st.logdir / f"{name}.log", "wb")
+    p = subprocess.Popen(args, env={**st.env, "SPECQ_SLOTS": str(slots), **env}, cwd=launcher.parents[1],
+                         stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    st.procs[name] = p
+    wait_for(lambda: "ready: target" in st.log(name) or p.poll() is not None, 120, f"{name} ready")
+    assert p.poll() is None, st.log(name)[-3000:]
+    return p
+
+
 @contextlib.contextmanager
 def workers_reaped(st: Stack):
     """Around one test: the workers it started and left running (an assertion failed before its own

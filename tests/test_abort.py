@@ -22,6 +22,9 @@ from specq.contracts import DecodeError, JobTimeLimit, RunCancelled  # noqa: E40
 from specq.engine import capture, llama  # noqa: E402
 from specq.engine.stop import Stop, running  # noqa: E402
 
+#: engine tests: counted by .ci/check_suites.py (a run where all of them skipped fails CI)
+pytestmark = [pytest.mark.engine]
+
 ROOT = Path(__file__).resolve().parents[1]
 TEXT = (ROOT / "examples" / "python-license.txt").read_text()
 

@@ -99,3 +99,45 @@ def test_decode_books_the_drafters_prefill_apart_and_records_provenance(tiny_mod
     assert prov["positions"] == ["original"] and prov["settings"]["methods"] == ["none", "model"]
     assert prov["numerics"]["target"]["batch_invariant"] is True and prov["numerics"]["speculator"]["loaded"]
     assert any("cap" in w or "batch-invariant" in w for w in prov["warnings"]) or prov["warnings"] == []
+
+
+def _git(repo, *args):
+    import subprocess
+
+    subprocess.run(["git", "-c", "user.email=t@t", "-c", "user.name=t", *args], cwd=repo, check=True,
+                   capture_output=True)
+
+
+def test_code_hash_covers_untracked_contents_and_leaves_results_out(tmp_path, monkeypatch):
+    """Issue 44 item 14: the code's hash changes with the *contents* of an untracked file (a non-ASCII
+    name too, which git quotes unless asked not to), and not with anything under bench/results/."""
+    from specq.bench import provenance
+
+    repo = tmp_path / "checkout"
+    (repo / "bench/results").mkdir(parents=True)
+    (repo / "engine.py").write_text("x = 1\n")
+    (repo / "bench/results/old.json").write_text("{}\n")
+    _git(repo, "init", "-q")
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-q", "-m", "base")
+    monkeypatch.setattr(provenance, "REPO", repo)
+
+    clean = provenance.code_state()
+    assert clean["dirty"] is False and clean["diff_sha256"] is None
+    # results written by a benchmark (a new report, a changed one) leave the code clean
+    (repo / "bench/results/new.json").write_text('{"ratio": 1.2}\n')
+    (repo / "bench/results/old.json").write_text('{"changed": true}\n')
+    assert provenance.code_state()["dirty"] is False
+
+    (repo / "engine.py").write_text("x = 2\n")
+    edited = provenance.code_state()
+    assert edited["dirty"] is True and len(edited["diff_sha256"]) == 64
+    (repo / "bench/results/new.json").write_text('{"ratio": 0.9}\n')  # another report: same code, same hash
+    assert provenance.code_state()["diff_sha256"] == edited["diff_sha256"]
+
+    for name in ("helper.py", "réglage.py"):  # untracked: same name, other contents → another hash
+        (repo / name).write_text("A = 1\n")
+        first = provenance.code_state()
+        (repo / name).write_text("A = 2\n")
+        second = provenance.code_state()
+        assert name in second["untracked"] and first["diff_sha256"] != second["diff_sha256"], name

@@ -1,5 +1,6 @@
 """`.ci/check_suites.py` and the conftest hook behind it: CI fails when a marked suite (services,
-real_models, faults, load) had no passing test, e.g. every one skipped for a missing server."""
+real_models, faults, load, engine) had no passing test, e.g. every one skipped for a missing server;
+and a llama_cpp that is installed but fails to import fails the engine tests instead of skipping them."""
 
 from __future__ import annotations
 
@@ -28,6 +29,46 @@ def test_probe_services():
         pytest.skip("probe for test_ci_suites (SPECQ_CI_PROBE unset or skip)")
 
 
+@pytest.mark.engine
+def test_probe_engine():
+    """Not a real engine test: the probe the test below runs in a child pytest, as an engine test
+    guards itself (skipped otherwise, so it never counts as a passing engine test in a real run)."""
+    from tests.conftest import llama_cpp
+
+    if llama_cpp is None:
+        pytest.skip("llama-cpp-python is not installed")
+    if os.environ.get("SPECQ_CI_PROBE") != "engine":
+        pytest.skip("probe for test_ci_suites (SPECQ_CI_PROBE unset)")
+
+
+def test_a_broken_llama_cpp_fails_the_engine_tests_visibly(tmp_path):
+    """Issue 44 item 13: conftest swallowed any error of `import llama_cpp` and the engine tests then
+    skipped. Now an installed-but-broken llama_cpp fails every `engine` test with its error (the
+    report's header and summary name it); a missing one skips them, and the check fails the run for it."""
+    runs = {}
+    for kind, body in (("broken", "raise RuntimeError('broken build: undefined symbol: llama_decode')"),
+                       ("missing", "raise ModuleNotFoundError(\"No module named 'llama_cpp'\", name='llama_cpp')")):
+        fake = tmp_path / kind / "llama_cpp"
+        fake.mkdir(parents=True)
+        (fake / "__init__.py").write_text(body + "\n")
+        report = tmp_path / f"{kind}.json"
+        env = {**os.environ, "SPECQ_CI_PROBE": "engine", "SPECQ_SUITE_REPORT": str(report),
+               "PYTHONPATH": os.pathsep.join([str(fake.parent), str(REPO)])}
+        out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider",
+                              f"{Path(__file__).name}::test_probe_engine"], cwd=Path(__file__).parent,
+                             env=env, capture_output=True, text=True, timeout=300)
+        runs[kind] = (out, json.loads(report.read_text())["suites"]["engine"], _check(report))
+    out, engine, check = runs["broken"]
+    assert out.returncode == 1 and "llama_cpp failed to import: RuntimeError: broken build" in out.stdout, out.stdout
+    assert "llama_cpp could not be imported: RuntimeError: broken build" in out.stdout  # the run's summary says so
+    assert engine == {"passed": 0, "failed": 1, "skipped": 0}
+    assert check.returncode == 1 and "engine: no test passed (0 skipped, 1 failed)" in check.stderr
+    out, engine, check = runs["missing"]
+    assert out.returncode == 0 and engine == {"passed": 0, "failed": 0, "skipped": 1}, out.stdout
+    assert "not installed" in out.stdout
+    assert check.returncode == 1 and "engine: no test passed (1 skipped" in check.stderr
+
+
 def test_a_suite_skipped_entirely_fails_the_check(tmp_path):
     report = tmp_path / "suites.json"
     runs = {}
@@ -43,7 +84,7 @@ def test_a_suite_skipped_entirely_fails_the_check(tmp_path):
     assert runs["pass"]["faults"] == {"passed": 0, "failed": 0, "skipped": 0}
 
     # every suite passed something: the check passes; one suite all skipped (or none ran): it fails
-    ok = {m: {"passed": 2, "failed": 0, "skipped": 1} for m in ("services", "real_models", "faults", "load")}
+    ok = {m: {"passed": 2, "failed": 0, "skipped": 1} for m in ("services", "real_models", "faults", "load", "engine")}
     report.write_text(json.dumps({"suites": ok}))
     assert _check(report).returncode == 0
     report.write_text(json.dumps({"suites": {**ok, "real_models": {"passed": 0, "failed": 0, "skipped": 3}}}))

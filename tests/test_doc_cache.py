@@ -17,6 +17,9 @@ from specq.engine.prefill import sparse_prefill
 from specq.engine.selection import select_kept
 from specq.engine.spec_cache import SpeculatorCache, StateStore
 
+#: engine tests: counted by .ci/check_suites.py (a run where all of them skipped fails CI)
+pytestmark = [pytest.mark.engine]
+
 DOC = "".join(f"line {i}: the value of item_{i} is {(i * 7919) % 1000}; " + ("note. " if i % 5 == 0 else "")
               for i in range(60))
 QUESTIONS = ["What is the value of item_3?", "Which item has the largest value?", "Sum items 1 to 4.",
@@ -254,7 +257,12 @@ def test_off_when_the_budget_is_zero(tiny_models):
 
 
 @pytest.mark.parametrize("case, expect_mode, needle", [
-    (dict(n_prompt=500, backend="cpu"), "baseline", "< break-even 1024 (cpu)"),
+    (dict(n_prompt=500, backend="cpu"), "baseline", "< break-even 2071 (cpu)"),
+    # CPU: specprefill was measured to lose at 1,051 tokens and to win first at 2,071 (issue 44 item 15);
+    # quality_min_tokens=0, so the break-even is what decides (the default bands start at 3,670)
+    (dict(n_prompt=1051, backend="cpu", quality_min_tokens=0), "baseline", "< break-even 2071 (cpu)"),
+    (dict(n_prompt=1500, backend="cpu", quality_min_tokens=0), "baseline", "< break-even 2071 (cpu)"),
+    (dict(n_prompt=2071, backend="cpu", quality_min_tokens=0), "specprefill", ">= break-even 2071"),
     (dict(n_prompt=5000, backend="cuda"), "baseline", "< break-even 8192 (cuda)"),
     (dict(n_prompt=5000, backend="cpu"), "baseline", "not measured"),
     (dict(n_prompt=5000, backend="cpu", quality_min_tokens=8000), "baseline", "< 8000, where keep 0.3"),
@@ -299,6 +307,23 @@ def test_off_when_the_budget_is_zero(tiny_models):
 def test_auto_decisions(case, expect_mode, needle):
     d = auto.decide(**case)
     assert d.mode == expect_mode and needle in d.reason, d
+
+
+def test_cpu_break_even_is_the_first_measured_win():
+    """The CPU break-even is the shortest measured prompt from which specprefill beat the fastest
+    baseline in every batch-invariant mode at that and every longer measured length (the measurement
+    of record, bench/results/cpu-break-even-2026-12-04.json), not a length where it was measured to lose."""
+    import json
+    from pathlib import Path
+
+    report = json.loads((Path(__file__).resolve().parents[1] / "bench/results/cpu-break-even-2026-12-04.json").read_text())
+    rows = sorted(report["rows"], key=lambda r: r["prompt_tokens"])
+    wins = [all(m["ratio_vs_fastest_baseline"] > 1.0 for m in r["modes"].values()) for r in rows]
+    first = next(r["prompt_tokens"] for i, r in enumerate(rows) if all(wins[i:]))
+    assert first == 2071 and not wins[0]  # the measurement as recorded: loses at 536 and 1,051
+    assert auto.BREAK_EVEN_TOKENS["cpu"] == first
+    assert auto.decide(first - 1, backend="cpu", quality_min_tokens=0).mode == "baseline"
+    assert auto.decide(first, backend="cpu", quality_min_tokens=0).mode == "specprefill"
 
 
 def test_auto_in_the_engine_records_mode_and_reason(tiny_models):

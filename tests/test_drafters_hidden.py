@@ -18,7 +18,7 @@ import pytest
 from tests.conftest import llama_cpp
 from tests.test_speculative import DOC, QUESTION, _broken_verify, _greedy_distinct, chi_square
 
-pytestmark = pytest.mark.skipif(llama_cpp is None, reason="llama-cpp-python is not installed")
+pytestmark = [pytest.mark.engine, pytest.mark.skipif(llama_cpp is None, reason="llama-cpp-python is not installed")]
 
 
 class HiddenModels(NamedTuple):

@@ -20,6 +20,9 @@ from specq.contracts import InputError, ModelError  # noqa: E402
 from specq.engine.options import DEFAULT_CHUNK_RULE, EngineOptions, RunParams  # noqa: E402
 from specq.engine.prefill import sparse_prefill  # noqa: E402
 
+#: engine tests: counted by .ci/check_suites.py (a run where all of them skipped fails CI)
+pytestmark = [pytest.mark.engine]
+
 ROOT = Path(__file__).resolve().parents[1]
 TEXT = (ROOT / "examples" / "python-license.txt").read_text()
 

@@ -12,6 +12,9 @@ from specq.engine.group_sparse import forced_kept
 from specq.engine.options import EngineOptions, RunParams
 from specq.engine.pipeline import Engine
 
+#: engine tests: counted by .ci/check_suites.py (a run where all of them skipped fails CI)
+pytestmark = [pytest.mark.engine]
+
 DOC = "".join(f"line {i}: the value of item_{i} is {(i * 7919) % 1000}; " + ("note. " if i % 5 == 0 else "")
               for i in range(60))
 QUESTIONS = ["What is the value of item_3?", "Which item has the largest value?", "Sum items 1 to 4."]

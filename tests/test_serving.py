@@ -22,7 +22,8 @@ import signal
 import httpx
 import pytest
 
-from fault_helpers import FAULT_ENV, job_row, kill9, start_slots_worker, wait_for, worker_logs, workers_reaped
+from fault_helpers import (FAULT_ENV, job_row, kill9, start_seamed_worker, start_slots_worker, wait_for, worker_logs,
+                           workers_reaped)
 from service_helpers import Stack, base_env, free_port, pg_database, redis_pg_env, require_servers
 
 pytestmark = [pytest.mark.timeout(600)]
@@ -129,10 +130,11 @@ def test_four_jobs_run_at_once_and_each_returns_its_text_alone(stack, score_thre
 
 
 def test_cancel_one_mid_decode_and_a_failing_one_leave_the_others_alone(stack):
-    """One job cancelled while it decodes, one whose decode batches fail (SPECQ_SERVING_FAULT, on both
-    attempts): the two others finish. Batch-invariant mode off, so the four jobs' decode rows share
-    batches: the failing batch is rolled back and each job decoded alone, and only the faulty one fails."""
-    _worker(stack, "worker-faults", 4, SPECQ_SERVING_FAULT="FAIL ME", SPECQ_BATCH_INVARIANT="off")
+    """One job cancelled while it decodes, one whose decode batches fail (the loop's `fails` test seam,
+    injected by tests/seamed_worker.py; on both attempts): the two others finish. Batch-invariant mode
+    off, so the four jobs' decode rows share batches: the failing batch is rolled back and each job
+    decoded alone, and only the faulty one fails."""
+    start_seamed_worker(stack, "worker-faults", 4, fails="FAIL ME", SPECQ_BATCH_INVARIANT="off")
     with httpx.Client(base_url=stack.url, timeout=30) as client:
         victim = _submit(client, DOCS[1], LONG)
         failing = _submit(client, DOCS[2], LONG, question="FAIL ME")
@@ -142,7 +144,7 @@ def test_cancel_one_mid_decode_and_a_failing_one_leave_the_others_alone(stack):
         assert client.delete(f"/v1/jobs/{victim}").json()["cancel_requested"] is True
         views = _done(client, [victim, failing, *others])
     assert [v["status"] for v in views] == ["cancelled", "failed", "succeeded", "succeeded"], views
-    assert "injected by SPECQ_SERVING_FAULT" in views[1]["error"]
+    assert "injected by the loop's `fails` test seam" in views[1]["error"]
     assert all(v["result"]["usage"]["completion_tokens"] > 0 for v in views[2:])
     log = stack.log("worker-faults")
     assert "decoding each alone" in log

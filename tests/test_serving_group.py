@@ -18,7 +18,7 @@ from specq.contracts import RunCancelled  # noqa: E402
 
 from serving_text import DOC, DOC2, loop_engine, scorer_params  # noqa: E402
 
-pytestmark = [pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.engine, pytest.mark.timeout(900)]
 
 QUESTIONS = ["Who holds the copyright?", "What does the license permit?", "Which version is it?",
              "Is there a warranty?"]

@@ -28,7 +28,7 @@ from specq.engine.scoring import plan_windows  # noqa: E402
 
 from serving_text import CALL, DOC, SHORT, decoder_params, loop_engine, scorer_params  # noqa: E402
 
-pytestmark = [pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.engine, pytest.mark.timeout(600)]
 
 
 @pytest.fixture(scope="module")
@@ -220,11 +220,11 @@ def test_cancels_land_between_two_scoring_calls(loop):
 
 @pytest.mark.parametrize("n_parallel", [1, 2])
 def test_model_drafting_jobs_during_scoring_return_their_text_alone(tiny_models, n_parallel):
-    """draft=model drafts on the speculator context the scorer prefills its windows into (one window at
-    a time, n_parallel 1): such a job sits out the batches between a window's calls and decodes only
-    between windows, while a job without a speculator drafter decodes after every call; with parallel
-    scoring streams (n_parallel 2) the windows are in another context and it decodes between the calls
-    too. Either way each job's greedy output is what it is alone."""
+    """draft=model with several slots drafts on its slot's own speculator context (Engine.draft_cache,
+    issue 44 item 10), not on the one the scorer prefills its windows into, so such a job decodes
+    between a window's calls like a job without a speculator drafter, whether the windows are scored
+    one at a time (n_parallel 1) or in parallel streams (n_parallel 2). Each job's greedy output is
+    what it is alone. (With one slot the drafter shares the scorer's context, and no other job runs.)"""
     from specq.engine.serving import ServingEngine
 
     eng = loop_engine(tiny_models, slots=3, n_parallel=n_parallel)
@@ -255,12 +255,9 @@ def test_model_drafting_jobs_during_scoring_return_their_text_alone(tiny_models,
                       if e[0] == "A" and e[1] == "decode") for span in spans]
         c_tokens = [len(_decoding("C", span)) for span in spans]
         assert all(n >= 2 for n in c_tokens), c_tokens  # C decoded between the calls
-        if n_parallel == 1:
-            assert late_a == [0] * len(spans), late_a  # A never inside a window being prefilled
-            assert len(_decoding("A", spans[0])) == 0  # nor before window 0's end
-        else:
+        if n_parallel == 2:
             assert res["B"].spec.windows > len(spans)  # windows scored in groups (parallel streams)
-            assert sum(late_a) > 0, late_a
+        assert sum(late_a) > 0, late_a  # A decoded inside windows being prefilled too
     finally:
         loop.close()
         eng.close()

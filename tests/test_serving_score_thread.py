@@ -19,7 +19,7 @@ from specq.contracts import Drained, RunCancelled  # noqa: E402
 
 from serving_text import DOC, DOC2, SHORT, decoder_params, loop_engine, scorer_params  # noqa: E402
 
-pytestmark = [pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.engine, pytest.mark.timeout(600)]
 
 
 class Events:

@@ -22,7 +22,7 @@ from specq.settings import ServiceSettings, SettingsError  # noqa: E402
 
 from serving_text import CALL, DOC, DOC2, SHORT, WINDOW  # noqa: E402
 
-pytestmark = [pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.engine, pytest.mark.timeout(600)]
 
 
 

@@ -25,7 +25,7 @@ import pytest
 
 from tests.conftest import llama_cpp
 
-pytestmark = pytest.mark.skipif(llama_cpp is None, reason="llama-cpp-python is not installed")
+pytestmark = [pytest.mark.engine, pytest.mark.skipif(llama_cpp is None, reason="llama-cpp-python is not installed")]
 
 ROOT = Path(__file__).resolve().parent.parent
 DOC = (ROOT / "examples" / "textwrap.py").read_text(encoding="utf-8")[:2400]
@@ -513,6 +513,65 @@ def test_sampling_exact_first_two_tokens(varied, n_draft, monkeypatch) -> None:
 def test_sampling_check_catches_broken_rules(varied, rule, monkeypatch) -> None:
     res = _sample_pairs(varied, 2, 3000, rule, monkeypatch)
     assert res.p_value < 1e-6, res
+
+
+def test_model_drafter_does_not_trust_its_count_after_another_drafter_wrote_the_cache(varied) -> None:
+    """Issue 44 item 10: two model drafters sharing one speculator context (one slot's jobs, or the
+    scorer's context). After B synchronised the cache to its own history, A's next proposal must be
+    what a drafter alone proposes for A's history (not a draft on B's KV, as when A trusted its stale
+    count of matching tokens)."""
+    from specq.engine.drafters import DraftCache, ModelDrafter
+    from specq.engine.llama import Context, Model
+    from specq.engine.prompt import build_prompt
+
+    m = Model(varied.target, n_gpu_layers=0)
+    shared, alone = Context(m, n_ctx=1024, n_threads=1), Context(m, n_ctx=1024, n_threads=1)
+    try:
+        head = build_prompt(m, DOC[:400], QUESTION).tokens
+        other = build_prompt(m, DOC[400:800], QUESTION).tokens
+        cache = DraftCache(shared)
+        a = ModelDrafter(cache, head, len(head))
+        b = ModelDrafter(cache, other, len(other))
+        first = a.propose(head, 4).tokens
+        b.propose(other, 4)  # B rewrites the shared context from the first token that differs
+        history = list(head) + list(first[:2])
+        got = a.propose(history, 6).tokens
+        want = ModelDrafter(DraftCache(alone), head, len(head)).propose(history, 6).tokens
+        assert got == want
+    finally:
+        shared.close()
+        alone.close()
+        m.close()
+
+
+def test_model_drafting_jobs_together_accept_as_alone(varied) -> None:
+    """Issue 44 item 10: `draft model` with two serving slots. The speculator is a copy of the target,
+    so alone nearly every draft is accepted; two jobs decoding together (one baseline, one scored, so
+    its drafter continues from a copy of its scoring window) must accept as many, not draft on each
+    other's KV (with all drafters on the scorer's sequence 0 acceptance fell from 1.0 to 0.04).
+    Output is the same either way (the target verifies every draft): acceptance is what is checked."""
+    from specq.engine.options import EngineOptions
+    from specq.engine.pipeline import Engine
+    from specq.engine.serving import ServingEngine
+
+    eng = Engine(EngineOptions(target=str(varied.target), speculator=str(varied.target), n_gpu_layers=0,
+                               n_ctx=2048, n_threads=1, slots=2, batch_invariant="on"))
+    loop = ServingEngine(eng).start()
+    try:
+        jobs = [(DOC[:900], _params(mode="baseline", draft="model", max_tokens=160, ignore_eos=True, seed=1)),
+                (DOC[900:1800], _params(mode="specprefill", draft="model", max_tokens=160, ignore_eos=True, seed=1))]
+        alone = [loop.run(doc, p) for doc, p in jobs]
+        handles = [loop.submit(doc, p) for doc, p in jobs]
+        together = [h.result(300) for h in handles]
+        for a, t in zip(alone, together):
+            assert t.tokens == a.tokens
+            assert a.draft.method == t.draft.method == "model" and a.draft.drafted > 50 and t.draft.drafted > 50
+            assert a.draft.accepted >= 0.9 * a.draft.drafted, a.draft
+            assert t.draft.accepted >= 0.9 * t.draft.drafted, (t.draft, a.draft)
+        assert together[1].spec.mode == "specprefill"
+    finally:
+        loop.close()
+        eng.close()
 
 
 def test_sampling_with_engine_runs_and_is_seeded(engine) -> None:

@@ -23,6 +23,9 @@ import pytest
 from specq.engine import synthetic
 from specq.engine.synthetic import SHAPES, Qwen2Shape, bytes_to_unicode, read_hparams, write_qwen2_gguf
 
+#: engine tests: counted by .ci/check_suites.py (a run where all of them skipped fails CI)
+pytestmark = [pytest.mark.engine]
+
 needs_llama = pytest.mark.skipif(llama_cpp is None, reason="llama_cpp (our patched build) is not installed")
 
 SDIST = Path.home() / ".cache" / "specq" / "src" / "llama_cpp_python-0.3.36.tar.gz"

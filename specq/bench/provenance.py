@@ -2,9 +2,10 @@
 produced it (`provenance(...)` → the report's `provenance` key).
 
 * `code`: `git describe --always --dirty --abbrev=12` of the checkout the package runs from, the full
-  commit, whether the tree is dirty, and when it is, a SHA-256 of `git diff HEAD --binary` plus the
-  names of untracked files (so a number measured on uncommitted code can still be told apart from one
-  measured on the commit);
+  commit, whether the code is dirty, and when it is, a SHA-256 of `git diff HEAD --binary` plus the
+  names and contents of untracked files, bench/results/* left out of both (so a number measured on
+  uncommitted code can still be told apart from one measured on the commit, and writing a report
+  does not change the code's identity);
 * `library`: the llama-cpp-python version (ours is `…+specq.<patch hash>`) and the patch probe: what
   the loaded library actually does (forward position jumps: patch 0001; the per-context eval-callback
   setter: patch 0002; the hidden-state API of llama_ext) — a stock wheel shows False;
@@ -33,38 +34,49 @@ from typing import Any, Iterable
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _git(*args: str) -> subprocess.CompletedProcess | None:
+#: left out of the code's identity: what benchmarks write (a report written by one run must not change
+#: the hash of the code that the next run reports)
+RESULTS = "bench/results"
+
+
+def _git(*args: str, repo: Path | None = None) -> subprocess.CompletedProcess | None:
     try:
-        return subprocess.run(["git", *args], capture_output=True, timeout=20, cwd=REPO)
+        return subprocess.run(["git", *args], capture_output=True, timeout=20, cwd=repo or REPO)
     except (OSError, subprocess.SubprocessError):
         return None
 
 
-def code_state() -> dict[str, Any]:
-    """git describe --dirty, the commit, dirty or not, and a hash of the diff when dirty."""
-    desc = _git("describe", "--always", "--dirty", "--abbrev=12")
+def code_state(repo: Path | None = None) -> dict[str, Any]:
+    """git describe --dirty, the commit, dirty or not, and when dirty a hash of what differs from the
+    commit: `git diff HEAD --binary` and the names *and contents* of untracked files, both without
+    bench/results/* (RESULTS). `dirty` is about the code: a tree whose only changes are results is clean."""
+    repo = repo or REPO
+    desc = _git("describe", "--always", "--dirty", "--abbrev=12", repo=repo)
     if desc is None or desc.returncode != 0:
         return {"describe": "unknown (not a git checkout)", "commit": None, "dirty": None, "diff_sha256": None}
     describe = desc.stdout.decode().strip()
-    head = _git("rev-parse", "HEAD")
+    head = _git("rev-parse", "HEAD", repo=repo)
     out: dict[str, Any] = {"describe": describe,
                            "commit": head.stdout.decode().strip() if head and head.returncode == 0 else None}
-    diff = _git("diff", "HEAD", "--binary")
-    untracked = _git("ls-files", "--others", "--exclude-standard")
-    names = sorted(untracked.stdout.decode().split("\n")) if untracked and untracked.returncode == 0 else []
-    names = [n for n in names if n]
-    dirty = describe.endswith("-dirty") or bool(names)
+    outside_results = ("--", ".", f":(exclude){RESULTS}")
+    diff = _git("diff", "HEAD", "--binary", *outside_results, repo=repo)
+    diff_bytes = diff.stdout if diff is not None and diff.returncode == 0 else b""
+    # -z: names as they are (without it git quotes non-ASCII names, and such a file's contents were lost)
+    untracked = _git("ls-files", "--others", "--exclude-standard", "-z", *outside_results, repo=repo)
+    names = sorted(n for n in untracked.stdout.decode("utf-8", "surrogateescape").split("\0") if n) \
+        if untracked is not None and untracked.returncode == 0 else []
+    dirty = bool(diff_bytes) or bool(names)
     out["dirty"] = dirty
     if dirty:
-        h = hashlib.sha256(diff.stdout if diff is not None else b"")
-        for name in names:  # untracked files are part of what ran
-            h.update(b"\0untracked\0" + name.encode())
+        h = hashlib.sha256(diff_bytes)
+        for name in names:  # untracked files are part of what ran: their names and their contents
+            h.update(b"\0untracked\0" + os.fsencode(name) + b"\0")
             try:
-                h.update((REPO / name).read_bytes())
-            except OSError:
-                pass
+                h.update((repo / name).read_bytes())
+            except OSError as e:  # unreadable: say so in the hash rather than hash the name alone
+                h.update(f"\0unreadable: {type(e).__name__}\0".encode())
         out["diff_sha256"] = h.hexdigest()
-        out["diff_bytes"] = len(diff.stdout) if diff is not None else 0
+        out["diff_bytes"] = len(diff_bytes)
         out["untracked"] = names[:50]
     else:
         out["diff_sha256"] = None

@@ -123,6 +123,8 @@ def up_cmd(
                f", queue {settings.queue}", err=True)
     typer.echo(f"specq up: API at {settings.api_url} (docs {settings.api_url}/docs); submit with "
                f"`specq submit FILE -q QUESTION --wait`", err=True)
+    from ..worker.watchdog import EXIT_CODE as WATCHDOG_EXIT
+
     cmd = [sys.executable, "-m", "specq"]
     procs = {
         "api": subprocess.Popen(cmd + ["api", "--loglevel", "warning"], env=env),
@@ -141,8 +143,14 @@ def up_cmd(
     code = 0
     try:
         while True:
-            for name, p in procs.items():
+            for name, p in list(procs.items()):
                 rc = p.poll()
+                if rc is not None and name == "worker" and rc == WATCHDOG_EXIT and name not in stopping:
+                    # its engine thread was stuck (worker/watchdog.py): start it again; the reconciler
+                    # runs its jobs again once their heartbeats are SPECQ_STALE_AFTER old
+                    typer.echo(f"specq up: the worker's watchdog ended it (status {rc}); starting it again", err=True)
+                    procs[name] = subprocess.Popen(cmd + ["worker", "--loglevel", loglevel], env=env)
+                    continue
                 if rc is not None:
                     if rc not in (0, -signal.SIGTERM, -signal.SIGINT):
                         typer.echo(f"specq up: the {name} exited with status {rc}; stopping", err=True)

@@ -47,12 +47,15 @@ from typing import Sequence
 
 from .quality_evidence import Band
 
-#: break-even prompt lengths (tokens) per backend, below which baseline is taken as faster. CPU 1,024:
-#: measured on the real pair (bench/results/cpu-break-even-2026-12-04.json) specprefill loses at 536
-#: tokens (0.91-0.97x the fastest baseline), is even within noise at 1,051 (0.92-1.09x) and wins at
-#: 2,071 (1.20-1.22x). CUDA 8,192 is not a located break-even: the shortest length measured on the
-#: H200, where specprefill already won (1.28x at 8,157 tokens). docs/engine.md ("Break-evens")
-BREAK_EVEN_TOKENS = {"cpu": 1024, "cuda": 8192}
+#: break-even prompt lengths (tokens) per backend, below which baseline is taken as faster. CPU 2,071:
+#: the shortest prompt at which specprefill was measured to win on the real pair in every
+#: batch-invariant mode (bench/results/cpu-break-even-2026-12-04.json: 1.20-1.22x the fastest
+#: baseline at 2,071 tokens; it lost at 536, 0.91-0.97x, and at 1,051, 0.92x in one mode; nothing
+#: measured between 1,051 and 2,071, so the first measured win, not a guess below it;
+#: tests/test_doc_cache.py::test_cpu_break_even_is_the_first_measured_win). CUDA 8,192 is not a
+#: located break-even: the shortest length measured on the H200, where specprefill already won
+#: (1.28x at 8,157 tokens). docs/engine.md ("Break-evens")
+BREAK_EVEN_TOKENS = {"cpu": 2071, "cuda": 8192}
 #: backends without a measurement use the largest known break-even
 DEFAULT_BREAK_EVEN = max(BREAK_EVEN_TOKENS.values())
 #: a prompt-cache hit covering at least this fraction of the prompt is taken

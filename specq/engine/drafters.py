@@ -22,7 +22,12 @@ proposes.
   mode) it prefills the prompt itself on the first proposal (counted in decode time). Its cache is
   kept in step with what the target accepted: each `propose` compares the tokens it holds with the
   history, removes the divergent suffix (seq_rm) and decodes the missing tokens; drafted tokens are
-  decoded as they are drafted, so an accepted run is already cached.
+  decoded as they are drafted, so an accepted run is already cached. With several serving slots
+  each slot drafts on a speculator context of its own (`DraftCache`, Engine.draft_cache), so two
+  jobs never draft on each other's KV; a scored job's drafter gets a copy of the window scoring left
+  (measured: a drafter that is a copy of the target accepted 1.0 of its drafts alone and 0.04 beside
+  another job when all drafted on one context; tests/test_serving.py::
+  test_model_drafting_jobs_together_accept_as_alone).
   Greedy target: the speculator drafts its argmax (one-hot q). Sampling target: it draws from the
   same temperature/top-k/top-p transform of its own logits (q known, with its own seeded generator).
   `p_min` (> 0) stops a draft once the speculator's top probability falls below it (greedy: the
@@ -149,7 +154,9 @@ class NgramDrafter:
 class SpeculatorCache(Protocol):
     """A speculator context and the tokens its sequence 0 holds at positions 0..len-1.
 
-    `SpecPrefillScorer` is one (its `cached_tokens` after scoring); `DraftCache` is a plain one.
+    `SpecPrefillScorer` is one (its `cached_tokens` after scoring); `DraftCache` is a plain one. A
+    ModelDrafter sets `draft_owner` on it when it synchronises, so that a drafter whose job shares
+    the cache with another's knows its own count of matching tokens is stale.
     """
 
     ctx: Context
@@ -157,9 +164,17 @@ class SpeculatorCache(Protocol):
 
 
 class DraftCache:
+    """A speculator context of its own for one serving slot's model drafter (Engine.draft_cache): with
+    several slots each job drafts on its slot's, never on another job's KV."""
+
     def __init__(self, ctx: Context) -> None:
         self.ctx = ctx
         self.cached_tokens: list[int] = []
+        #: the ModelDrafter that last synchronised the context (ModelDrafter._sync)
+        self.draft_owner = None
+
+    def close(self) -> None:
+        self.ctx.close()
 
 
 def is_window_view(cached: Sequence[int], prompt: Prompt) -> bool:
@@ -204,7 +219,8 @@ class ModelDrafter:
         self.n_prompt = int(n_prompt)
         self.sampler = sampler if sampler is not None and not sampler.greedy else None
         self.p_min = float(p_min)
-        self._synced = 0  # leading tokens of the view known to match the cache
+        self._synced = 0  # leading tokens of the view known to match the cache ...
+        self._synced_on: list[int] | None = None  # ... as this list held them after this drafter's last sync
         #: wall-clock spent decoding the prompt view (baseline runs: the drafter's own prompt prefill,
         #: inside the run's `decode` phase); the run result reports it as timings_ms["draft_prefill"]
         self.prefill_ms = 0.0
@@ -219,6 +235,10 @@ class ModelDrafter:
         if ctx.seq_pos_max(0) != len(cached) - 1:  # someone else used the context: trust nothing
             ctx.clear()
             cached.clear()
+            self._synced = 0
+        if self._synced_on is not cached or getattr(self.cache, "draft_owner", None) is not self:
+            # another drafter (a job sharing this cache) or the scorer (a new list) wrote it since this
+            # drafter's last sync: the counter says nothing about what it holds now, compare from 0
             self._synced = 0
         if len(view) > ctx.n_ctx:
             return None
@@ -242,6 +262,8 @@ class ModelDrafter:
             self.prefill_ms += (time.perf_counter() - t0) * 1000.0
             self.prefilled_tokens += len(todo)
         self._synced = len(view)
+        self._synced_on = cached
+        self.cache.draft_owner = self
         return ctx.logits_row(-1)
 
     def propose(self, history: Sequence[int], n: int) -> Draft:

@@ -14,7 +14,7 @@ from .drafters_hidden import mtp_unsupported, open_eagle3_context, open_mtp_cont
 
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 
@@ -132,6 +132,8 @@ class Engine:
         )
         self._speculator: Model | None = None
         self._scorer = None
+        #: serving slot -> its model drafter's speculator context (draft_cache; slots > 1 only)
+        self._draft_caches: dict[int, Any] = {}
         self._mtp_ctx: Context | None = None
         self._eagle3: tuple[Model, Context, list[int]] | None = None
         self._eagle3_why: str | None = None
@@ -605,8 +607,36 @@ class Engine:
         return make_drafter(
             params.draft, prompt, ngram=params.ngram, temperature=params.temperature, top_k=params.top_k,
             top_p=params.top_p, seed=params.seed, p_min=params.p_min, backend=self.info.backend,
-            speculator_cache=self.scorer, scored=scored, hidden_drafters=hidden, unavailable=unavailable, seq=seq,
+            speculator_cache=lambda: self.draft_cache(seq, prompt if scored else None), scored=scored, hidden_drafters=hidden, unavailable=unavailable, seq=seq,
         )
+
+    def draft_cache(self, slot: int = 0, scored: Prompt | None = None):
+        """The speculator context `draft model` drafts on for serving slot `slot`: the scorer's with one
+        slot (a drafter then continues from the window scoring left there), else a context of the
+        slot's own (drafters.DraftCache, built on first use), so that jobs decoding together never
+        draft on one another's KV. `scored`: the job's prompt when it was just scored; the window
+        scoring left in the scorer's context is then copied into the slot's (a host copy of the
+        speculator's KV of one window, instead of prefilling the prompt again)."""
+        from .drafters import DraftCache, is_window_view
+        from .spec_cache import restore_seq, save_seq
+
+        scorer = self.scorer()
+        if self.slots == 1:
+            return scorer
+        cache = self._draft_caches.get(slot)
+        if cache is None:
+            opts = self.options
+            cache = self._draft_caches[slot] = DraftCache(Context(
+                self.speculator, n_ctx=scorer.n_ctx, n_batch=opts.n_batch, n_ubatch=self.n_ubatch,
+                n_threads=opts.resolved_threads(), flash_attn=opts.flash_attn, call_tokens=self.call_tokens))
+        window = scorer.cached_tokens
+        if (scored is not None and window and scorer.ctx.seq_pos_max(0) == len(window) - 1
+                and is_window_view(window, scored) and cache.cached_tokens != window):
+            cache.ctx.clear()
+            cache.cached_tokens = []
+            restore_seq(cache.ctx, save_seq(scorer.ctx, 0), 0)
+            cache.cached_tokens = list(window)
+        return cache
 
     def mtp_context(self) -> Context:
         """The target's MTP block's context (`--draft mtp`), built on first use."""
@@ -659,6 +689,9 @@ class Engine:
             self._eagle3[0].close()
         self.ctx.close()
         self.target.close()
+        for cache in self._draft_caches.values():
+            cache.close()
+        self._draft_caches.clear()
         if self._scorer is not None:
             self._scorer.close()
         if self._speculator is not None:

@@ -38,11 +38,17 @@ def resolve_score_thread(choice: str, *, on_cpu: bool) -> bool:
     return choice == "on" or (choice == "auto" and not on_cpu)
 
 
+#: the name of this thread (the score math's per-layer pool is scoring.MATH_THREAD_PREFIX, apart)
+THREAD_PREFIX = "specq-score"
+
+
 class ScoreThread:
-    """One job's scoring at a time on the `specq-score` thread; `wake` runs (on that thread) when it ends."""
+    """One job's scoring at a time on the `specq-score` thread; `wake` runs (on that thread) when it ends.
+    The thread starts with the first job handed here (a loop that never scores beside starts none)."""
 
     def __init__(self, wake: Callable[[], None]) -> None:
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="specq-score")
+        self._pool: ThreadPoolExecutor | None = None
+        self._pool_lock = threading.Lock()
         self._wake = wake
         self._job: Any = None
         self._future: Future | None = None
@@ -68,9 +74,15 @@ class ScoreThread:
             self.thread = threading.current_thread()
             return work()
 
-        self._job, self._future = job, self._pool.submit(run)
+        self._job, self._future = job, self._executor().submit(run)
         self.jobs_scored += 1
         self._future.add_done_callback(lambda _f: self._wake())
+
+    def _executor(self) -> ThreadPoolExecutor:
+        with self._pool_lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=THREAD_PREFIX)
+            return self._pool
 
     def take(self) -> tuple[Any, Future] | None:
         """(job, its future) once its scoring has ended (the future holds the outcome or the error); else None."""
@@ -84,7 +96,10 @@ class ScoreThread:
         """Wait for a scoring in flight (its job's Stop makes a dropped one end at its next call), then end the thread."""
         if self._future is not None:
             wait([self._future], timeout)
-        self._pool.shutdown(wait=timeout is None)
+        with self._pool_lock:
+            pool = self._pool
+        if pool is not None:
+            pool.shutdown(wait=timeout is None)
 
 
-__all__ = ["SCORE_THREAD_CHOICES", "ScoreThread", "resolve_score_thread"]
+__all__ = ["SCORE_THREAD_CHOICES", "THREAD_PREFIX", "ScoreThread", "resolve_score_thread"]

@@ -53,6 +53,7 @@ from __future__ import annotations
 from .capture import QKCapture  # isort: skip  (llama_cpp before numpy)
 
 import math
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
@@ -131,22 +132,30 @@ def attention_scores(q_rows: Sequence[dict[int, np.ndarray]], k: dict[int, np.nd
 
     # layers are independent and numpy releases the GIL in matmul/exp/cumsum: one thread per core
     best: np.ndarray | None = None
-    for per_row in _pool().map(layer, layers):
+    for per_row in math_pool().map(layer, layers):
         best = per_row if best is None else np.maximum(best, per_row)
     return best.mean(axis=0)
 
 
+#: the score math's per-layer worker threads, named apart from the serving loop's `specq-score` thread
+#: (score_thread.py) so that a thread dump or a test tells the two apart
+MATH_THREAD_PREFIX = "specq-score-math"
 _EXECUTOR = None
+_EXECUTOR_LOCK = threading.Lock()
 
 
-def _pool():
+def math_pool():
+    """The score math's thread pool, started on first use; the lock makes two threads scoring at once
+    (the loop's and the score thread's) start one pool, not two."""
     global _EXECUTOR
-    if _EXECUTOR is None:
-        import os
-        from concurrent.futures import ThreadPoolExecutor
+    with _EXECUTOR_LOCK:
+        if _EXECUTOR is None:
+            import os
+            from concurrent.futures import ThreadPoolExecutor
 
-        _EXECUTOR = ThreadPoolExecutor(max_workers=max(1, min(16, os.cpu_count() or 1)), thread_name_prefix="specq-score")
-    return _EXECUTOR
+            _EXECUTOR = ThreadPoolExecutor(max_workers=max(1, min(16, os.cpu_count() or 1)),
+                                           thread_name_prefix=MATH_THREAD_PREFIX)
+        return _EXECUTOR
 
 
 def plan_windows(n_doc: int, size: int) -> list[tuple[int, int]]:

@@ -47,13 +47,15 @@ Each step of the loop:
    If that batch fails, every job in it is rolled back and decoded alone, so only the job whose
    tokens fail gets the error.
 
-Drafters: n-gram lookup is per job; the model drafter drafts on the scorer's speculator context
-(sequence 0, re-synchronised with its job's history at each proposal, so jobs sharing it stay
-correct, only slower); capture is armed only inside the scorer's own lookahead decodes, which never
-run while a drafter decodes (one thread). A job whose drafter decodes on the context a window is
-being prefilled into sits out the batches between that window's calls (`_drafts_on`; it still gets
-the batch between two window groups, and those between calls when the windows are prefilled in the
-scorer's parallel-streams context). MTP / EAGLE3 need slots = 1.
+Drafters: n-gram lookup is per job; the model drafter drafts on a speculator context of its slot's
+own (Engine.draft_cache: with several slots; a scored job's drafter starts from a copy of the window
+its scoring left in the scorer's context), so jobs decoding together never draft on one another's
+KV (issue 44 item 10: with one shared context a copy-of-the-target drafter's acceptance fell from 1.0
+alone to 0.04 beside another job). With one slot it drafts on the scorer's context (sequence 0,
+re-synchronised with its job's history at each proposal); capture is armed only inside the scorer's
+own lookahead decodes, which never run while a drafter decodes (one thread). A job whose drafter
+decodes on the context a window is being prefilled into sits out the batches between that window's
+calls (`_drafts_on`: only a drafter on the scorer's context, i.e. one slot). MTP / EAGLE3 need slots = 1.
 
 Scoring on its own thread (score_thread.py; `score_thread`, SPECQ_SCORE_THREAD: auto = with a GPU
 target): step 3's scoring + selection is handed to the `specq-score` thread (stage `scoring`) and the
@@ -84,7 +86,6 @@ times (other jobs' work in between); `slot_wait` = tokenized (in `submit`) to a 
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from collections import deque
@@ -98,6 +99,7 @@ import numpy as np
 from ..contracts import DecodeError, Drained, RunCancelled
 from .decode import SeqDecoder
 from .invariance import MAX_INVARIANT_BATCH, on_cpu
+from .loop_seams import LoopSeams
 from .options import RunParams
 from .prefill import prefill_plan
 from .prefix_cache import PrefixUse, common_prefix
@@ -110,9 +112,6 @@ from .stop import Stop, running
 
 log = logging.getLogger("specq.engine")
 
-#: tests only: a job whose question equals this fails in its decode batches (after 3 tokens), as if
-#: llama_decode failed on its rows; the others in the same batches must finish unharmed
-FAULT_ENV = "SPECQ_SERVING_FAULT"
 PHASES = ("tokenize", "score", "sparse_prefill", "decode")
 #: batch-invariant mode: most rows of one decode batch for K-quant weights (engine/invariance.py: the
 #: CPU's tiled K-quant matmul starts at 8 rows; batches of 1-7 rows give bit-identical logits)
@@ -247,8 +246,11 @@ class JobHandle:
 class ServingEngine:
     """The engine loop over an `Engine` (module doc). `start()` it, then `submit()` / `run()`."""
 
-    def __init__(self, engine, *, prefill_chunk: int = 0, score_thread: str = "auto", group_sparse: bool = False) -> None:
+    def __init__(self, engine, *, prefill_chunk: int = 0, score_thread: str = "auto", group_sparse: bool = False,
+                 seams: LoopSeams | None = None) -> None:
+        """`seams`: test seams (loop_seams.py); None in production."""
         self.engine = engine
+        self.seams = seams or LoopSeams()
         self.ctx = engine.ctx
         self.slots = int(getattr(engine, "slots", 1))
         #: batch-invariant target numerics: decode batches of <= INVARIANT_ROWS rows, prefill apart
@@ -268,7 +270,6 @@ class ServingEngine:
         self._admitting = True
         self._closed = False
         self._thread: threading.Thread | None = None
-        self._fault = os.environ.get(FAULT_ENV, "")
         #: for /metrics and the heartbeat (read without a lock: plain ints/floats)
         self.busy = 0
         self.waiting = 0
@@ -314,7 +315,7 @@ class ServingEngine:
         included (the worker's group claim; mode auto's rule 1a, `_auto_group`)."""
         job = _Job(document, params or RunParams(), progress or (lambda phase, done, total: None), on_text,
                    messages, raw, scope, reused_document, group_hint)
-        job.faulty = bool(self._fault) and job.params.question == self._fault
+        job.faulty = self.seams.fails is not None and bool(self.seams.fails(job.params))
         # tokenized here, in the submitting thread (llama_tokenize reads only the vocabulary, and ctypes
         # lets go of the GIL), beside the loop's model work rather than as a step of the loop with every
         # other job waiting (~0.16 s for a 32K-token document; docs/serving.md "Where the time goes");
@@ -413,7 +414,9 @@ class ServingEngine:
                    for j in self._active)
 
     def _step(self, admitting: bool) -> None:
-        self.steps += 1
+        self.steps += 1  # the loop's own progress: the worker's watchdog reads it (worker/watchdog.py)
+        if self.seams.before_step is not None:
+            self.seams.before_step([j.params for j in self._active])
         self._collect_scored()
         for job in list(self._waiting):
             if job.cancel_exc is not None or not admitting:
@@ -759,7 +762,8 @@ class ServingEngine:
         batches (F16 weights take another kernel for 1 row than for 2+) and, when it samples, its
         random draws depend on when other jobs score, so its output would differ from the job alone.
         When the windows are prefilled in the scorer's parallel-streams context (n_parallel > 1) its
-        drafting context is not that one, and it decodes between those calls too."""
+        drafting context is not that one, and it decodes between those calls too; nor is it with
+        several slots, where each drafts on its slot's own context (Engine.draft_cache)."""
         return ctx is not None and getattr(job.drafter, "ctx", None) is ctx
 
     # the target batch of one step
@@ -895,7 +899,7 @@ class ServingEngine:
     def _fault_check(self, parts) -> None:
         for job, *_ in parts:
             if job.faulty and job.stage == "decode" and len(job.dec.out) >= 3:
-                raise DecodeError(f"llama_decode returned -1 (error): injected by {FAULT_ENV} for this job")
+                raise DecodeError("llama_decode returned -1 (error): injected by the loop's `fails` test seam for this job")
 
     def _save_prompt(self, job: _Job) -> None:
         """After a full prefill through the prompt cache: its record, and the prompt's KV saved. Called
@@ -1000,4 +1004,4 @@ class ServingEngine:
                 "groups_formed": self.groups_formed, "group_copies": self.group_copies}
 
 
-__all__ = ["ServingEngine", "JobHandle", "Drained", "FAULT_ENV"]
+__all__ = ["ServingEngine", "JobHandle", "Drained", "LoopSeams"]

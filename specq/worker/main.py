@@ -28,8 +28,9 @@ def setup_logging(level: str = "INFO") -> None:
     )
 
 
-def run_worker(settings: ServiceSettings, *, queue: str | None = None, loglevel: str = "INFO") -> None:
-    """Start a worker in the foreground (returns when it is stopped)."""
+def run_worker(settings: ServiceSettings, *, queue: str | None = None, loglevel: str = "INFO", seams=None) -> None:
+    """Start a worker in the foreground (returns when it is stopped). `seams`: the engine loop's test
+    seams (engine/loop_seams.py), from a test's launcher (tests/seamed_worker.py); None in production."""
     setup_logging(loglevel)
     visible = settings.visible_devices()  # --gpu N (and --speculator-gpu M: "N,M")
     if visible is not None:
@@ -47,7 +48,7 @@ def run_worker(settings: ServiceSettings, *, queue: str | None = None, loglevel:
 
     from ..engine.llama import backend_name
 
-    rt = WorkerRuntime(settings)
+    rt = WorkerRuntime(settings, seams=seams)
     rt.queue = queue
     set_runtime(rt)
     prefork = settings.concurrency > 1

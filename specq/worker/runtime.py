@@ -182,9 +182,11 @@ class _Watcher(threading.Thread):
 class WorkerRuntime:
     """The models of one worker process and the job loop body."""
 
-    def __init__(self, settings: ServiceSettings | None = None, engine: Any = None) -> None:
+    def __init__(self, settings: ServiceSettings | None = None, engine: Any = None, seams: Any = None) -> None:
+        """`seams`: the engine loop's test seams (engine/loop_seams.py), from a test's launcher only."""
         self.settings = settings or ServiceSettings.from_env()
         self.engine = engine
+        self.seams = seams
         self.name = worker_name()
         self.jobs_done = 0
         #: the queue this worker consumes (`specq worker --queue`), reported in its heartbeat
@@ -213,6 +215,10 @@ class WorkerRuntime:
         self.warm_up_s: float | None = None
         self.heartbeat = None
         self.reconciler = None
+        #: exits the process when the engine is stuck past a job's deadline (watchdog.py; started by load())
+        self.watchdog = None
+        #: the engine's progress calls with one slot (no engine loop, whose step counter the watchdog reads)
+        self.engine_steps = 0
         self._channel = None
 
     @property
@@ -241,7 +247,7 @@ class WorkerRuntime:
         if slots > 1:
             self.serving = ServingEngine(self.engine, prefill_chunk=self.settings.prefill_chunk,
                                          score_thread=self.settings.score_thread,
-                                         group_sparse=self.settings.group_sparse).start()
+                                         group_sparse=self.settings.group_sparse, seams=self.seams).start()
             self.slots = slots
         if self.settings.warm_up:
             t1 = time.perf_counter()
@@ -261,8 +267,20 @@ class WorkerRuntime:
             self.engine.n_ctx, slots, "" if slots == 1 else "s", groups_on, time.perf_counter() - t0,
         )
         self.ready = True
+        self._start_watchdog()
         self._start_heartbeat(info)
         self._start_reconciler()
+
+    def _start_watchdog(self) -> None:
+        """The engine's own progress, watched (watchdog.py); SPECQ_WATCHDOG_GRACE < 0 = none."""
+        if self.settings.watchdog_grace < 0 or self.watchdog is not None:
+            return
+        from .watchdog import Watchdog
+
+        serving = self.serving
+        steps = (lambda: serving.steps) if serving is not None else (lambda: self.engine_steps)
+        self.watchdog = Watchdog(steps, self.settings.watchdog_grace)
+        self.watchdog.start()
 
     def _start_heartbeat(self, info) -> None:
         """Write this process's heartbeat (specq.monitor) every few seconds, for /metrics."""
@@ -279,6 +297,9 @@ class WorkerRuntime:
         def state() -> dict[str, Any]:
             live = sorted(self.live)
             extra = self.serving.stats() if self.serving is not None else {"slots": 1}
+            wd = self.watchdog
+            extra["engine_steps"] = wd.steps() if wd is not None else None
+            extra["engine_stalled_s"] = wd.stalled_s() if wd is not None else None
             return {"name": self.name, "queue": self.queue, "jobs_done": self.jobs_done,
                     "current_job": live[0] if live else None, "current_jobs": live, "busy": len(live),
                     "group_claimed": self.group_claimed,
@@ -507,11 +528,17 @@ class WorkerRuntime:
         watcher = _Watcher(job_id, token, s_.progress_interval, t0 + s_.time_limit, s_.time_limit)
         watcher.start()
         publisher = DeltaPublisher(self.channel, job_id, job.attempts, token=token, on_fenced=watcher.fence)
+        if self.watchdog is not None:  # the engine holds the job from here until it returns
+            self.watchdog.enter(job_id, watcher.deadline)
         try:
             try:
                 reuse = {"scope": job.tenant, "reused_document": inp.document_id is not None}
                 if self.serving is None:
-                    result = self.engine.run(inp.text, params, progress=watcher.progress, on_text=publisher.feed,
+                    def progress(phase: str, done: int, total: int) -> None:
+                        self.engine_steps += 1  # one slot: the engine's progress calls are its steps
+                        watcher.progress(phase, done, total)
+
+                    result = self.engine.run(inp.text, params, progress=progress, on_text=publisher.feed,
                                              stop=watcher.run_stop, **reuse, **source)
                 else:
                     with self._claim_lock:
@@ -520,6 +547,8 @@ class WorkerRuntime:
                                                  group_hint=together, **reuse, **source)
                     result = self._wait(handle, watcher)
             finally:
+                if self.watchdog is not None:
+                    self.watchdog.leave(job_id)
                 publisher.finish()
         except Fenced:
             watcher.stop()
