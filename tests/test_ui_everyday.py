@@ -177,7 +177,7 @@ def test_what_ran_and_why_in_the_list_and_on_the_job_page(api, chromium):
     listed = {j["id"]: j for j in httpx.get(f"{api.url}/v1/jobs", timeout=30).json()["data"]}
     assert listed[cached]["ran"] == {"mode": "baseline", "reason": reason, "cache_hit": True}
     assert listed[sparse]["ran"] == {"mode": "specprefill", "reason": "asked for", "cache_hit": False}
-    assert listed[cached]["params"].get("mode") is None  # asked: auto
+    assert listed[cached]["params"]["mode"] == "auto"  # what it asked for
 
     p = open_page(chromium, timezone_id="UTC", locale="en-US")
     page = p.page
