@@ -12,7 +12,6 @@ real service (`specq up --detach`: API + worker on tiny models, SQLite + the emb
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer

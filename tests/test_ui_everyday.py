@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import time
 from datetime import datetime, timezone
+from zoneinfo import ZoneInfo
 
 import httpx
 import pytest
@@ -127,7 +128,7 @@ def test_batch_and_job_dates_are_today_with_a_time_zone(api, chromium):
     q.page.goto(f"{api.url}/ui/jobs/{job_id}")
     q.wait_ready("job")
     text, iso = _times(q.page, "[data-role=status]")[0]
-    tokyo = datetime.fromisoformat(iso.replace("Z", "+00:00")).astimezone(__import__("zoneinfo").ZoneInfo("Asia/Tokyo"))
+    tokyo = datetime.fromisoformat(iso.replace("Z", "+00:00")).astimezone(ZoneInfo("Asia/Tokyo"))
     assert text.startswith(tokyo.strftime("%Y-%m-%d %H:%M:%S")) and text.endswith(("GMT+9", "JST")), text
     q.assert_clean()
 
