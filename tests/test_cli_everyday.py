@@ -14,9 +14,11 @@ from __future__ import annotations
 import json
 import subprocess
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+import httpx
 import pytest
 
 from service_helpers import REPO, base_env, free_port, specq_cmd
@@ -113,6 +115,33 @@ def test_up_detach_on_a_taken_port_fails_with_the_logs_reason(up_env):
     assert "see " in err and "up.log" in err
     assert not (Path(up_env["SPECQ_HOME"]) / "up.pid").exists()  # nothing left for `specq down`
     assert not (Path(up_env["SPECQ_HOME"]) / "up.url").exists()  # the CLI is not pointed at the other one
+
+
+def test_a_running_prefill_reports_tokens_through_the_worker(up_env):
+    """The engine's per-call prefill progress reaches the API through the worker's progress channel
+    (its watcher writes the latest report to the job store): polled, a running job shows
+    `sparse_prefill` i/n tokens with 0 < i < n. Small prefill calls and a short write interval make the
+    phase long enough to be seen with tiny models."""
+    env = dict(up_env, SPECQ_CALL_TOKENS="16", SPECQ_PROGRESS_INTERVAL="0.05", SPECQ_STALE_AFTER="30")
+    assert _run(env, "up", "--detach", "--port", env["_port"]).returncode == 0
+    url = f"http://127.0.0.1:{env['_port']}"
+    doc = "".join(f"def f{i}(a, b):\n    return a + b * {i}\n\n" for i in range(80))
+    seen = set()
+    with httpx.Client(base_url=url, timeout=30) as c:
+        job_id = c.post("/v1/jobs", json={"text": doc, "question": "What does f7 return?",
+                                          "params": {"mode": "baseline", "max_tokens": 2}}).json()["id"]
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:
+            job = c.get(f"/v1/jobs/{job_id}").json()
+            p = job["progress"]
+            if job["status"] == "running" and p["phase"] == "sparse_prefill":
+                seen.add((p["done"], p["total"]))
+            if job["status"] in ("succeeded", "failed", "cancelled"):
+                break
+            time.sleep(0.01)
+    assert job["status"] == "succeeded", job["error"]
+    n = job["result"]["usage"]["prompt_tokens"]
+    assert n > 1000 and any(0 < done < total == n for done, total in seen), sorted(seen)
 
 
 def test_progress_line_has_tokens_elapsed_and_time_left():
