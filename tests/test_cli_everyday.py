@@ -160,3 +160,17 @@ def test_progress_line_has_tokens_elapsed_and_time_left():
     assert clock.text("sparse_prefill", 32768, 32768) == "prefill 32,768/32,768 tokens · 40 s"
     assert clock.job_text({"status": "queued", "progress": {"phase": None}}) == "queued"
     assert duration(125) == "2 min 5 s" and duration(3780) == "1 h 3 min"
+
+
+def test_the_logs_reason_puts_the_os_error_first_and_skips_warning_source_lines():
+    from specq.cli.service import log_reason
+
+    log = ("INFO starting\n"
+           "ERROR:    [Errno 98] error while attempting to bind on address ('127.0.0.1', 8391): address already in use\n"
+           "  _warn_or_raise_security_error(egid, euid, gid, uid,\n"
+           "specq up: another API (instance x) already answers at http://127.0.0.1:8391: is the port in use?\n"
+           "specq up: the api exited with status 3; stopping\n")
+    reason = log_reason(log)
+    assert reason.startswith("ERROR:    [Errno 98]") and reason.endswith("the api exited with status 3; stopping")
+    assert "security_error" not in reason
+    assert log_reason("INFO all fine\n") == ""

@@ -215,13 +215,16 @@ def _record_url(path: Path, url: str) -> None:
 
 
 def log_reason(text: str) -> str:
-    """The lines of a `specq up` log that say why it stopped (an error, a port in use, a process's
-    exit status), at most three, joined; "" when none does."""
+    """The lines of a `specq up` log that say why it stopped (the OS's error first, e.g. a port in use,
+    then the last other errors and exit statuses), at most four, joined; "" when none does."""
     import re
 
     lines = [line.strip() for line in text.splitlines() if line.strip()]
-    hits = [line for line in lines if re.search(r"error|in use|exited with status|refused|denied|not found", line, re.I)]
-    hits = list(dict.fromkeys(hits))[-3:]
+    # whole words: a warning's source line (`_warn_or_raise_security_error(…`) is no reason
+    said = re.compile(r"\berror\b|Errno|in use|exited with status|refused|denied|not found", re.I)
+    hits = list(dict.fromkeys(line for line in lines if said.search(line)))
+    causes = [line for line in hits if re.search(r"Errno|in use", line)]  # the OS's reason first
+    hits = causes[:2] + [line for line in hits if line not in causes][-2:]
     return "; ".join(line[:300] for line in hits)
 
 
