@@ -1,7 +1,9 @@
 """A small HTTP client of the specq API (used by `specq submit`, `status`, `result`, `jobs`, `cancel`).
 
-It talks to ``SPECQ_API_URL`` (default ``http://127.0.0.1:8178``, where `specq up` listens) and sends
-``Authorization: Bearer $SPECQ_API_KEY`` when that is set. Every failure is an `ApiError` whose message
+It talks to the URL it is given (the CLI's `--url`), else ``SPECQ_API_URL``, else the URL the last
+`specq up` on this machine's ``$SPECQ_HOME`` recorded in ``$SPECQ_HOME/up.url`` (so a service started
+with `specq up --port 8391` is the one the CLI finds, not somebody else's on the default port), else
+``http://127.0.0.1:8178``; it sends ``Authorization: Bearer $SPECQ_API_KEY`` when that is set. Every failure is an `ApiError` whose message
 is one line a user can act on; nothing listening at the URL is `ApiUnavailable`.
 """
 
@@ -24,10 +26,38 @@ from .settings import DEFAULT_API_HOST, DEFAULT_API_PORT
 
 DEFAULT_API_URL = f"http://{DEFAULT_API_HOST}:{DEFAULT_API_PORT}"
 TERMINAL = JOB_TERMINAL
+#: the file under $SPECQ_HOME where `specq up` records the URL of the API it runs
+UP_URL_FILE = "up.url"
+
+
+def up_url_path() -> Path:
+    from .config import specq_home
+
+    return specq_home() / UP_URL_FILE
+
+
+def recorded_url() -> str | None:
+    """The URL the last `specq up` recorded under $SPECQ_HOME, or None."""
+    try:
+        text = up_url_path().read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+    return text.splitlines()[0].strip() if text else None
+
+
+def api_url_source() -> tuple[str, str]:
+    """(the API URL, where it came from): SPECQ_API_URL, else what `specq up` recorded, else the default."""
+    env = os.environ.get("SPECQ_API_URL", "").strip()
+    if env:
+        return env.rstrip("/"), "SPECQ_API_URL"
+    recorded = recorded_url()
+    if recorded:
+        return recorded.rstrip("/"), f"recorded by `specq up` in {up_url_path()}"
+    return DEFAULT_API_URL, "the default"
 
 
 def api_url() -> str:
-    return (os.environ.get("SPECQ_API_URL", "").strip() or DEFAULT_API_URL).rstrip("/")
+    return api_url_source()[0]
 
 
 class ApiError(Exception):
@@ -52,9 +82,10 @@ class Client:
     RETRY_WAIT_MAX = 30.0
 
     def __init__(self, url: str | None = None, api_key: str | None = None, timeout: float = 60.0) -> None:
-        self.url = (url or api_url()).rstrip("/")
+        url, self.url_source = (url, "--url") if url else api_url_source()
+        self.url = url.rstrip("/")
         if not self.url.lower().startswith(("http://", "https://")):
-            raise ApiError(f"the API URL {self.url!r} must start with http:// or https:// (SPECQ_API_URL)")
+            raise ApiError(f"the API URL {self.url!r} must start with http:// or https:// ({self._where()})")
         key = os.environ.get("SPECQ_API_KEY", "").strip() if api_key is None else api_key
         if key and not _KEY_CHARS.fullmatch(key):
             raise ApiError("SPECQ_API_KEY holds characters no key has (non-ASCII, spaces or control characters; "
@@ -63,11 +94,21 @@ class Client:
         try:
             self._http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout)
         except (httpx.InvalidURL, ValueError) as e:  # a malformed SPECQ_API_URL (bad port, IDNA, …)
-            raise ApiError(f"bad API URL {self.url!r} (SPECQ_API_URL): {e}") from None
+            raise ApiError(f"bad API URL {self.url!r} ({self._where()}): {e}") from None
         self._sleep = time.sleep
 
     def close(self) -> None:
         self._http.close()
+
+    def _where(self) -> str:
+        return "SPECQ_API_URL" if self.url_source == "the default" else self.url_source
+
+    def unavailable(self) -> str:
+        """The message of ApiUnavailable: nothing answers at the URL, and where that URL came from."""
+        if self.url_source in ("SPECQ_API_URL", "the default"):
+            return f"no specq API at {self.url}: start it with `specq up` (or set SPECQ_API_URL)"
+        return (f"no specq API at {self.url} ({self.url_source}): start it with `specq up`, or give --url or "
+                "SPECQ_API_URL")
 
     def __enter__(self) -> "Client":
         return self
@@ -82,7 +123,7 @@ class Client:
             try:
                 r = self._http.request(method, path, **kwargs)
             except (httpx.ConnectError, httpx.ConnectTimeout) as e:
-                raise ApiUnavailable(f"no specq API at {self.url}: start it with `specq up` (or set SPECQ_API_URL)") from e
+                raise ApiUnavailable(self.unavailable()) from e
             except (httpx.HTTPError, httpx.InvalidURL) as e:
                 raise ApiError(f"request to {self.url}{path} failed: {type(e).__name__}: {e}") from e
             except UnicodeEncodeError as e:  # an id, name or question from argv with bytes that are not UTF-8
@@ -256,7 +297,7 @@ class Client:
                             return
                         event, data = "message", []
         except (httpx.ConnectError, httpx.ConnectTimeout) as e:
-            raise ApiUnavailable(f"no specq API at {self.url}: start it with `specq up` (or set SPECQ_API_URL)") from e
+            raise ApiUnavailable(self.unavailable()) from e
         except httpx.HTTPError as e:
             raise ApiError(f"the event stream of {job_id} broke: {type(e).__name__}: {e}") from e
 
@@ -320,16 +361,18 @@ def _error_message(r: httpx.Response) -> str:
 
 
 def progress_text(job: dict) -> str:
-    """`decode 12/64`, `score window 3/8`, `queued`, … for a job dict."""
+    """`decode 12/64 tokens`, `score 3/8 windows`, `sparse_prefill 2,048/4,096 tokens`, `queued`, … for a
+    job dict (the API's phase names)."""
     status = job.get("status")
     p = job.get("progress") or {}
     phase = p.get("phase")
     if status != "running" or not phase:
         return str(status)
     done, total = p.get("done") or 0, p.get("total") or 0
-    unit = {"score": "window ", "decode": "token "}.get(phase, "")
-    return f"{phase} {unit}{done}/{total}" if total > 1 else phase
+    unit = {"score": " windows", "decode": " tokens", "sparse_prefill": " tokens"}.get(phase, "")
+    return f"{phase} {done:,}/{total:,}{unit}" if isinstance(total, int) and total > 1 else phase
 
 
-__all__ = ["Client", "ApiError", "ApiUnavailable", "api_url", "path_id", "retry_after", "progress_text", "TERMINAL",
+__all__ = ["Client", "ApiError", "ApiUnavailable", "api_url", "api_url_source", "recorded_url", "up_url_path",
+           "UP_URL_FILE", "path_id", "retry_after", "progress_text", "TERMINAL",
            "BATCH_TERMINAL", "DEFAULT_API_URL"]

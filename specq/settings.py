@@ -192,6 +192,10 @@ class ServiceSettings:
     #: address `specq api` / `specq up` listen on
     api_host: str = DEFAULT_API_HOST
     api_port: int = DEFAULT_API_PORT
+    #: names this API process in GET /healthz (`instance`); empty = a random name per process. `specq
+    #: up` sets a fresh one for the API it starts, and counts the service as started only when /healthz
+    #: on its port answers with it (not another instance that already held the port)
+    instance_id: str = ""
     #: ``none``: no authentication, every caller is one user who sees everything (the single-user
     #: default, e.g. `specq up` on SQLite); ``keys``: every /v1 request and /metrics must send
     #: ``Authorization: Bearer <key>`` with a key from `specq keys create` (401 otherwise), and each

@@ -90,9 +90,10 @@ def browser():
             b.close()
 
 
-def open_page(b, width: int = 1400, height: int = 1000) -> BrowserPage:
-    """A page in a fresh context (its own sessionStorage) that records errors and off-machine requests."""
-    context = b.new_context(viewport={"width": width, "height": height})
+def open_page(b, width: int = 1400, height: int = 1000, **context_options) -> BrowserPage:
+    """A page in a fresh context (its own sessionStorage) that records errors and off-machine requests;
+    `context_options` go to Playwright's new_context (e.g. timezone_id, locale)."""
+    context = b.new_context(viewport={"width": width, "height": height}, **context_options)
     page = context.new_page()
     bp = BrowserPage(page)
     page.add_init_script(CSP_PROBE)

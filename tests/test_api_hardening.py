@@ -288,7 +288,7 @@ def test_healthz_readyz_and_workers_from_heartbeats(api, client):
     from specq import monitor
     from specq.settings import ServiceSettings
 
-    assert set(client.get("/healthz").json()) == {"status", "version"}
+    assert set(client.get("/healthz").json()) == {"status", "version", "instance"}
     settings = ServiceSettings.from_env(api.env)
     old = {"name": "old-worker:1", "queue": settings.queue, "jobs_done": 3, "current_job": "job_abc", "host": "h",
            "pid": 1, "gpu": "0", "target": "qwen", "backend": "CUDA"}  # what workers wrote before `ready`

@@ -123,7 +123,7 @@ def test_tables_and_results_print_user_text_literally_on_a_terminal():
     _assert_inert(out)
     plain = SGR.sub("", out)
     assert "answer [/x] \\x1b]8;;https://e.example\\x07link" in plain and "[/evil]\\x1b[2J" in plain
-    assert "mode [red]m" in plain and "warning: [/w] \\x1b[5m" in plain
+    assert "ran [red]m" in plain and "warning: [/w] \\x1b[5m" in plain
 
 
 # --- the client, before any connection ----------------------------------------------------------------

@@ -166,7 +166,9 @@ def test_lookups_and_listing_errors(api, client):
 
 
 def test_healthz_and_openapi(api, client):
-    assert client.get("/healthz").json() == {"status": "ok", "version": client.get("/readyz").json()["version"]}
+    health = client.get("/healthz").json()
+    assert health == {"status": "ok", "version": client.get("/readyz").json()["version"], "instance": health["instance"]}
+    assert health["instance"] and client.get("/healthz").json()["instance"] == health["instance"]  # one per process
     ready = client.get("/readyz").json()
     assert ready["status"] == "ready" and ready["database"] == "ok" and ready["broker"] == "ok", ready
     assert ready["migrations"] == "ok" and ready["workers_ready"] == 0  # no worker in this stack

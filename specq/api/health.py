@@ -1,6 +1,7 @@
 """Is the service up, can it take jobs, and who works on them.
 
-    GET /healthz      liveness: this process answers (checks nothing else; always 200)
+    GET /healthz      liveness: this process answers (checks nothing else; always 200), with
+                      `instance`, the name of this API process (SPECQ_INSTANCE_ID, set by `specq up`)
     GET /readyz       readiness: 200 when this API can accept jobs — the job store answers, its schema
                       is at the newest migration, the broker answers — else 503 naming what is not;
                       `workers_ready` counts the workers of this API's queue (SPECQ_QUEUE) with a
@@ -17,6 +18,7 @@ their models were loaded), missing `slots` as 1, `current_jobs` falls back to `c
 from __future__ import annotations
 
 import math
+import secrets
 import time
 from typing import Any, Callable
 
@@ -122,11 +124,13 @@ def readiness(settings: ServiceSettings) -> dict[str, Any]:
 
 def health_router(settings: ServiceSettings, caller_of: Callable[..., Caller]) -> APIRouter:
     router = APIRouter(tags=["health"])
+    # which API process answers: `specq up` checks that the API on its port is the one it started
+    instance = settings.instance_id or secrets.token_hex(8)
 
     @router.get("/healthz", summary="Liveness: this API process answers", response_model=S.Health,
                 operation_id="healthz")
     def healthz() -> dict[str, Any]:
-        return {"status": "ok", "version": _version}
+        return {"status": "ok", "version": _version, "instance": instance}
 
     @router.get("/readyz", summary="Readiness: store, schema and broker ready to accept jobs",
                 response_model=S.Ready, operation_id="readyz",

@@ -8,7 +8,8 @@
     GET    /v1/jobs/{id}/document  `JobDocument`: the document and question the job was given (the
                                 kept spans of its result are character offsets into this text)
     GET    /v1/jobs             ?status=queued,running&batch_id=&limit=&offset= -> `JobList` (rows
-                                without the document, question, system message or result)
+                                without the document, question, system message or result; a
+                                succeeded row's `ran` says which mode ran and why)
     DELETE /v1/jobs/{id}        cancel: queued -> cancelled now; running -> stops at its next phase,
                                 window or token
     DELETE /v1/jobs/{id}/data   a finished job's document, question, result and timings, and the job
@@ -33,7 +34,7 @@ from ..contracts import InputError
 from ..engine.inputs import check_text, decode_document
 from ..engine.options import RunParams
 from ..settings import ServiceSettings
-from ..storage import db, jobs, lifecycle
+from ..storage import db, jobs, lifecycle, results
 from ..storage.errors import InputTooLarge
 from ..storage.keys import Caller
 from ..storage.models import JOB_STATUSES
@@ -126,7 +127,8 @@ def jobs_router(settings: ServiceSettings, caller_of: Callable[..., Caller]) -> 
         with db.session() as s:
             rows = jobs.list_jobs(s, status=statuses, tenant=caller.scope, batch_id=batch_id, limit=limit, offset=offset)
             total = jobs.count_jobs(s, status=statuses, tenant=caller.scope, batch_id=batch_id)
-            return {"object": "list", "data": [job_summary(j) for j in rows], "total": total,
+            specs = results.ran_specs(s, [j.id for j in rows if j.status == "succeeded"])
+            return {"object": "list", "data": [job_summary(j, specs.get(j.id)) for j in rows], "total": total,
                     "limit": limit, "offset": offset}
 
     @router.delete("/v1/jobs/{job_id}", summary="Cancel a queued or running job", operation_id="cancelJob",

@@ -194,6 +194,15 @@ class Progress(Response):
     total: int
 
 
+class Ran(Response):
+    """What ran for a succeeded job: its result's `spec.mode` and `spec.reason` (docs/result.md), and
+    whether the target's prompt cache supplied part of the prompt."""
+
+    mode: str | None = Field(None, description="baseline or specprefill: the mode that actually ran (`auto` resolved)")
+    reason: str | None = Field(None, description="why: `asked for`, a fallback, or `auto: …`")
+    cache_hit: bool = Field(False, description="the target restored part of the prompt from its prompt cache")
+
+
 class JobInputOut(Response):
     filename: str | None
     size_bytes: int
@@ -226,6 +235,8 @@ class JobSummary(Response):
     worker: str | None
     heartbeat_at: Timestamp
     cancel_requested: bool
+    ran: Ran | None = Field(None, description="once it succeeded: the mode that ran and why (lists carry no "
+                                              "result, so they show it here)")
 
 
 class JobOut(JobSummary):
@@ -438,6 +449,8 @@ class Health(Response):
 
     status: Literal["ok"] = "ok"
     version: str
+    instance: str | None = Field(None, description="names this API process (SPECQ_INSTANCE_ID, else random): "
+                                                   "`specq up` checks that the API answering its port is its own")
 
 
 class Ready(Response):
@@ -535,7 +548,7 @@ EVENT_MODELS = {"status": EventStatus, "phase": EventPhase, "progress": EventPro
 __all__ = [
     "storable", "Text", "Name", "Question", "Metadata", "Request", "Response", "RunParamsIn", "params_dict",
     "ErrorBody", "ErrorDetail", "JobCreate", "JobCreated", "JobSummary", "JobOut", "JobList", "JobInputOut", "JobDocument",
-    "Progress", "Deleted", "BatchLine", "BatchFormFields", "BatchOut", "BatchList", "BatchStats", "BatchError",
+    "Progress", "Ran", "Deleted", "BatchLine", "BatchFormFields", "BatchOut", "BatchList", "BatchStats", "BatchError",
     "BatchErrors", "RequestCounts", "Health", "Ready", "WorkerOut", "WorkerList", "JOB_FORM_SCHEMA",
     "BATCH_FORM_SCHEMA", "MAX_NAME_CHARS", "MAX_ID_CHARS", "MAX_OFFSET", "MAX_LIMIT", "MAX_METADATA_PAIRS",
     "MAX_METADATA_KEY_CHARS", "MAX_METADATA_VALUE_CHARS", "EventStatus", "EventPhase", "EventProgress", "EventDelta",

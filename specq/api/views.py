@@ -16,9 +16,21 @@ from ..storage.sanitize import safe_dict
 LIST_OMITS = ("question", "system")
 
 
-def job_summary(job) -> dict[str, Any]:
+def ran(spec: Any) -> dict[str, Any] | None:
+    """A result's `spec` as the job's `ran` (schemas.Ran), or None without one."""
+    if not isinstance(spec, dict) or not spec.get("mode"):
+        return None
+    target = (spec.get("cache") or {}).get("target")
+    hit = isinstance(target, dict) and bool(target.get("hit"))
+    reason = spec.get("reason")
+    return {"mode": str(spec["mode"]), "reason": None if reason is None else str(reason), "cache_hit": hit}
+
+
+def job_summary(job, spec: Any = None) -> dict[str, Any]:
+    """A list row; `spec`: its result's spec (storage.results.ran_specs), for `ran`."""
     d = job.to_dict()
     d["params"] = {k: v for k, v in d["params"].items() if k not in LIST_OMITS}
+    d["ran"] = ran(spec)
     return d
 
 
@@ -35,6 +47,7 @@ def job_view(s, job) -> dict[str, Any]:
     d.pop("question", None)
     result = results.get_result(s, job.id) if job.status == "succeeded" else None
     d["result"] = safe_dict(result) if result is not None else None
+    d["ran"] = ran((d["result"] or {}).get("spec"))
     inp = jobs.get_input(s, job.id)
     d["input"] = None if inp is None else {"filename": inp.filename, "size_bytes": inp.size_bytes,
                                            "document_id": inp.document_id,
@@ -42,4 +55,4 @@ def job_view(s, job) -> dict[str, Any]:
     return d
 
 
-__all__ = ["job_summary", "job_view", "batch_summary", "LIST_OMITS"]
+__all__ = ["job_summary", "job_view", "batch_summary", "ran", "LIST_OMITS"]

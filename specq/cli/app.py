@@ -16,3 +16,14 @@ app = typer.Typer(
     rich_markup_mode=None,
     context_settings={"max_content_width": 120},
 )
+
+
+@app.callback()
+def root(
+    url: str = typer.Option(None, "--url", metavar="URL", help="The specq API the commands talk to (default: SPECQ_API_URL, "
+                            "else the URL the last `specq up` recorded in $SPECQ_HOME/up.url, else http://127.0.0.1:8178)."),
+) -> None:
+    """Options of every command (given before it: `specq --url http://host:8391 jobs`)."""
+    from .common import set_api_url
+
+    set_api_url(url)

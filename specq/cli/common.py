@@ -99,14 +99,25 @@ def service_ready_db(upgrade: bool) -> None:
         raise fail(f"database {db.masked_url()}: {str(e).splitlines()[0]}") from None
 
 
+#: the root option `specq --url URL` (cli/app.py): the API every command of this run talks to
+API_URL: str | None = None
+
+
+def set_api_url(url: str | None) -> None:
+    global API_URL
+    API_URL = url.strip() if url and url.strip() else None
+
+
 def client():
+    """A Client of the API: `--url`, else SPECQ_API_URL, else the URL `specq up` recorded, else the
+    default (specq/client.py)."""
     from ..client import Client
 
-    return Client()
+    return Client(url=API_URL)
 
 
 def api_call(fn):
-    """Run fn(client); ApiError (also a bad SPECQ_API_URL or SPECQ_API_KEY) -> one line on stderr, exit 1."""
+    """Run fn(client); ApiError (also a bad --url, SPECQ_API_URL or SPECQ_API_KEY) -> one line on stderr, exit 1."""
     from ..client import ApiError
 
     try:
@@ -119,26 +130,30 @@ def api_call(fn):
         raise typer.Exit(130) from None
 
 
-def _progress():
-    """A transient progress bar on stderr; its descriptions are plain text (no markup)."""
+def _progress(counts: bool = True):
+    """A transient progress bar on stderr; its descriptions are plain text (no markup). `counts`: with
+    done/total and the elapsed time as columns (a job's description has them itself: cli/progress.py)."""
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-    return Progress(SpinnerColumn(), TextColumn("{task.description}", markup=False), BarColumn(),
-                    MofNCompleteColumn(), TimeElapsedColumn(), console=Console(stderr=True), transient=True)
+    columns = [MofNCompleteColumn(), TimeElapsedColumn()] if counts else []
+    return Progress(SpinnerColumn(), TextColumn("{task.description}", markup=False), BarColumn(), *columns,
+                    console=Console(stderr=True), transient=True)
 
 
 def wait_with_progress(client, job_id: str) -> dict:
-    """Poll the job until it finishes, with a progress bar on stderr; its last state."""
-    from ..client import progress_text
+    """Poll the job until it finishes, with a progress bar on stderr (the phase, done/total, its time and
+    the time left: cli/progress.py); its last state."""
+    from .progress import PhaseClock
 
-    with _progress() as bar:
+    clock = PhaseClock()
+    with _progress(counts=False) as bar:
         task = bar.add_task(safe(f"{job_id} queued"), total=None)
 
         def update(job: dict) -> None:
             p = job.get("progress") or {}
             total = p.get("total") or 0
-            bar.update(task, description=safe(f"{job_id} {progress_text(job)}"), completed=p.get("done") or 0,
+            bar.update(task, description=safe(f"{job_id} {clock.job_text(job)}"), completed=p.get("done") or 0,
                        total=total if isinstance(total, int) and total > 1 else None)
 
         return client.wait(job_id, on_update=update)
@@ -151,7 +166,10 @@ def stream_answer(client, job_id: str) -> tuple[dict, bool]:
 
     from rich.console import Console
 
+    from .progress import PhaseClock
+
     err = Console(stderr=True)
+    clock = PhaseClock()
     printed = ""
     status = err.status(f"{job_id} queued")
     status.start()
@@ -160,10 +178,7 @@ def stream_answer(client, job_id: str) -> tuple[dict, bool]:
             if event == "status":
                 status.update(f"{job_id} {data['status']}")
             elif event in ("phase", "progress") and not printed:
-                p = data
-                unit = {"score": "window ", "decode": "token "}.get(p["phase"], "")
-                counts = f" {unit}{p.get('done', 0)}/{p.get('total', 0)}" if p.get("total", 0) > 1 else ""
-                status.update(f"{job_id} {p['phase']}{counts}")
+                status.update(safe(f"{job_id} {clock.text(data.get('phase'), data.get('done', 0), data.get('total', 0))}"))
             elif event == "reset":
                 sys.stdout.write("\n[the job was retried: its answer restarts]\n")
                 printed = ""

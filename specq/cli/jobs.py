@@ -13,6 +13,13 @@ def _ms(value) -> str:
     return num(value, ",.0f", " ms")
 
 
+def _ran(ran: dict | None) -> str:
+    """The mode a succeeded job ran (`mode` in its params is the one asked for), `+cache` after a
+    prompt-cache hit; "" before it ran."""
+    ran = ran or {}
+    return f"{ran.get('mode')}{' +cache' if ran.get('cache_hit') else ''}" if ran.get("mode") else ""
+
+
 def _print_job(job: dict) -> None:
     from ..client import progress_text
 
@@ -30,6 +37,9 @@ def _print_job(job: dict) -> None:
         lines.append(f"  input      {inp.get('filename') or '-'} ({inp.get('size_bytes')} bytes)")
     if job.get("error"):
         lines.append(f"  error      {job['error']}")
+    ran = job.get("ran") or {}
+    if ran.get("mode"):
+        lines.append(f"  ran        {_ran(ran)}" + (f": {ran['reason']}" if ran.get("reason") else ""))
     result = job.get("result")
     if result:
         total = (result.get("timings_ms") or {}).get("total")
@@ -77,8 +87,11 @@ def jobs_cmd(
 ) -> None:
     """Recent jobs with their status and progress.
 
+    `ran` is the mode that ran (auto resolved; `+cache`: the target's prompt cache held part of the
+    prompt) and, in the last column, why.
+
     Piped (stdout not a terminal): one tab-separated line per job, no header, ids whole:
-    id, status, progress, created (UTC), queue wait, error.
+    id, kind, status, progress, ran, created (UTC), queue wait, error, why it ran so.
     """
     from ..client import progress_text
 
@@ -88,9 +101,11 @@ def jobs_cmd(
         return
     cut = 120 if stdout_is_terminal() else None  # a pipe gets the whole message
     rows = [(j["id"], j.get("kind") or "job", j["status"], progress_text(j) if j["status"] == "running" else "",
-             (j.get("created_at") or "").replace("T", " ")[:19], _ms(j.get("queue_wait_ms")), (j.get("error") or "")[:cut])
+             _ran(j.get("ran")), (j.get("created_at") or "").replace("T", " ")[:19], _ms(j.get("queue_wait_ms")),
+             (j.get("error") or "")[:cut], ((j.get("ran") or {}).get("reason") or "")[:cut])
             for j in page["data"]]
-    print_table(["id", "kind", "status", "progress", "created (UTC)", "queue wait", Column("error", fold=True)], rows)
+    print_table(["id", "kind", "status", "progress", "ran", "created (UTC)", "queue wait", Column("error", fold=True),
+                 Column("why", fold=True)], rows)
     typer.echo(f"{len(page['data'])} of {page['total']} jobs", err=True)
 
 

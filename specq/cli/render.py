@@ -12,8 +12,20 @@ from rich.table import Table
 from .output import cell, num
 
 #: phases in display order; sub-phases of `score` are indented
-_ORDER = ["tokenize", "score", "speculator_prefill", "lookahead", "score_math", "select", "sparse_prefill", "ttft", "decode", "total"]
+_ORDER = ["tokenize", "score", "speculator_prefill", "lookahead", "score_math", "select", "cache_restore",
+          "sparse_prefill", "ttft", "decode", "total"]
 _SUB = {"speculator_prefill", "lookahead", "score_math"}
+#: what a phase did, for people (the `timings_ms` keys stay as docs/result.md defines them: the table shows
+#: both); `sparse_prefill` is the target's prefill in every mode, sparse only where specprefill ran
+LABELS = {"score": "scoring", "speculator_prefill": "speculator prefill", "score_math": "score math",
+          "cache_restore": "cache restore", "sparse_prefill": "prefill", "ttft": "TTFT"}
+
+
+def phase_label(name: str, result: dict[str, Any] | None = None) -> str:
+    """A phase's display label; for the target's prefill, by the mode that ran (`result`)."""
+    if name == "sparse_prefill" and ((result or {}).get("spec") or {}).get("mode") == "specprefill":
+        return "sparse prefill"
+    return LABELS.get(name, name)
 
 
 def phase_table(result: dict[str, Any]) -> Table:
@@ -21,11 +33,25 @@ def phase_table(result: dict[str, Any]) -> Table:
     table = Table(title="phases", box=None, pad_edge=False, title_justify="left")
     table.add_column("phase")
     table.add_column("ms", justify="right")
+    table.add_column("key", style="dim")
     names = [p for p in _ORDER if p in timings] + sorted(p for p in timings if p not in _ORDER)
     for name in names:
-        label = f"  {name}" if name in _SUB else name
-        table.add_row(cell(label), cell(num(timings[name])))
+        label = phase_label(name, result)
+        table.add_row(cell(f"  {label}" if name in _SUB else label), cell(num(timings[name])),
+                      cell(name if label != name else ""))
     return table
+
+
+def ran_line(result: dict[str, Any]) -> str:
+    """`ran specprefill: auto: …` — the mode that ran and why (spec.reason), and what the target's
+    prompt cache supplied."""
+    s, u = result.get("spec") or {}, result.get("usage") or {}
+    line = f"ran {s.get('mode')}" + (f": {s.get('reason')}" if s.get("reason") else "")
+    target = (s.get("cache") or {}).get("target")
+    if isinstance(target, dict) and target.get("hit"):
+        line += (f" · prompt cache: {target.get('reused_tokens')} of {u.get('prompt_tokens')} prompt tokens restored, "
+                 f"{target.get('prefilled_tokens')} prefilled")
+    return line
 
 
 def summary_line(result: dict[str, Any]) -> str:
@@ -33,7 +59,6 @@ def summary_line(result: dict[str, Any]) -> str:
     prompt, kept = u.get("prompt_tokens") or 0, u.get("kept_tokens") or 0
     ratio = f"{kept / prompt:.0%}" if isinstance(prompt, int) and isinstance(kept, int) and prompt else "-"
     parts = [
-        f"mode {s.get('mode')}",
         f"positions {s.get('positions')}",
         f"kept {kept}/{prompt} tokens ({ratio})",
         f"{u.get('completion_tokens', 0)} tokens out ({result.get('finish_reason')})",
@@ -52,6 +77,7 @@ def print_result(result: dict[str, Any], console: Console | None = None, *, text
     if text:
         console.print(cell(result.get("text", ""), lines=True), soft_wrap=True)  # the terminal wraps it, not rich
     console.print()
+    console.print(cell(ran_line(result)))
     console.print(cell(summary_line(result), style="dim"))
     for w in result.get("warnings", []) or []:
         console.print(cell(f"warning: {w}", style="yellow"))

@@ -92,19 +92,24 @@ def up_cmd(
     n_gpu_layers: int = typer.Option(None, help="Layers offloaded to the GPU (-1 = all). [env SPECQ_N_GPU_LAYERS]"),
     n_ctx: int = typer.Option(None, help="Target context size. [env SPECQ_N_CTX]"),
     loglevel: str = typer.Option("INFO", help="Worker log level."),
-    detach: bool = typer.Option(False, "--detach", "-d", help="Start in the background (log: $SPECQ_HOME/up.log), return once the API answers; stop with `specq down`."),
+    detach: bool = typer.Option(False, "--detach", "-d", help="Start in the background (log: $SPECQ_HOME/up.log), return once the API it started answers (exit 1 with the log's reason if it fails); stop with `specq down`."),
 ) -> None:
     """The whole service on this machine, in the foreground: migrations, then the API and one worker.
 
     With nothing set it needs no servers: the job store is SQLite and the broker is kombu's SQLAlchemy
     transport, both files under $SPECQ_HOME. SPECQ_DATABASE_URL / SPECQ_BROKER_URL select PostgreSQL / Redis.
+
+    It prints the API's URL and, once its own API answers there, records it in $SPECQ_HOME/up.url: the
+    CLI talks to that URL unless `specq --url` or SPECQ_API_URL says otherwise.
     """
     import os
+    import secrets
     import signal
     import subprocess
     import sys
     import time
 
+    from ..client import up_url_path
     from ..storage import db
 
     settings = service_settings(api_host=host, api_port=port, gpu=gpu, target=target, speculator=speculator,
@@ -114,6 +119,9 @@ def up_cmd(
         return
     service_ready_db(upgrade=True)
     env = dict(os.environ)
+    # names the API this `up` starts: /healthz answers it, so another API already on the port is not taken for ours
+    instance = settings.instance_id or secrets.token_hex(8)
+    env["SPECQ_INSTANCE_ID"] = instance
     for name in ("api_host", "api_port", "gpu", "target", "speculator", "n_gpu_layers", "n_ctx"):
         value = getattr(settings, name)
         if value not in (None, ""):
@@ -125,6 +133,7 @@ def up_cmd(
                f"`specq submit FILE -q QUESTION --wait`", err=True)
     from ..worker.watchdog import EXIT_CODE as WATCHDOG_EXIT
 
+    ready = False
     cmd = [sys.executable, "-m", "specq"]
     procs = {
         "api": subprocess.Popen(cmd + ["api", "--loglevel", "warning"], env=env),
@@ -141,6 +150,7 @@ def up_cmd(
 
     signal.signal(signal.SIGTERM, _stop)
     code = 0
+    foreign = None
     try:
         while True:
             for name, p in list(procs.items()):
@@ -153,9 +163,21 @@ def up_cmd(
                     continue
                 if rc is not None:
                     if rc not in (0, -signal.SIGTERM, -signal.SIGINT):
+                        if name == "api" and foreign and not ready:
+                            typer.echo(f"specq up: another API (instance {foreign}) already answers at "
+                                       f"{settings.api_url}: is the port in use?", err=True)
                         typer.echo(f"specq up: the {name} exited with status {rc}; stopping", err=True)
                         code = 1
                     raise StopIteration
+            if not ready:
+                answer = healthz_instance(settings.api_url)
+                if answer == instance:
+                    ready = True
+                    _record_url(up_url_path(), settings.api_url)
+                    typer.echo(f"specq up: ready; the CLI on this machine talks to {settings.api_url} (recorded in "
+                               f"{up_url_path()}; `specq --url` or SPECQ_API_URL override it)", err=True)
+                elif answer:
+                    foreign = answer
             time.sleep(0.2)
     except (StopIteration, KeyboardInterrupt):
         pass
@@ -176,14 +198,56 @@ def _up_pidfile() -> Path:
     return specq_home() / "up.pid"
 
 
+def healthz_instance(url: str) -> str | None:
+    """The `instance` GET {url}/healthz answers ("?" from an API without one), or None when nothing
+    answers 200 there."""
+    import json
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url + "/healthz", timeout=1) as r:
+            if r.status != 200:
+                return None
+            body = json.loads(r.read(65536) or b"{}")
+    except (OSError, ValueError):
+        return None
+    return str(body.get("instance") or "?") if isinstance(body, dict) else "?"
+
+
+def _record_url(path: Path, url: str) -> None:
+    """Write `url` to $SPECQ_HOME/up.url (whole, or not at all)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(url + "\n", encoding="utf-8")
+    tmp.replace(path)
+
+
+def log_reason(text: str) -> str:
+    """The lines of a `specq up` log that say why it stopped (the OS's error first, e.g. a port in use,
+    then the last other errors and exit statuses), at most four, joined; "" when none does."""
+    import re
+
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    # whole words: a warning's source line (`_warn_or_raise_security_error(…`) is no reason
+    said = re.compile(r"\berror\b|Errno|in use|exited with status|refused|denied|not found", re.I)
+    hits = list(dict.fromkeys(line for line in lines if said.search(line)))
+    causes = [line for line in hits if re.search(r"Errno|in use", line)]  # the OS's reason first
+    hits = causes[:2] + [line for line in hits if line not in causes][-2:]
+    return "; ".join(line[:300] for line in hits)
+
+
 def _up_detached(settings, argv: list[str]) -> None:
-    """Run `specq up` (without --detach) in a new session, logging to $SPECQ_HOME/up.log; wait for /healthz."""
+    """Run `specq up` (without --detach) in a new session, logging to $SPECQ_HOME/up.log; return once
+    /healthz answers with the instance name it gave that `up` (another API already on the port does
+    not count), or exit 1 with the log's reason."""
     import os
+    import secrets
+    import signal
     import subprocess
     import sys
     import time
-    import urllib.request
 
+    from ..client import up_url_path
     from ..config import specq_home
 
     pidfile = _up_pidfile()
@@ -201,24 +265,45 @@ def _up_detached(settings, argv: list[str]) -> None:
     args = [a for a in argv if a not in ("--detach", "-d")]
     if "up" not in args:
         args = ["up"] + args
+    instance = settings.instance_id or secrets.token_hex(8)
+    start = log.stat().st_size if log.exists() else 0
+
+    def reason() -> str:
+        with open(log, "rb") as f:
+            f.seek(start)
+            return log_reason(f.read().decode("utf-8", "replace"))
+
+    typer.echo(f"specq up: starting in the background, API at {settings.api_url}", err=True)
     with open(log, "ab") as out:
         proc = subprocess.Popen([sys.executable, "-m", "specq", *args], stdout=out, stderr=out,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
+                                stdin=subprocess.DEVNULL, start_new_session=True,
+                                env=dict(os.environ, SPECQ_INSTANCE_ID=instance))
     pidfile.write_text(str(proc.pid))
     deadline = time.monotonic() + 120
+    foreign = None
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             pidfile.unlink(missing_ok=True)
-            raise fail(f"specq up exited with status {proc.returncode}; see {log}")
-        try:
-            with urllib.request.urlopen(settings.api_url + "/healthz", timeout=2) as r:
-                if r.status == 200:
-                    typer.echo(f"specq up: running in the background (pid {proc.pid}), API at {settings.api_url}, log {log}; "
-                               "`specq down` stops it", err=True)
-                    return
-        except OSError:
-            pass
+            other = f"; another API (instance {foreign}) answers at {settings.api_url}" if foreign else ""
+            why = reason()
+            raise fail(f"specq up exited with status {proc.returncode}{': ' + why if why else ''}{other}; see {log}")
+        answer = healthz_instance(settings.api_url)
+        if answer == instance:
+            _record_url(up_url_path(), settings.api_url)
+            typer.echo(f"specq up: running in the background (pid {proc.pid}), API at {settings.api_url}, log {log}; "
+                       f"the CLI on this machine talks to it (recorded in {up_url_path()}); `specq down` stops it", err=True)
+            return
+        foreign = answer or foreign
         time.sleep(0.5)
+    try:  # not ours within the time: stop what was started rather than leave it half up
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=30)
+    except (ProcessLookupError, subprocess.TimeoutExpired):
+        pass
+    pidfile.unlink(missing_ok=True)
+    if foreign:
+        raise fail(f"another API (instance {foreign}), not the one this `specq up` started, answers at {settings.api_url}"
+                   f" (is the port in use?){': ' + reason() if reason() else ''}; see {log}")
     raise fail(f"specq up did not answer at {settings.api_url}/healthz within 120 s; see {log}")
 
 

@@ -44,11 +44,11 @@ def submit_cmd(
     draft_min: int = typer.Option(None, help="Skip drafts shorter than this."),
     p_min: float = typer.Option(None, help="Model drafts stop below this top probability (0 = off)."),
     ngram: int = typer.Option(None, help="N-gram size for the ngram drafter."),
-    wait: bool = typer.Option(False, "--wait", "-w", help="Wait for the answer: progress, then the answer as it is "
-                              "decoded, then the phase table."),
+    wait: bool = typer.Option(False, "--wait", "-w", help="Wait for the answer: progress (phase, i/n, time in it, "
+                              "time left), then the answer as it is decoded, what ran and why, and the phase table."),
     as_json: bool = typer.Option(False, "--json", help="Print the new job (batch) object as JSON instead of its id; with --wait the run result object (the finished batch)."),
 ) -> None:
-    """Submit FILE + QUESTION as a job to the specq API (SPECQ_API_URL); print its id, or with --wait its answer.
+    """Submit FILE + QUESTION as a job to the specq API (`specq --url`, SPECQ_API_URL or the URL `specq up` recorded); print its id, or with --wait its answer.
 
     Several FILEs, --jsonl or --batch submit a batch (one job per file or line): its id is printed;
     --wait shows the batch's progress; then `specq results BATCH --format csv`. FILE `-` is stdin

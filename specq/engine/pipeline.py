@@ -1,7 +1,8 @@
 """The engine: models loaded once, then runs of tokenize → score → select → sparse prefill → decode.
 
 `Engine.run()` is the single entry point for the CLI, the worker and the benchmarks. Its progress
-callback is called between phases, per scoring window and per decoded token; raising RunCancelled
+callback is called between phases, per scoring window, per llama_decode call of the target's prefill
+(`sparse_prefill` i/n kept tokens) and per decoded token; raising RunCancelled
 (or any exception) from it stops the run there. Its `stop` (engine/stop.py) is also checked before
 every llama_decode call, and cuts a running one (CPU).
 """
@@ -350,12 +351,16 @@ class Engine:
             # made before the prefill: an MTP/EAGLE3 drafter reads the target's hidden states of the prompt
             drafter = self._drafter(params, prompt, scored=(mode == "specprefill" and kept_override is None))
             observe = getattr(drafter, "observe", None)
-            report("sparse_prefill", 0, 1)
+            report("sparse_prefill", 0, len(kept))
+
+            def prefilled(done: int, total: int) -> None:  # the long phase of a long prompt: i/n tokens
+                report("sparse_prefill", done, total)
+
             t0 = time.perf_counter()
             if mode == "baseline" and prefix is not None and observe is None:
                 # a full prefill: through the target's prompt cache (a drafter that reads the prompt's
                 # hidden states needs every token prefilled, so it bypasses the cache)
-                use = prefix.prefill(self.ctx, scope, prompt.tokens, save=False)
+                use = prefix.prefill(self.ctx, scope, prompt.tokens, save=False, progress=prefilled)
                 pre = PrefillResult(next_pos=prompt.n, n_kept=prompt.n, logits=self.ctx.logits_row(-1))
                 timings["cache_restore"] += use.restore_ms
                 spec.cache["bytes_restored"] += use.bytes_restored
@@ -365,7 +370,7 @@ class Engine:
                     prefix.save(self.ctx, 0, scope, prompt.tokens, use)
                     spec.cache["target"] = use.as_dict()
             else:
-                pre = sparse_prefill(self.ctx, prompt.tokens, kept, positions, observe=observe)
+                pre = sparse_prefill(self.ctx, prompt.tokens, kept, positions, observe=observe, progress=prefilled)
                 timings["sparse_prefill"] = _ms(t0)
 
         sampler = Sampler(params.temperature, params.top_k, params.top_p, params.seed)

@@ -42,20 +42,38 @@ def prefill_plan(tokens: Sequence[int], kept: Sequence[int], positions: str = "o
     return toks, pos, next_pos
 
 
+def counted(ctx: Context, start: int, n: int, progress: Callable[[int, int], None] | None):
+    """An `after_call` for ctx.decode of tokens start..n-1 in calls of ctx.call_tokens (a "last"/"none"
+    batch): progress(tokens of the n in the cache, n) after each call; None without `progress`."""
+    if progress is None:
+        return None
+    done = [start]
+
+    def after_call() -> None:
+        done[0] = min(done[0] + ctx.call_tokens, n)
+        progress(done[0], n)
+
+    return after_call
+
+
 def sparse_prefill(ctx: Context, tokens: Sequence[int], kept: Sequence[int], positions: str = "original", *,
-                   observe: Callable | None = None) -> PrefillResult:
+                   observe: Callable | None = None, progress: Callable[[int, int], None] | None = None) -> PrefillResult:
     """Prefill tokens[kept] into an empty cache; `kept` must be sorted, unique, and end at len(tokens)-1.
 
     observe: a hidden-state drafter's `observe(ctx, rows, tokens, positions)`, called after each
-    llama_decode (calls of ctx.call_tokens tokens, as Context.decode splits them anyway)."""
+    llama_decode (calls of ctx.call_tokens tokens, as Context.decode splits them anyway).
+    progress: `progress(kept tokens prefilled, kept tokens)` after each llama_decode call (the long
+    phase of a long prompt: the job's progress shows i/n through it); raising from it ends the prefill."""
     toks, pos, next_pos = prefill_plan(tokens, kept, positions)
     idx = toks
     ctx.clear()
     if observe is None:
-        ctx.decode(toks, pos, logits="last")
+        ctx.decode(toks, pos, logits="last", after_call=counted(ctx, 0, int(idx.size), progress))
     else:
         for start in range(0, idx.size, ctx.call_tokens):
             end = min(start + ctx.call_tokens, idx.size)
             ctx.decode(toks[start:end], pos[start:end], logits="last" if end == idx.size else "none")
             observe(ctx, range(end - start), toks[start:end].tolist(), pos[start:end].tolist())
+            if progress is not None:
+                progress(end, int(idx.size))
     return PrefillResult(next_pos=next_pos, n_kept=int(idx.size), logits=ctx.logits_row(-1))

@@ -38,11 +38,12 @@ from .spec_cache import Entry, Numerics, StateStore, restore_seq, save_seq, toke
 import logging
 import time
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
 from ..contracts import DecodeError
+from .prefill import counted
 
 log = logging.getLogger("specq.engine")
 
@@ -161,14 +162,16 @@ class PrefixCache:
             use.bytes_saved = len(data)
         use.save_ms = (time.perf_counter() - t0) * 1000.0
 
-    def prefill(self, ctx, scope: str, tokens: Sequence[int], *, save: bool = True) -> PrefixUse:
+    def prefill(self, ctx, scope: str, tokens: Sequence[int], *, save: bool = True,
+                progress: Callable[[int, int], None] | None = None) -> PrefixUse:
         """Fill a context's sequence 0 with `tokens` (positions 0..n-1), reusing the longest cached prefix;
-        the logits of the last token are then in ctx.logits_row(-1). Saves the prompt's KV afterwards."""
+        the logits of the last token are then in ctx.logits_row(-1). Saves the prompt's KV afterwards.
+        progress: `progress(tokens in the cache, n)` after each llama_decode call (prefill.counted)."""
         use = PrefixUse()
         n = len(tokens)
         ctx.clear()
         start = self.restore(ctx, 0, scope, tokens, use)
-        ctx.decode(list(tokens[start:]), range(start, n), logits="last")
+        ctx.decode(list(tokens[start:]), range(start, n), logits="last", after_call=counted(ctx, start, n, progress))
         use.prefilled_tokens = n - start
         if save:
             self.save(ctx, 0, scope, tokens, use)

@@ -507,9 +507,9 @@ class ServingEngine:
         if job.kept is None:
             job.kept = list(range(job.prompt.n))
         job.drafter = eng._drafter(job.params, job.prompt, scored=(job.mode == "specprefill"), seq=job.slot)
-        job.progress("sparse_prefill", 0, 1)
         if job.group is None:  # a group's members got their plans when it formed
             job.pre_toks, job.pre_pos, job.next_pos = prefill_plan(job.prompt.tokens, job.kept, job.positions)
+        job.progress("sparse_prefill", 0, len(job.pre_toks))
         resident = self._resident_prefix(job)
         job.offset = 0
         cache = eng.prefix_cache()
@@ -831,6 +831,7 @@ class ServingEngine:
                 job.dec.absorb(self.ctx, base)
             else:
                 job.offset += len(toks)
+                job.progress("sparse_prefill", job.offset, len(job.pre_toks))  # i/n after each prefill chunk
                 if job.offset >= len(job.pre_toks):
                     # the first token first (sampled from this batch's logits and published by the
                     # job's stream thread while the save copies the KV out); then the prompt's KV,

@@ -155,9 +155,20 @@ def get_results(session: Session, job_ids: list[str], *, detail: bool = False) -
     return out
 
 
+def ran_specs(session: Session, job_ids: list[str]) -> dict[str, dict[str, Any]]:
+    """{job_id: its result's `spec`} for those of `job_ids` that have a result, in one query: what
+    ran (`mode`, `reason`, `cache`) for list rows, which carry no result."""
+    ids = list(dict.fromkeys(job_ids))
+    if not ids:
+        return {}
+    rows = session.execute(select(Result.job_id, Result.spec).where(Result.job_id.in_(ids))).all()
+    session.commit()
+    return {job_id: spec if isinstance(spec, dict) else {} for job_id, spec in rows}
+
+
 def phase_order(phases: list[str]) -> list[str]:
     """Phases in their usual order: the core phases, the scoring sub-phases, then the rest by name."""
     return sorted(set(phases), key=lambda p: (_PHASE_ORDER.get(p, len(_PHASE_ORDER)), p))
 
 
-__all__ = ["save_result", "get_result", "get_results", "get_timings", "phase_order", "DETAIL_KEYS"]
+__all__ = ["save_result", "get_result", "get_results", "get_timings", "phase_order", "ran_specs", "DETAIL_KEYS"]

@@ -24,9 +24,13 @@
   const BATCH_STATUSES = ["validating", "in_progress", "finalizing", "completed", "failed", "expired", "cancelling", "cancelled"];
   const PHASE_ORDER = ["queue_wait", "tokenize", "score", "speculator_prefill", "lookahead", "score_math", "select",
     "sparse_prefill", "ttft", "decode", "total"];
+  /** display labels only: the API's phase names stay as docs/result.md defines them. `sparse_prefill` is
+   *  the target's prefill in every mode (sparse only when specprefill ran: `phaseLabel`). */
   const PHASE_LABELS = { queue_wait: "queue wait", tokenize: "tokenize", score: "scoring", select: "select",
-    sparse_prefill: "sparse prefill", decode: "decode", other: "other", speculator_prefill: "speculator prefill",
-    lookahead: "lookahead", score_math: "score math", ttft: "TTFT", total: "total" };
+    sparse_prefill: "target prefill", decode: "decode", other: "other", speculator_prefill: "speculator prefill",
+    lookahead: "lookahead", score_math: "score math", ttft: "TTFT", total: "total", cache_restore: "cache restore" };
+  /** what progress counts in each phase */
+  const PHASE_UNITS = { score: "windows", sparse_prefill: "tokens", decode: "tokens" };
   const POLL_LIST_MS = 1500, POLL_JOB_MS = 700, POLL_WORKERS_MS = 3000;
   /** a heartbeat older than this (seconds; workers beat every 5) is shown as stale */
   const STALE_S = 15;
@@ -67,12 +71,33 @@
     const m = Math.floor(ms / 60000);
     return `${m} min ${Math.round((ms - m * 60000) / 1000)} s`;
   }
-  function fmtTime(iso) {
-    if (!iso) return "–";
-    const d = new Date(iso);
-    if (isNaN(d)) return String(iso);
-    const today = new Date().toDateString() === d.toDateString();
-    return today ? d.toLocaleTimeString() : d.toLocaleString();
+  /** A time the API gives: ISO 8601 text (jobs) or Unix seconds (batches, as OpenAI's objects have them). */
+  function toDate(value) {
+    if (value === null || value === undefined || value === "") return null;
+    const d = typeof value === "number" ? new Date(value * 1000) : new Date(value);
+    return isNaN(d) ? null : d;
+  }
+  /** "2026-12-06 04:12:33 UTC": date, time and time zone, in this browser's zone. */
+  function fmtTime(value) {
+    const d = toDate(value);
+    if (!d) return value === null || value === undefined || value === "" ? "–" : String(value);
+    const p2 = (n) => String(n).padStart(2, "0");
+    const zone = (new Intl.DateTimeFormat(undefined, { timeZoneName: "short" }).formatToParts(d)
+      .find((x) => x.type === "timeZoneName") || {}).value || "";
+    return `${d.getFullYear()}-${p2(d.getMonth() + 1)}-${p2(d.getDate())} ${p2(d.getHours())}:${p2(d.getMinutes())}:`
+      + `${p2(d.getSeconds())}${zone ? ` ${zone}` : ""}`;
+  }
+  /** fmtTime as a <time> element whose `datetime` is the instant in UTC. */
+  function timeEl(value) {
+    const d = toDate(value);
+    return d ? h("time", { datetime: d.toISOString() }, fmtTime(value)) : fmtTime(value);
+  }
+  /** "41 s", "2 min 5 s", "1 h 3 min" */
+  function fmtDuration(s) {
+    if (!isFinite(s) || s < 0) return "–";
+    if (s < 60) return `${Math.round(s)} s`;
+    if (s < 3600) return `${Math.floor(s / 60)} min ${Math.round(s % 60)} s`;
+    return `${Math.floor(s / 3600)} h ${Math.round((s % 3600) / 60)} min`;
   }
   function fmtNum(x, digits = 0) {
     return x === null || x === undefined || !isFinite(x) ? "–" : Number(x).toLocaleString(undefined, { maximumFractionDigits: digits });
@@ -335,11 +360,38 @@
   }
 
   // --- jobs --------------------------------------------------------------------------------------------------
+  /** What a phase did, for people: the target's prefill is a "sparse prefill" only where specprefill
+   *  ran; a running job's (mode not known yet) is a "prefill". */
+  function phaseLabel(phase, result) {
+    if (phase === "sparse_prefill") {
+      const mode = ((result || {}).spec || {}).mode;
+      return mode === "specprefill" ? "sparse prefill" : "prefill";
+    }
+    return PHASE_LABELS[phase] || phase;
+  }
+
+  /** Where each running job's current phase was first seen by this page: {phase, at (ms), done}; the
+   *  rate since then gives the estimate of the time left. */
+  const phaseSeen = new Map();
+  function progressText(job) {
+    const p = job.progress || {};
+    const label = p.phase ? phaseLabel(p.phase) : "starting";
+    const started = toDate(job.started_at);
+    const elapsed = started ? ` · ${fmtDuration(Math.max(0, Date.now() - started) / 1000)} elapsed` : "";
+    if (!(p.total > 1)) return `${label}${elapsed}`;
+    const now = performance.now();
+    let seen = phaseSeen.get(job.id);
+    if (!seen || seen.phase !== p.phase || p.done < seen.done) { seen = { phase: p.phase, at: now, done: p.done }; phaseSeen.set(job.id, seen); }
+    const rate = (p.done - seen.done) / ((now - seen.at) / 1000);
+    const eta = rate > 0 && p.done < p.total ? ` · ~${fmtDuration((p.total - p.done) / rate)} left` : "";
+    return `${label} ${fmtNum(p.done)}/${fmtNum(p.total)} ${PHASE_UNITS[p.phase] || ""}`.trimEnd() + elapsed + eta;
+  }
+
   function progressCell(job) {
     const p = job.progress || {};
     if (job.status === "running") {
       const frac = p.total ? p.done / p.total : 0;
-      return [bar(frac), h("span", { class: "prog" }, `${PHASE_LABELS[p.phase] || p.phase || "starting"}${p.total ? ` ${p.done}/${p.total}` : ""}`)];
+      return [bar(frac), h("span", { class: "prog", dataset: { role: "progress" } }, progressText(job))];
     }
     if (job.status === "succeeded") return bar(1, "ok");
     if (job.status === "failed") return [bar(1, "bad"), h("span", { class: "prog" }, (job.error || "").slice(0, 60))];
@@ -355,13 +407,20 @@
       h("td", {}, progressCell(job)),
       h("td", { class: "num" }, fmtMs(job.queue_wait_ms)),
       h("td", { class: "num" }, run === null ? "–" : fmtMs(run)),
-      h("td", {}, params.mode ? `${params.mode}${params.mode === "specprefill" && params.keep ? ` ${params.keep}` : ""}` : "baseline"),
+      h("td", {}, params.mode ? `${params.mode}${params.mode === "specprefill" && params.keep ? ` ${params.keep}` : ""}` : "auto"),
+      h("td", { dataset: { role: "ran" } }, ranCell(job.ran)),
       h("td", {}, job.batch_id ? navLink(batchHref(job.batch_id), job.custom_id || job.batch_id) : ""),
-      h("td", {}, fmtTime(job.created_at)),
+      h("td", {}, timeEl(job.created_at)),
       h("td", { class: "muted" }, job.worker || ""),
     ];
   }
-  const JOB_HEADERS = ["job", "status", "progress", "queue wait", "run time", "mode", "batch", "created", "worker"];
+  const JOB_HEADERS = ["job", "status", "progress", "queue wait", "run time", "mode", "ran", "batch", "created", "worker"];
+  /** The mode that ran (`mode` is the one asked for) and, smaller, why. */
+  function ranCell(ran) {
+    if (!ran || !ran.mode) return "";
+    return [h("span", { class: "ran-mode" }, ran.mode + (ran.cache_hit ? " (cache hit)" : "")),
+      ran.reason ? h("span", { class: "reason muted", title: ran.reason }, ran.reason) : ""];
+  }
 
   /** A table whose rows are keyed by id and redrawn only when what they show changed. */
   function liveTable(headers, rowCells, numeric = []) {
@@ -461,9 +520,11 @@
       ["tokenize", n(t.tokenize), "tokenize"],
       ["score", n(t.score), `scoring${windows}`],
       ["select", n(t.select), "select"],
-      ["sparse_prefill", n(t.sparse_prefill), "sparse prefill"],
+      // in specprefill a restore is the speculator's windows, inside `score`; else the target's prompt prefix
+      spec.mode !== "specprefill" ? ["cache_restore", n(t.cache_restore), "cache restore"] : null,
+      ["sparse_prefill", n(t.sparse_prefill), phaseLabel("sparse_prefill", result)],
       ["decode", n(t.decode), "decode"],
-    ];
+    ].filter(Boolean);
     const inRun = segs.slice(1).reduce((a, s) => a + s[1], 0);
     const other = n(t.total) - inRun;
     if (other > 0.005 * n(t.total)) segs.push(["other", other, "other (prompt checks, drafter setup)"]);
@@ -536,6 +597,7 @@
     const show = (v) => (typeof v === "boolean" ? (v ? "yes" : "no") : v === "" || v === null || v === undefined ? "–" : String(v));
     const rows = [
       ["mode", `${show(s.mode)}${s.mode === "specprefill" ? ` (keep ${s.keep}, ${s.scorer}, ${s.windows} window${s.windows === 1 ? "" : "s"}, lookahead ${s.lookahead})` : ""}`],
+      ["why", show(s.reason)],
       ["positions", show(s.positions)],
       ["tokens: prompt / kept / generated", `${fmtNum(u.prompt_tokens)} / ${fmtNum(u.kept_tokens)} / ${fmtNum(u.completion_tokens)}`],
       ["finish reason", show(result.finish_reason)],
@@ -658,6 +720,29 @@
       window.addEventListener("mouseup", () => window.removeEventListener("mousemove", move), { once: true }); });
   }
 
+  /** "specprefill — auto: one-off long document: …"; with a prompt-cache hit, how much it held. */
+  function ranText(job) {
+    const ran = job.ran || {}, result = job.result || {};
+    const target = ((result.spec || {}).cache || {}).target;
+    const hit = ran.cache_hit && target && typeof target === "object"
+      ? ` · prompt cache: ${fmtNum(target.reused_tokens)} of ${fmtNum((result.usage || {}).prompt_tokens)} prompt tokens restored, `
+        + `${fmtNum(target.prefilled_tokens)} prefilled` : "";
+    return `${ran.mode}${ran.reason ? ` — ${ran.reason}` : ""}${hit}`;
+  }
+
+  /** What the target read of the prompt in a run that was not specprefill. */
+  function baselineNote(result) {
+    const u = result.usage || {};
+    const target = ((result.spec || {}).cache || {}).target;
+    if (target && typeof target === "object" && target.hit) {
+      const from = target.from_slot ? "still in its serving slot" : target.from_other_slot ? "copied from another slot"
+        : "restored from the prompt cache";
+      return `baseline run: ${fmtNum(target.reused_tokens)} of ${fmtNum(u.prompt_tokens)} prompt tokens were ${from} `
+        + `(the same prompt prefix seen before); the target prefilled the other ${fmtNum(target.prefilled_tokens)}`;
+    }
+    return `baseline run: the target prefilled the whole prompt (${fmtNum(u.prompt_tokens)} tokens)`;
+  }
+
   function jobPage(root, [id]) {
     const title = h("h1", {}, "Job ", h("span", { class: "id" }, id), " ");
     const statusCard = h("div", { class: "card", dataset: { role: "status" } });
@@ -685,9 +770,10 @@
         ["file", inp.filename ? inp.filename : "–"],
         ["size", inp.size_bytes ? `${fmtNum(inp.size_bytes)} bytes` : "–"],
         ["question", inp.question || "–"],
+        job.ran ? ["ran", h("span", { dataset: { role: "ran" } }, ranText(job))] : null,
         job.batch_id ? ["batch", [navLink(batchHref(job.batch_id), job.batch_id), job.custom_id ? ` · ${job.custom_id}` : ""]] : null,
-        ["created", fmtTime(job.created_at)],
-        ["started / finished", `${fmtTime(job.started_at)} / ${fmtTime(job.finished_at)}`],
+        ["created", timeEl(job.created_at)],
+        ["started / finished", [timeEl(job.started_at), " / ", timeEl(job.finished_at)]],
         ["queue wait", fmtMs(job.queue_wait_ms)],
         ["worker", job.worker || "–"],
         ["attempts", `${job.attempts} of ${job.max_attempts}`],
@@ -719,8 +805,7 @@
         }
       } else {
         rest.append(h("div", { class: "card muted", dataset: { role: "kept" } },
-          (result.spec || {}).mode === "specprefill" ? "this result has no stored selection (older run)"
-            : "baseline run: the target prefilled the whole document"));
+          (result.spec || {}).mode === "specprefill" ? "this result has no stored selection (older run)" : baselineNote(result)));
       }
       ready("job");
     };
@@ -763,8 +848,8 @@
       h("td", { class: "wrap" }, batchName(b)),
       h("td", {}, badge(b.status)),
       h("td", {}, countsCell(b.request_counts)),
-      h("td", {}, fmtTime(b.created_at)),
-      h("td", {}, fmtTime(b.completed_at || b.failed_at || b.cancelled_at || b.expired_at)),
+      h("td", {}, timeEl(b.created_at)),
+      h("td", {}, timeEl(b.completed_at || b.failed_at || b.cancelled_at || b.expired_at)),
     ]);
     const empty = h("div", { class: "muted" });
     root.replaceChildren(h("h1", {}, "Batches"),
@@ -826,9 +911,9 @@
         h("div", { class: "card", dataset: { role: "batch" } }, h("h2", {}, batchName(batch) || "Batch"), kv([
           ["status", badge(batch.status)],
           ["requests", countsCell(c)],
-          ["created", fmtTime(batch.created_at)],
-          ["started", fmtTime(batch.in_progress_at)],
-          ["finished", fmtTime(batch.completed_at || batch.failed_at || batch.cancelled_at || batch.expired_at)],
+          ["created", timeEl(batch.created_at)],
+          ["started", timeEl(batch.in_progress_at)],
+          ["finished", timeEl(batch.completed_at || batch.failed_at || batch.cancelled_at || batch.expired_at)],
           ["input", batch.input_filename || "–"],
           ["results", [downloadLink(`${base}/results`, `${id}.jsonl`, "JSONL"), " · ", downloadLink(`${base}/results?format=csv`, `${id}.csv`, "CSV"),
             " · ", downloadLink(`${base}/errors`, `${id}-errors.jsonl`, "errors (JSONL)")]],
