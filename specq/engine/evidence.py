@@ -278,10 +278,23 @@ def _bar_text(metric: str) -> str:
             f"{bar.min_bound} and out-of-sample questions")
 
 
+def listing(shipped: Sequence[EvidenceRow], stored: Sequence[dict]) -> tuple[tuple[EvidenceRow, ...], list[dict]]:
+    """(the rows mode auto reads, every row as a dict): `stored` are the table's rows (storage.evidence
+    to_row), validated again here; each listed row says its `origin` (shipped | store, with the store's
+    `id`) and whether `merge` keeps it (`in_use`: false for a shipped row a stored one supersedes, or a
+    stored row with fewer documents than the shipped one)."""
+    parsed = [(row_from_dict(d), d) for d in stored]
+    used = merge(shipped, [r for r, _ in parsed])
+    ids = {id(r) for r in used}
+    out = [{**r.as_dict(), "origin": "shipped", "in_use": id(r) in ids} for r in shipped]
+    out += [{**r.as_dict(), "origin": "store", "id": d.get("id"), "in_use": id(r) in ids} for r, d in parsed]
+    return used, out
+
+
 def with_documents(row: EvidenceRow, documents: dict) -> EvidenceRow:
     """`row` with other per-document counts, its bound recomputed (tests, the generator)."""
     return replace(row, documents=documents, bound=row_lower(documents))
 
 
 __all__ = ["EvidenceRow", "Band", "PassBar", "PASS_BARS", "QUESTION_ALLOWANCE", "SHIPPED_PATH", "row_from_dict", "load_rows",
-           "shipped_rows", "merge", "lookup", "with_documents"]
+           "shipped_rows", "merge", "listing", "lookup", "with_documents"]
