@@ -74,6 +74,16 @@ CACHE_HIT_FRACTION = 0.5
 GROUP_MIN_TOKENS: dict[str, int] = {"cuda": 29_842}
 
 
+#: what rule 1a's reason says it chose: the only decision under which a mode-auto job may join a group
+GROUP_PATH = "one group-sparse prefill"
+
+
+def chose_group(reason: str) -> bool:
+    """Whether a mode-auto decision's reason is rule 1a's group path (serving_group.groupable: an auto job
+    joins a group-sparse prefill only then, never on rule 3's one-off specprefill)."""
+    return f": {GROUP_PATH} (" in reason
+
+
 @dataclass(frozen=True)
 class Decision:
     mode: str  # baseline | specprefill
@@ -149,7 +159,7 @@ def decide(n_prompt: int, *, backend: str, cached_tokens: int = 0, min_tokens: i
         else:
             who = (f"group of {group} questions about a stored document" if group >= 2 else
                    "a stored document whose earlier questions ran as a group (scored, not in the prompt cache)")
-            return Decision("specprefill", f"{who}: one group-sparse prefill ({n_prompt} tokens >= {gmin}, where it "
+            return Decision("specprefill", f"{who}: {GROUP_PATH} ({n_prompt} tokens >= {gmin}, where it "
                                            f"was measured faster than a prompt-cached full prefill on {backend}), {why}")
         not_group = f" ({f'a group of {group}' if group >= 2 else 'grouped before'}, but {not_group})"
     if reused_document:
@@ -164,5 +174,5 @@ def decide(n_prompt: int, *, backend: str, cached_tokens: int = 0, min_tokens: i
     return Decision("specprefill", f"one-off long document: {n_prompt} tokens >= break-even {be}, {why}")
 
 
-__all__ = ["Decision", "decide", "break_even", "group_min", "quality_holds", "BREAK_EVEN_TOKENS", "CACHE_HIT_FRACTION",
+__all__ = ["Decision", "decide", "chose_group", "GROUP_PATH", "break_even", "group_min", "quality_holds", "BREAK_EVEN_TOKENS", "CACHE_HIT_FRACTION",
            "GROUP_MIN_TOKENS"]
