@@ -206,3 +206,14 @@ def test_no_passing_row_runs_baseline_everywhere(eng):
     assert eng.evidence_rows == evidence.shipped_rows() and not any(r.passes for r in eng.evidence_rows)
     mode, reason, _ = _decide(eng, RunParams(**BASE))
     assert mode == "baseline" and reason.startswith("auto: no specprefill evidence row passes"), reason
+
+
+def test_with_no_passing_row_the_speculator_is_not_needed(tiny_models):
+    """No row passes: the key is not made, so a baseline decision neither hashes nor resolves (pulls) the
+    speculator; here its path does not even exist."""
+    e = _engine(tiny_models.target, tiny_models.root / "not-there.gguf")
+    try:
+        _, mode, _, _, _, spec = e.prepare(DOC, RunParams(**BASE))
+        assert mode == "baseline" and spec.reason.startswith("auto: no specprefill evidence row passes"), spec.reason
+    finally:
+        e.close()

@@ -235,12 +235,12 @@ class Band:
                 "docs/quality.md)")
 
 
-def lookup(rows: Sequence[EvidenceRow], key: EvidenceKey, arm: str = "specprefill",
+def lookup(rows: Sequence[EvidenceRow], key: EvidenceKey | None, arm: str = "specprefill",
            metric: str = "answer_right") -> tuple[tuple[Band, ...], str]:
     """(bands, why): the prompt-length bands where `key` has passing `arm` rows (module doc); where there
-    are none, `why` says so ("" otherwise)."""
+    are none, `why` says so ("" otherwise). `key` None: only whether any row passes (no key made)."""
     live = [r for r in rows if r.arm == arm and r.metric == metric]
-    mine = [r for r in live if first_difference(key, r.key) is None]
+    mine = [r for r in live if key is not None and first_difference(key, r.key) is None]
     best: dict[int, EvidenceRow] = {}
     for r in mine:  # per measured length, the row with the most documents, then questions (the later one on a tie)
         if r.length not in best or (len(r.documents), r.n) >= (len(best[r.length].documents), best[r.length].n):
@@ -266,6 +266,8 @@ def lookup(rows: Sequence[EvidenceRow], key: EvidenceKey, arm: str = "specprefil
         return (), (f"no {what} evidence row passes ({len(live)} rows; a pass needs "
                     f"{_bar_text(metric)}; docs/quality.md)")
     # the passing row that matches the job longest: the field where it stops is the one to name
+    if key is None:
+        return (), f"no evidence for this job's settings ({len(passing)} passing {what} rows; docs/quality.md)"
     diffs = [(FIELDS.index(first_difference(key, r.key)), r) for r in passing]
     at, row = max(diffs, key=lambda x: x[0])
     name = FIELDS[at]

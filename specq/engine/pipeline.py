@@ -285,9 +285,14 @@ class Engine:
             shape = "chat" if messages is not None else "completion" if raw else "native"
             looked: dict[str, tuple] = {}
 
-            def lookup(arm: str) -> tuple:  # the job's key is made (models hashed) only when a rule needs it
+            def lookup(arm: str) -> tuple:
+                """The job's key is made (models hashed, the speculator's path resolved) only when a rule needs
+                it and some row of `arm` passes at all."""
                 if arm not in looked:
-                    looked[arm] = evidence.lookup(self.evidence_rows, self.evidence_key(prompt, params, positions, shape), arm)
+                    rows = self.evidence_rows
+                    key = (self.evidence_key(prompt, params, positions, shape)
+                           if any(r.passes and r.arm == arm for r in rows) else None)
+                    looked[arm] = evidence.lookup(rows, key, arm)
                 return looked[arm]
 
             choice = auto.decide(prompt.n, backend=self.info.backend, cached_tokens=cached,
