@@ -126,3 +126,17 @@ def test_posted_rows_reach_a_running_worker_without_a_restart(tiny_models, tmp_p
     assert [r for r in rows if r["origin"] == "store"][0]["passes"]
     offline = subprocess.run(specq_cmd("evidence", "--shipped"), env=st.env, capture_output=True, text=True, timeout=120)
     assert offline.returncode == 0 and "4 documents < 8" in offline.stdout and "in-sample (" in offline.stdout, offline
+
+
+def test_evidence_build_check_and_out(tmp_path):
+    """`specq evidence build --check`: the shipped file matches the journals (exit 0); `--out` writes the same
+    rows elsewhere and says per row which key fields were filled from defaults."""
+    check = subprocess.run(specq_cmd("evidence", "build", "--check"), capture_output=True, text=True, timeout=300)
+    assert check.returncode == 0 and "up to date" in check.stderr, check.stderr
+    out = tmp_path / "rows.json"
+    built = subprocess.run(specq_cmd("evidence", "build", "--out", str(out)), capture_output=True, text=True, timeout=300)
+    assert built.returncode == 0, built.stderr
+    assert json.loads(out.read_text()) == json.loads(evidence.SHIPPED_PATH.read_text())
+    lines = built.stdout.splitlines()
+    assert len(lines) == 10 and all("fields filled from defaults: " in ln and "max_keep" in ln for ln in lines)
+    assert sum("(in-sample)" in ln for ln in lines) == 2
