@@ -140,3 +140,31 @@ def test_evidence_build_check_and_out(tmp_path):
     lines = built.stdout.splitlines()
     assert len(lines) == 10 and all("fields filled from defaults: " in ln and "max_keep" in ln for ln in lines)
     assert sum("(in-sample)" in ln for ln in lines) == 2
+
+
+def test_only_admin_keys_write_evidence(tmp_path):
+    """SPECQ_AUTH=keys: a tenant key reads GET /v1/evidence but its POST is refused (403), nothing stored;
+    an admin key's row is stored (a failing one here: 4 documents)."""
+    import os
+
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SPECQ_")}
+    env.update(SPECQ_HOME=str(tmp_path), SPECQ_API_PORT=str(port), SPECQ_AUTH="keys", PYTHONUNBUFFERED="1")
+    st = Stack(env=env, port=port, logdir=tmp_path)
+    st.cli("db", "upgrade", check=True)
+    tenant = st.cli("keys", "create", "--tenant", "team-a", check=True).stdout.strip()
+    admin = st.cli("keys", "create", "--tenant", "ops", "--admin", check=True).stdout.strip()
+    row = evidence.shipped_rows()[0].as_dict()
+    with running(st, ("api", "api")):
+        def client(key: str) -> httpx.Client:
+            return httpx.Client(base_url=st.url, timeout=30, headers={"Authorization": f"Bearer {key}"})
+
+        with client(tenant) as c:
+            assert c.get("/v1/evidence").status_code == 200
+            r = c.post("/v1/evidence", json=row)
+            assert r.status_code == 403, r.text
+            assert c.get("/v1/evidence").json()["version"] == 0
+        with client(admin) as c:
+            r = c.post("/v1/evidence", json={**row, "length": 4001})
+            assert r.status_code == 201 and not r.json()["passes"] and "4 documents < 8" in r.json()["fails"], r.text
+            assert c.get("/v1/evidence").json()["version"] == 1
