@@ -180,8 +180,9 @@ class ServiceSettings:
     spec_cache_save: str = ""
     #: mode auto's thresholds (EngineOptions.auto_min_tokens, auto_quality_min_tokens; docs/engine.md):
     #: baseline below the break-even length (0 = the backend's measured one); specprefill only where
-    #: keep 0.3 was measured >= 95% of baseline's quality for the loaded models (-1: the measured
-    #: lengths of engine/quality_evidence.py; N >= 0: from N prompt tokens on); a group of questions
+    #: a passing evidence row has the job's exact resolved settings (-1: engine/evidence.py, the shipped
+    #: rows of which none passes today, plus the store's; SPECQ_AUTO_QUALITY_MIN_TOKENS=N >= 0: the
+    #: operator's override, from N prompt tokens on, reasons saying "operator override"); a group of questions
     #: about a stored document (a group claim) runs one group-sparse prefill from auto_group_min_tokens
     #: on (0 = the backend's measured length, engine/auto.py GROUP_MIN_TOKENS; -1 = never)
     auto_min_tokens: int | None = None

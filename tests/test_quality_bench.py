@@ -378,3 +378,37 @@ def test_answer_half_reuses_an_earlier_runs_baselines(tiny_models, tmp_path):
             baselines_from(old, replace(s, max_tokens=8))
     finally:
         eng.close()
+
+
+def test_journals_hold_the_full_evidence_key(tiny_models, tmp_path):
+    """Issue 47 item 3: answer and group records hold every EvidenceKey field the specprefill run ran with
+    (resolved: a 600-token window on a ~1,200-token document is two windows) and the document's hash, so
+    `specq evidence build` makes a row from them with nothing filled from defaults."""
+    from specq.bench.evidence_build import build_row
+    from specq.bench.quality import Journal, QualitySettings, run_answer, run_group
+    from specq.engine.evidence_key import FIELDS, EvidenceKey
+    from specq.engine.options import EngineOptions
+    from specq.engine.pipeline import Engine
+
+    eng = Engine(EngineOptions(target=str(tiny_models.target), speculator=str(tiny_models.speculator), n_gpu_layers=0,
+                               n_ctx=4096, n_threads=2, cache_bytes=256 << 20))
+    try:
+        s = QualitySettings(lengths=[1200], n=3, family=3, window=600, max_tokens=4, chunk=16)
+        run_answer(eng, s, Journal(tmp_path / "a.jsonl", s))
+        run_group(eng, s, Journal(tmp_path / "g.jsonl", s))
+    finally:
+        eng.close()
+    for name, half in (("a.jsonl", "specprefill"), ("g.jsonl", "group")):
+        recs = [r for r in read_journal(tmp_path / name) if half in r]
+        assert recs
+        for r in recs:
+            key = EvidenceKey.from_dict(r["key"])
+            assert set(FIELDS) <= set(r["key"]) and len(r["doc_sha256"]) == 64
+            assert (key.scorer, key.window, key.chunk, key.keep, key.positions, key.prompt_shape) == (
+                "windowed", 600, 16, 0.3, "original", "native")
+    src = dict(journal="a.jsonl", length=1200, commit="test", where="test", one_pass=True)
+    row = build_row(src, root=tmp_path)
+    assert row["provenance"]["filled"] == {} and "notes" not in row["provenance"]
+    assert all(len(d) == 64 for d in row["documents"])
+    group = build_row({**src, "journal": "g.jsonl", "arm": "group", "paired_with": "a.jsonl"}, root=tmp_path)
+    assert group["provenance"]["filled"] == {} and group["key"] == row["key"]

@@ -252,3 +252,28 @@ def test_emulated_union_for_benchmarks(tiny_models, monkeypatch):
     monkeypatch.setenv(emulated_selection.ENV, "2:1")
     with pytest.raises(ValueError, match="SPECQ_BENCH_UNION"):
         emulated_selection.from_env()
+
+
+def test_auto_questions_on_an_inline_document_never_join_a_group(engine):
+    """Issue 47 item 6: with group-sparse prefill on, two mode-auto questions on one inline document (no
+    document_id: rule 1a never applies) that rule 3 sends to specprefill run their own kept chunks, not one
+    group-sparse prefill (which the group rows do not vouch for); each reason says what ran."""
+    opts = engine.options
+    saved = (opts.auto_min_tokens, opts.auto_quality_min_tokens)
+    opts.auto_min_tokens, opts.auto_quality_min_tokens = 64, 0  # the operator's override: rule 3 says specprefill
+    try:
+        engine.cache_store.clear()
+        loop = _loop(engine)
+        try:
+            handles = [loop.submit(DOC, _auto(q), scope="t") for q in QUESTIONS[:2]]
+            results = [h.result(600) for h in handles]
+            formed = loop.stats()["groups_formed"]
+        finally:
+            loop.close()
+        assert formed == 0 and all(r.group is None for r in results)
+        for r in results:
+            assert r.spec.mode == "specprefill" and r.spec.reason.startswith("auto: one-off long document"), r.spec
+            assert "operator override" in r.spec.reason
+    finally:
+        opts.auto_min_tokens, opts.auto_quality_min_tokens = saved
+        engine.cache_store.clear()

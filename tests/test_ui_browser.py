@@ -417,3 +417,21 @@ def test_render_time_bound(keyed, chromium, shots):
     p.page.screenshot(path=str(shots / "job-32k.png"))
     p.assert_clean()
     assert min(times["list100"]) <= 1000 and min(times["job32k"]) <= 1000, times
+
+
+def test_evidence_page_lists_the_rows(svc, chromium, shots):
+    """/ui/evidence (issue 47): every row of GET /v1/evidence with its key, bound and why it does not pass;
+    no shipped row passes, and the page says what that means for mode auto."""
+    listed = svc.client.get("/v1/evidence").json()["data"]
+    p = open_page(chromium)
+    p.page.goto(f"{svc.st.url}/ui/evidence")
+    p.page.wait_for_selector("html[data-ready=evidence]", timeout=30_000)
+    rows = p.page.locator("table.evidence tbody tr")
+    assert rows.count() == len(listed) >= 10
+    assert p.page.locator("table.evidence tbody tr[data-passes='1']").count() == 0
+    text = p.page.inner_text("main")
+    assert "No row passes" in text and "SPECQ_AUTO_QUALITY_MIN_TOKENS" in text
+    assert "in-sample" in text and "documents < 8" in text and "scorer windowed 4096" in text
+    assert p.page.locator("nav a[href='/ui/evidence']").get_attribute("class") == "here"
+    p.page.screenshot(path=str(shots / "evidence.png"), full_page=True)
+    p.assert_clean()

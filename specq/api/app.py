@@ -9,6 +9,7 @@
     /v1/files…          specq.api.files     OpenAI's Files API (batch input, batch output files)
     /healthz, /readyz   specq.api.health    liveness; can this API accept jobs
     /v1/workers         specq.api.health    the live workers (heartbeats)
+    /v1/evidence        specq.api.evidence  mode auto's quality evidence rows (POST: admins)
     /metrics            specq.api.metrics   Prometheus text (admins only with keys on)
     /ui…, /docs         specq.api.ui        the web page; Swagger UI (every asset served here, no CDN)
     /openapi.json
@@ -112,6 +113,7 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
 
     from .batches import batches_router
     from .documents import documents_router
+    from .evidence import evidence_router
     from .events import events_router
     from .files import files_router
     from .health import health_router
@@ -124,6 +126,7 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
     catalog = ModelCatalog(settings)
     app.include_router(jobs_router(settings, caller_of))
     app.include_router(documents_router(settings, caller_of))
+    app.include_router(evidence_router(caller_of))
     app.include_router(events_router(settings, caller_of))
     app.include_router(batches_router(settings, caller_of, catalog))
     app.include_router(models_router(catalog, caller_of))

@@ -378,6 +378,14 @@ def _spec_params(settings: QualitySettings, question: str = "") -> RunParams:
                      min_tokens=0, max_tokens=settings.max_tokens, chunk_rule=settings.chunk_rule)
 
 
+def evidence_fields(engine, task: qt.Task, prompt, params: RunParams, positions: str) -> dict[str, Any]:
+    """What an evidence row needs of a record (issue 47 item 3): the full EvidenceKey the specprefill run ran
+    with (engine/evidence_key.py: resolved scorer and window, positions, both models' sha256, ...) and the
+    document's content hash (rows count questions per document by it)."""
+    return {"key": engine.evidence_key(prompt, params, positions, "native").as_dict(),
+            "doc_sha256": hashlib.sha256(task.document.encode("utf-8")).hexdigest()}
+
+
 def baselines_from(path: Path, settings: QualitySettings) -> dict[str, dict]:
     """Task id -> answer record of an earlier answer journal that ran these settings except how
     specprefill scores and ranks chunks (chunk rule, scorer, window; so the same tasks, model settings
@@ -427,6 +435,7 @@ def run_answer(engine, settings: QualitySettings, journal: Journal, say: Say = p
                 rec["specprefill"] = {"text": rs.text, "correct": qt.is_correct(task, rs.text), "ttft_ms": round(rs.timings_ms["ttft"], 1),
                                       "evidence_kept": all(t in kept for t in ev_tokens), "kept_tokens": rs.usage.kept_tokens,
                                       "windows": rs.spec.windows, "cache_restored_bytes": rs.spec.cache.get("bytes_restored", 0)}
+                rec.update(evidence_fields(engine, task, prompt, spec, rs.spec.positions))
                 if scope:
                     rec["family"] = scope
             rec["load1"] = round(os.getloadavg()[0], 2)
@@ -468,6 +477,8 @@ def run_group(engine, settings: QualitySettings, journal: Journal, say: Say = pr
                 rec = {**_task_record(task, L, settings), "family": scope, "closed_book": closed[task.id]}
                 r = by_id.get(task.id)
                 if r is not None:
+                    p = _spec_params(settings, task.question)
+                    rec.update(evidence_fields(engine, task, engine.tokenize_prompt(task.document, p), p, r.spec.positions))
                     g = r.group or {}
                     rec["group"] = {"text": r.text, "correct": qt.is_correct(task, r.text), "size": g.get("size"),
                                     "fallback": g.get("fallback"), "union_kept_fraction": g.get("union_kept_fraction"),

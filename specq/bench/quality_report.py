@@ -21,39 +21,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any, Iterable
 
+from ..engine.evidence_bound import cp_lower  # (the exact bound lives beside evidence rows' bounds)
 from ..engine.options import CHUNK_RULES
-
-
-def _binom_sf(k: int, n: int, p: float) -> float:
-    """P(X >= k), X ~ Binomial(n, p)."""
-    if k <= 0:
-        return 1.0
-    if k > n:
-        return 0.0
-    if p <= 0.0:
-        return 0.0
-    if p >= 1.0:
-        return 1.0
-    lp, lq = math.log(p), math.log1p(-p)
-    total = 0.0
-    for i in range(k, n + 1):
-        total += math.exp(math.lgamma(n + 1) - math.lgamma(i + 1) - math.lgamma(n - i + 1) + i * lp + (n - i) * lq)
-    return min(1.0, total)
-
-
-def cp_lower(k: int, n: int, conf: float = 0.9) -> float:
-    """Exact one-sided lower bound: the p with P(X >= k | p) = 1 - conf (0 when k = 0)."""
-    if n <= 0 or k <= 0:
-        return 0.0
-    alpha = 1.0 - conf
-    lo, hi = 0.0, k / n
-    for _ in range(80):
-        mid = (lo + hi) / 2
-        if _binom_sf(k, n, mid) < alpha:
-            lo = mid
-        else:
-            hi = mid
-    return lo
 
 
 def paired(pairs: Iterable[tuple[bool, bool]], conf: float = 0.9) -> dict[str, Any]:

@@ -7,6 +7,7 @@
     jobs      specq status | result | jobs | cancel
     batches   specq batches | batch | results | stats | cancel-batch
     keys      specq keys …        db   specq db upgrade
+    evidence  specq evidence [--json] | build   mode auto's quality evidence
     models    specq models …      bench specq bench …
 
 The helpers they share: `common` (failures, reading FILE or stdin, settings, the HTTP client, waiting),
@@ -16,7 +17,7 @@ import those, never each other."""
 from __future__ import annotations
 
 # the order of these imports is the order of `specq --help`
-from . import run, run_batch, service, submit, jobs, batches, keys, db, models, bench  # noqa: F401, I001  (they register their commands)
+from . import run, run_batch, service, submit, jobs, batches, keys, db, models, evidence, bench  # noqa: F401, I001  (they register their commands)
 from .app import app
 
 

@@ -14,7 +14,7 @@ In order:
    docs/benchmarks.md) — where group-sparse prefill is measured to win
    (`group_min_tokens`: the job's length at least EngineOptions.auto_group_min_tokens, else
    GROUP_MIN_TOKENS of the backend; none measured = never) and where the *group's* answers were
-   measured to hold (`group_bands`: quality_evidence rows of arm "group" — a group answer sees the
+   measured to hold (`group_bands`: evidence rows (evidence.py) of arm "group" — a group answer sees the
    other questions' chunks too, so rule 3's rows are not evidence for it; the operator's
    auto_quality_min_tokens, when set, stands for both): specprefill, which the serving loop runs as
    one group-sparse prefill when that is on (SPECQ_GROUP_SPARSE; off, the loop counts no group;
@@ -30,11 +30,14 @@ In order:
 2. **below the break-even length**: prompts shorter than `min_tokens` (the job's), else
    EngineOptions.auto_min_tokens, else BREAK_EVEN_TOKENS of the backend, run baseline — scoring costs
    more than the sparse prefill saves there.
-3. **quality**: specprefill only at prompt lengths where docs/quality.md measured keep 0.3 at >= 95%
-   of baseline's quality for this model pair (quality_evidence.bands: the measured documents' lengths,
-   the exact 90% lower bound of the accuracy ratio >= 0.95); elsewhere, and for any other model pair,
-   baseline. EngineOptions.auto_quality_min_tokens >= 0 replaces the bands with "from this length on"
-   (an operator's own measurement; -1, the default, uses the bands).
+3. **quality**: specprefill only at prompt lengths where a *passing* evidence row (evidence.py: a
+   clustered 90% lower bound of the accuracy ratio >= 0.95 over >= 8 documents and >= 40 out-of-sample
+   questions) was measured with exactly the job's resolved settings (evidence_key.EvidenceKey: both
+   models by sha256, every scoring and selection setting, positions, prompt shape, backend; a job's
+   keep may be larger than the row's); elsewhere baseline, and the reason names the first setting no
+   passing row has ("no evidence for max_keep=16 ..."). EngineOptions.auto_quality_min_tokens >= 0
+   replaces the evidence with "from this length on" (an operator's own measurement,
+   SPECQ_AUTO_QUALITY_MIN_TOKENS; its reasons say "operator override"; -1, the default, uses the evidence).
 4. otherwise **specprefill**: a long one-off document.
 
 The result records `spec.mode` and `spec.reason` (one line saying which rule decided).
@@ -43,9 +46,12 @@ The result records `spec.mode` and `spec.reason` (one line saying which rule dec
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
-from .quality_evidence import Band
+from .evidence import Band
+
+#: arm (specprefill | group) -> (bands, why there are none): a job's evidence, looked up on first need
+Evidence = Callable[[str], tuple[Sequence[Band], str]]
 
 #: break-even prompt lengths (tokens) per backend, below which baseline is taken as faster. CPU 2,071:
 #: the shortest prompt at which specprefill was measured to win on the real pair in every
@@ -71,6 +77,16 @@ CACHE_HIT_FRACTION = 0.5
 GROUP_MIN_TOKENS: dict[str, int] = {"cuda": 29_842}
 
 
+#: what rule 1a's reason says it chose: the only decision under which a mode-auto job may join a group
+GROUP_PATH = "one group-sparse prefill"
+
+
+def chose_group(reason: str) -> bool:
+    """Whether a mode-auto decision's reason is rule 1a's group path (serving_group.groupable: an auto job
+    joins a group-sparse prefill only then, never on rule 3's one-off specprefill)."""
+    return f": {GROUP_PATH} (" in reason
+
+
 @dataclass(frozen=True)
 class Decision:
     mode: str  # baseline | specprefill
@@ -94,25 +110,28 @@ def group_min(backend: str, option: int = 0) -> int:
 
 
 def quality_holds(n_prompt: int, quality_min_tokens: int = -1, quality_bands: Sequence[Band] = (),
-                  what: str = "specprefill") -> tuple[bool, str]:
+                  what: str = "specprefill", missing: str = "") -> tuple[bool, str]:
     """Rule 3 (and 1a's, with the group bands): (whether `what`'s quality was measured to hold at
-    `n_prompt` tokens, why)."""
+    `n_prompt` tokens, why). `missing`: why the job's settings have no bands at all (evidence.lookup)."""
     if quality_min_tokens < 0:
         band = next((b for b in quality_bands if b.covers(n_prompt)), None)
         if band is not None:
             return True, f"in {band.lo:,}-{band.hi:,} tokens where {band.describe()}"
+        if not quality_bands and missing:
+            return False, missing
         where = ", ".join(f"{b.lo:,}-{b.hi:,}" for b in quality_bands)
         return False, (f"{what} quality not measured at {n_prompt} tokens for these models and settings "
                        f"(measured to hold: {where or 'nowhere'}; docs/quality.md)")
     if n_prompt < quality_min_tokens:
-        return False, f"{n_prompt} tokens < {quality_min_tokens}, where keep 0.3 was measured >= 95% of baseline quality"
-    return True, f"quality threshold {quality_min_tokens}"
+        return False, (f"{n_prompt} tokens < {quality_min_tokens} (operator override: SPECQ_AUTO_QUALITY_MIN_TOKENS, "
+                       "in place of the quality evidence)")
+    return True, f"operator override: SPECQ_AUTO_QUALITY_MIN_TOKENS={quality_min_tokens} in place of the quality evidence"
 
 
 def decide(n_prompt: int, *, backend: str, cached_tokens: int = 0, min_tokens: int = -1, auto_min_tokens: int = 0,
            quality_min_tokens: int = -1, quality_bands: Sequence[Band] = (),
            reused_document: bool = False, group: int = 0, grouped_before: bool = False, group_min_tokens: int = 0,
-           group_bands: Sequence[Band] = ()) -> Decision:
+           group_bands: Sequence[Band] = (), evidence: Evidence | None = None) -> Decision:
     """Mode auto's choice for a prompt of `n_prompt` tokens of which `cached_tokens` are in the target's
     prompt cache (PrefixCache.lookup); `reused_document`: the job asks about a stored document and the
     prompt cache is on (rule 1b); `group`: how many questions about that document (this one included)
@@ -120,14 +139,20 @@ def decide(n_prompt: int, *, backend: str, cached_tokens: int = 0, min_tokens: i
     none); `grouped_before`: earlier questions about it were served that way (rule 1a too);
     `group_min_tokens`: EngineOptions.auto_group_min_tokens; `quality_bands`: where
     specprefill's quality was measured to hold for the loaded models and the job's keep and scorer
-    (rule 3); `group_bands`: the same for a group's answers (rule 1a)."""
+    (rule 3); `group_bands`: the same for a group's answers (rule 1a); `evidence`: where given, both
+    are looked up through it instead, only when a rule needs them (evidence.lookup of the job's key)."""
+
+    def holds(arm: str, given: Sequence[Band], what: str = "specprefill") -> tuple[bool, str]:
+        bands, missing = evidence(arm) if evidence is not None and quality_min_tokens < 0 else (given, "")
+        return quality_holds(n_prompt, quality_min_tokens, bands, what=what, missing=missing)
+
     if n_prompt > 0 and cached_tokens >= CACHE_HIT_FRACTION * n_prompt:
         return Decision("baseline", f"prompt cache hit: {cached_tokens} of {n_prompt} prompt tokens cached")
     be = break_even(backend, auto_min_tokens, min_tokens)
     not_group = ""
     if reused_document and (group >= 2 or grouped_before):
         gmin = group_min(backend, group_min_tokens)
-        ok, why = quality_holds(n_prompt, quality_min_tokens, group_bands, what="group-sparse")
+        ok, why = holds("group", group_bands, what="group-sparse")
         if gmin < 0:
             not_group = f"group-sparse not measured faster on {backend}"
         elif n_prompt < max(gmin, be):
@@ -137,7 +162,7 @@ def decide(n_prompt: int, *, backend: str, cached_tokens: int = 0, min_tokens: i
         else:
             who = (f"group of {group} questions about a stored document" if group >= 2 else
                    "a stored document whose earlier questions ran as a group (scored, not in the prompt cache)")
-            return Decision("specprefill", f"{who}: one group-sparse prefill ({n_prompt} tokens >= {gmin}, where it "
+            return Decision("specprefill", f"{who}: {GROUP_PATH} ({n_prompt} tokens >= {gmin}, where it "
                                            f"was measured faster than a prompt-cached full prefill on {backend}), {why}")
         not_group = f" ({f'a group of {group}' if group >= 2 else 'grouped before'}, but {not_group})"
     if reused_document:
@@ -146,11 +171,11 @@ def decide(n_prompt: int, *, backend: str, cached_tokens: int = 0, min_tokens: i
     if n_prompt < be:
         return Decision("baseline", f"{n_prompt} tokens < break-even {be} ({backend}): scoring would cost more "
                                     "than it saves")
-    ok, why = quality_holds(n_prompt, quality_min_tokens, quality_bands)
+    ok, why = holds("specprefill", quality_bands)
     if not ok:
         return Decision("baseline", why)
     return Decision("specprefill", f"one-off long document: {n_prompt} tokens >= break-even {be}, {why}")
 
 
-__all__ = ["Decision", "decide", "break_even", "group_min", "quality_holds", "BREAK_EVEN_TOKENS", "CACHE_HIT_FRACTION",
+__all__ = ["Decision", "decide", "chose_group", "GROUP_PATH", "break_even", "group_min", "quality_holds", "BREAK_EVEN_TOKENS", "CACHE_HIT_FRACTION",
            "GROUP_MIN_TOKENS"]

@@ -123,14 +123,15 @@ class EngineOptions:
     #: mode auto: prompts shorter than this run baseline; 0 = the measured break-even of the backend
     #: (engine/auto.py BREAK_EVEN_TOKENS, docs/engine.md)
     auto_min_tokens: int = 0
-    #: mode auto: -1 (default) = specprefill only at the prompt lengths where docs/quality.md measured
-    #: keep 0.3 >= 95% of baseline for the loaded model pair (engine/quality_evidence.py); >= 0 = an
-    #: operator's own measurement: specprefill from this many prompt tokens on
+    #: mode auto: -1 (default) = specprefill only at the prompt lengths where a passing evidence row was
+    #: measured with exactly the job's resolved settings (engine/evidence.py, evidence_key.py; none of the
+    #: shipped rows passes); >= 0 = an operator's override (their own measurement): specprefill from this
+    #: many prompt tokens on, whatever the evidence; such jobs' reasons say "operator override"
     auto_quality_min_tokens: int = -1
     #: mode auto rule 1a (engine/auto.py): questions about a stored document served together (a worker's
     #: group claim, or in the serving loop at once), and that document's later questions, run as
     #: group-sparse prefill from this many prompt tokens on, where the group path's own answers were
-    #: measured to hold (quality_evidence rows of arm "group"; none passes) and the serving loop's
+    #: measured to hold (evidence rows of arm "group"; none passes) and the serving loop's
     #: group-sparse prefill is on (SPECQ_GROUP_SPARSE); 0 = the backend's measured length
     #: (auto.GROUP_MIN_TOKENS: CUDA only), -1 = never (each takes rule 1b: baseline + prompt cache)
     auto_group_min_tokens: int = 0

@@ -19,8 +19,9 @@ from typing import Any, Callable
 
 import numpy as np
 
-from . import auto, emulated_selection, invariance, quality_evidence
+from . import auto, emulated_selection, evidence, invariance
 from .decode import generate
+from .evidence_key import EvidenceKey, effective_scoring, model_sha256
 from ..contracts import EngineError, InputError, ModelError
 from .kept_spans import selection_record
 from .options import EngineOptions, RunParams
@@ -142,6 +143,10 @@ class Engine:
         self.cache_store = StateStore(opts.cache_bytes, disk=self._cache_disk(opts))
         self._prefix_cache: PrefixCache | None = None
         self._spec_cache: SpeculatorCache | None = None
+        #: the quality evidence mode auto reads (evidence.py): the shipped rows until the caller passes the
+        #: store's in (`set_evidence`; the worker does, at start and when the table changes)
+        self.evidence_rows: tuple = evidence.shipped_rows()
+        self._model_hashes: tuple[str, str, str] | None = None
 
     # -- caches ------------------------------------------------------------------------------------
     @staticmethod
@@ -280,17 +285,25 @@ class Engine:
         if mode == "auto":
             found = prefix.lookup(scope, prompt.tokens) if prefix is not None else None
             cached = max(found[1] if found else 0, slot_tokens if prefix is not None else 0)
+            shape = "chat" if messages is not None else "completion" if raw else "native"
+            looked: dict[str, tuple] = {}
+
+            def lookup(arm: str) -> tuple:
+                """The job's key is made (models hashed, the speculator's path resolved) only when a rule needs
+                it and some row of `arm` passes at all."""
+                if arm not in looked:
+                    rows = self.evidence_rows
+                    key = (self.evidence_key(prompt, params, positions, shape)
+                           if any(r.passes and r.arm == arm for r in rows) else None)
+                    looked[arm] = evidence.lookup(rows, key, arm)
+                return looked[arm]
+
             choice = auto.decide(prompt.n, backend=self.info.backend, cached_tokens=cached,
                                  min_tokens=params.min_tokens, auto_min_tokens=self.options.auto_min_tokens,
-                                 quality_min_tokens=self.options.auto_quality_min_tokens,
-                                 quality_bands=quality_evidence.bands(self.options.target, self.options.speculator,
-                                                                      params.keep, params.scorer, params.chunk_rule),
+                                 quality_min_tokens=self.options.auto_quality_min_tokens, evidence=lookup,
                                  reused_document=reused_document and prefix is not None, group=group,
                                  grouped_before=grouped_before,
-                                 group_min_tokens=self.options.auto_group_min_tokens,
-                                 group_bands=quality_evidence.bands(self.options.target, self.options.speculator,
-                                                                    params.keep, params.scorer, params.chunk_rule,
-                                                                    arm="group"))
+                                 group_min_tokens=self.options.auto_group_min_tokens)
             mode, reason = choice.mode, "auto: " + choice.reason
         elif mode == "specprefill" and prompt.n < min_tokens:
             mode = "baseline"
@@ -299,6 +312,40 @@ class Engine:
         spec = SpecInfo(mode=mode, reason=reason, positions=positions, keep=1.0, lookahead=0, windows=0, scorer="none")
         spec.cache = {"speculator": "off", "target": "off", "bytes_restored": 0}
         return prompt, mode, positions, warnings, timings, spec
+
+    def set_evidence(self, rows) -> None:
+        """The evidence rows mode auto reads from now on (evidence.merge of the shipped rows and the store's)."""
+        self.evidence_rows = tuple(rows)
+
+    def evidence_key(self, prompt: Prompt, params: RunParams, positions: str, shape: str = "native") -> EvidenceKey:
+        """The settings this job's specprefill would run with, resolved (evidence_key.py): `positions` after the
+        library probe, the effective scorer and window for this document, the score math this engine uses."""
+        from .models import resolve_model
+
+        if self._model_hashes is None:
+            spath = self._speculator.path if self._speculator is not None else Path(
+                resolve_model(self.options.speculator, progress=self._pull_progress))
+            self._model_hashes = (model_sha256(self.target_path), model_sha256(spath), Path(spath).name)
+        target_sha, spec_sha, spec_name = self._model_hashes
+        if self._scorer is not None:
+            scorer_ctx = self._scorer.n_ctx
+        else:  # as scorer() will size it
+            train = self._speculator.n_ctx_train if self._speculator is not None else 0
+            scorer_ctx = min(train or self.n_ctx, max(self.n_ctx, 4096))
+        room = scorer_ctx - prompt.doc_start - (prompt.n - prompt.doc_end) - params.lookahead - 1
+        scorer, window = effective_scoring(params.scorer, params.window, prompt.doc_end - prompt.doc_start, room)
+        try:
+            score_math = self.info.score_math or self._score_math()
+        except ModelError:
+            score_math = self.options.score_math
+        return EvidenceKey(
+            target_sha256=target_sha, speculator_sha256=spec_sha,
+            backend="cpu" if invariance.on_cpu(self.options, self.info.backend) else self.info.backend,
+            prompt_shape=shape, task=None, positions=positions, score_math=score_math, scorer=scorer, window=window,
+            chunk_rule=params.chunk_rule, keep=params.keep, max_keep=params.max_keep, chunk=params.chunk,
+            lookahead=params.lookahead, pool=params.pool, selection=params.selection, pipelined=params.pipelined,
+            protect_tail=-1 if shape == "native" else params.protect_tail,
+            target=self.target_path.name, speculator=spec_name)
 
     def run(self, document: str, params: RunParams | None = None, progress: Progress | None = None, *,
             messages: list[tuple[str, str]] | None = None, raw: bool = False, on_text: OnText | None = None,

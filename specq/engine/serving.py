@@ -98,6 +98,7 @@ import numpy as np
 
 from ..contracts import DecodeError, Drained, RunCancelled
 from .decode import SeqDecoder
+from .auto import chose_group
 from .invariance import MAX_INVARIANT_BATCH, on_cpu
 from .loop_seams import LoopSeams
 from .options import RunParams
@@ -155,6 +156,8 @@ class _Job:
     #: questions about this document submitted together, this one included (a worker's group claim): mode
     #: auto's rule 1a counts them before they all reach the loop (`_auto_group`)
     group_hint: int = 0
+    #: mode auto chose rule 1a's group path for this job (auto.chose_group): only then may it join a group
+    auto_group: bool = False
     future: Future = field(default_factory=Future)
     t_submit: float = field(default_factory=_now)
     t_queued: float = 0.0  # tokenized (in the submitting thread, from t_submit) and handed to the loop
@@ -457,6 +460,7 @@ class ServingEngine:
                 reused_document=job.reused_document, prompt=job.prompt,
                 slot_tokens=max(self._resident_prefix(job, forget=False), self._other_slot_prefix(job)[1]),
                 **self._auto_group(job))
+            job.auto_group = job.params.mode == "auto" and job.mode == "specprefill" and chose_group(job.spec.reason)
             t1 = _now()
             job.engine_ms["tokenize"] += (t1 - t0) * 1000.0
             job.end_phase("tokenize", t1)

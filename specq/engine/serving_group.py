@@ -105,8 +105,13 @@ class SlotGroup:
 
 
 def groupable(job) -> bool:
-    """Whether `job` may be a member of a group, as far as its own parameters go."""
+    """Whether `job` may be a member of a group, as far as its own parameters go. A mode-auto job only while
+    undecided or where auto chose rule 1a's group path for it (`auto_group`): one that rule 3 sent to
+    specprefill as a one-off runs its own kept chunks (issue 47: group rows fail, so a group answer is
+    not what its evidence measured)."""
     p = job.params
+    if p.mode == "auto" and job.mode == "specprefill" and not getattr(job, "auto_group", False):
+        return False
     return (job.mode in ("", "specprefill") and p.mode in ("specprefill", "auto") and p.draft in GROUP_DRAFTERS
             and not p.pipelined and job.prompt is not None)
 

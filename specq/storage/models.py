@@ -413,6 +413,58 @@ class ApiKey(Base):
                 "revoked_at": _iso(self.revoked_at)}
 
 
+class EvidenceRecord(Base):
+    """One quality-evidence row written through POST /v1/evidence (engine/evidence.py validated it; the
+    shipped rows live in the package, not here). Key fields as columns; `revision` grows with every write
+    (the table's max is what workers compare at claim time to reload without a restart)."""
+
+    __tablename__ = "quality_evidence"
+    __table_args__ = (Index(None, "revision"),)
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    revision: Mapped[int] = mapped_column(Integer)
+    # the EvidenceKey (engine/evidence_key.py)
+    target_sha256: Mapped[str] = mapped_column(String(64))
+    speculator_sha256: Mapped[str] = mapped_column(String(64))
+    backend: Mapped[str] = mapped_column(String(16))
+    prompt_shape: Mapped[str] = mapped_column(String(16))
+    task: Mapped[str | None] = mapped_column(String(64))
+    positions: Mapped[str] = mapped_column(String(16))
+    score_math: Mapped[str] = mapped_column(String(16))
+    scorer: Mapped[str] = mapped_column(String(16))
+    window: Mapped[int] = mapped_column(Integer)
+    chunk_rule: Mapped[str] = mapped_column(String(16))
+    keep: Mapped[float] = mapped_column(Float)
+    max_keep: Mapped[int] = mapped_column(Integer)
+    chunk: Mapped[int] = mapped_column(Integer)
+    lookahead: Mapped[int] = mapped_column(Integer)
+    pool: Mapped[int] = mapped_column(Integer)
+    selection: Mapped[str] = mapped_column(String(16))
+    pipelined: Mapped[bool] = mapped_column(Boolean)
+    protect_tail: Mapped[int] = mapped_column(Integer)
+    target: Mapped[str] = mapped_column(String(255))  # labels only
+    speculator: Mapped[str] = mapped_column(String(255))
+    # the measurement
+    metric: Mapped[str] = mapped_column(String(32))
+    arm: Mapped[str] = mapped_column(String(16))
+    length: Mapped[int] = mapped_column(Integer)
+    doc_tokens_min: Mapped[int] = mapped_column(Integer)
+    doc_tokens_max: Mapped[int] = mapped_column(Integer)
+    n: Mapped[int] = mapped_column(Integer)
+    #: per document (content hash): {"n", "baseline_right", "arm_right", "both_right"}
+    documents: Mapped[dict[str, Any]] = mapped_column(JSONType)
+    bound_method: Mapped[str] = mapped_column(String(64))
+    bound: Mapped[float] = mapped_column(Float)
+    passes: Mapped[bool] = mapped_column(Boolean)
+    in_sample: Mapped[bool] = mapped_column(Boolean)
+    in_sample_why: Mapped[str] = mapped_column(Text)
+    source: Mapped[str] = mapped_column(Text)
+    provenance: Mapped[dict[str, Any]] = mapped_column(JSONType)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    #: why the row is switched off ("" = on)
+    disabled: Mapped[str] = mapped_column(Text)
+
+
 __all__ = [
     "Base",
     "ApiKey",
@@ -420,6 +472,7 @@ __all__ = [
     "Job",
     "JobInput",
     "Document",
+    "EvidenceRecord",
     "Result",
     "PhaseTiming",
     "JobDelta",

@@ -76,6 +76,7 @@ from ..engine.stop import Stop
 from ..settings import ServiceSettings
 from ..storage import claims, db, groups, jobs, results
 from ..storage.retry import retry_transient
+from .evidence import EvidenceWatch
 from .stream import DeltaPublisher
 
 log = logging.getLogger("specq.worker")
@@ -199,6 +200,8 @@ class WorkerRuntime:
         self._slot_free = threading.Condition(self._claim_lock)
         #: jobs in `live` that a group claim took (storage.groups) whose own message has not arrived here
         self.grouped: set[str] = set()
+        #: the store's evidence revision the engine's rows were loaded at (worker/evidence.py)
+        self.evidence = EvidenceWatch()
         #: jobs taken by group claims since the worker started (its heartbeat reports it)
         self.group_claimed = 0
         #: job -> the size of the group claim it was part of (leader included), until its run submits it
@@ -242,6 +245,8 @@ class WorkerRuntime:
         slots = self.settings.resolved_slots(backend_name())
         opts = self.settings.engine_options(slots)
         self.engine = Engine(opts)
+        with db.session() as s:  # mode auto's evidence: shipped + the store's (worker/evidence.py)
+            self.evidence.refresh(s, self.engine)
         # one slot: the single-job pipeline in the task's thread (its Stop cuts a running llama_decode,
         # and the target's prompt cache serves mode auto); several: the engine loop of serving.py
         if slots > 1:
@@ -346,6 +351,7 @@ class WorkerRuntime:
             self.load()
         s_ = self.settings
         with db.session() as s:
+            self.evidence.refresh(s, self.engine)  # rows written since the last claim count from this job on
             with self._claim_lock:  # one claim at a time: two messages of one job never both claim it
                 hold_until: float | None = None
                 while True:

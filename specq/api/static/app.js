@@ -270,6 +270,7 @@
         link("/ui/jobs", "Jobs", /^\/ui(\/jobs.*)?\/?$/),
         link("/ui/batches", "Batches", /^\/ui\/batches/),
         link("/ui/workers", "Workers", /^\/ui\/workers/),
+        link("/ui/evidence", "Evidence", /^\/ui\/evidence/),
         h("a", { href: "/docs" }, "API docs")),
       AUTH === "keys" && key ? h("span", { class: "who" }, `key …${key.slice(-4)}`,
         h("button", { type: "button", onclick: () => { sessionStorage.removeItem(KEY); showLogin(); } }, "Sign out")) : null);
@@ -318,6 +319,7 @@
     [/^\/ui\/batches\/?$/, () => batchesPage],
     [/^\/ui\/batches\/([^/]+)\/?$/, () => batchPage],
     [/^\/ui\/workers\/?$/, () => workersPage],
+    [/^\/ui\/evidence\/?$/, () => evidencePage],
   ];
 
   function route() {
@@ -962,6 +964,48 @@
       empty.textContent = rows.length ? "" : "no live workers (start one with `specq worker`)";
       if (first) { first = false; ready("workers"); }
     });
+  }
+
+
+  // --- evidence (GET /v1/evidence: where mode auto may run specprefill, docs/quality.md "Evidence rows") --------
+  function evidencePage(root) {
+    const keyText = (k) => `${k.target || k.target_sha256.slice(0, 12)} + ${k.speculator || k.speculator_sha256.slice(0, 12)}; `
+      + `${k.backend}, ${k.prompt_shape}${k.task ? `, task ${k.task}` : ""}, positions ${k.positions}, ${k.score_math}; `
+      + `scorer ${k.scorer}${k.window ? ` ${k.window}` : " (one pass)"}, ${k.chunk_rule} rule, keep ${k.keep}, max_keep ${k.max_keep}, `
+      + `chunk ${k.chunk}, lookahead ${k.lookahead}, pool ${k.pool}, ${k.selection}${k.pipelined ? ", pipelined" : ""}`
+      + `${k.protect_tail >= 0 ? `, protect_tail ${k.protect_tail}` : ""}`;
+    const tbody = h("tbody");
+    const table = h("table", { class: "list evidence" },
+      h("thead", {}, h("tr", {}, ["origin", "arm", "length", "documents", "n", "ratio", "bound", "passes", "in-sample", "key", "source"]
+        .map((t) => h("th", {}, t)))), tbody);
+    const note = h("p", { class: "muted" });
+    root.replaceChildren(h("h1", {}, "Quality evidence"), note, table);
+    let stopped = false;
+    (async () => {
+      let list;
+      try { list = await api("/v1/evidence"); } catch (e) { if (!stopped) { note.textContent = e.message; ready("evidence"); } return; }
+      if (stopped) return;
+      const rows = Array.isArray(list.data) ? list.data : [];
+      const passing = rows.filter((r) => r.passes && r.in_use).length;
+      note.textContent = passing
+        ? `${passing} passing row(s): mode auto runs specprefill only for jobs whose settings equal one of them, inside its lengths.`
+        : "No row passes (a pass needs 8 documents, 40 out-of-sample questions and a clustered lower bound of 0.95): "
+          + "mode auto runs baseline everywhere unless the operator sets SPECQ_AUTO_QUALITY_MIN_TOKENS.";
+      tbody.replaceChildren(...rows.map((r) => h("tr", { class: r.in_use ? null : "muted", dataset: { passes: r.passes ? "1" : "0" } },
+        h("td", {}, r.origin + (r.in_use ? "" : " (superseded)")),
+        h("td", {}, r.arm),
+        h("td", { class: "num" }, fmtNum(r.length)),
+        h("td", { class: "num" }, fmtNum(Object.keys(r.documents || {}).length)),
+        h("td", { class: "num" }, fmtNum(r.n)),
+        h("td", { class: "num" }, typeof r.ratio === "number" ? r.ratio.toFixed(3) : "–"),
+        h("td", { class: "num", title: r.bound_method }, typeof r.bound === "number" ? r.bound.toFixed(3) : "–"),
+        h("td", { class: "evwhy" }, r.passes ? badge("passes") : r.fails),
+        h("td", {}, r.in_sample ? h("span", { title: r.in_sample_why }, "yes") : ""),
+        h("td", { class: "mono evkey" }, r.key ? keyText(r.key) : ""),
+        h("td", { class: "evsrc" }, r.source))));
+      ready("evidence");
+    })();
+    return () => { stopped = true; };
   }
 
   route();

@@ -1,0 +1,170 @@
+"""Issue 47 item 4: the evidence table (migration 0007, storage/evidence.py), POST/GET /v1/evidence,
+`specq evidence`, and workers that load rows at start and again when the table changes (no restart).
+Storage on SQLite and PostgreSQL; the routes, the CLI and a worker as real processes (tiny models)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import httpx
+import pytest
+from sqlalchemy import inspect
+
+from service_helpers import Stack, base_env, empty_store, free_port, running, specq_cmd, wait_job
+from specq.engine import evidence
+from specq.storage import db, evidence as store
+
+DOC = "".join(f"line {i}: the value of item {i} is {i * 7 % 13}.\n" for i in range(40))
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def url(request, tmp_path, monkeypatch):
+    with empty_store(request.param, tmp_path) as u:
+        monkeypatch.setenv("SPECQ_DATABASE_URL", u)
+        db.upgrade(u)
+        yield u
+
+
+def _passing(key_dict: dict, **kw) -> dict:
+    docs = {f"{i:064x}": {"n": 5, "baseline_right": 4, "arm_right": 4, "both_right": 4} for i in range(8)}
+    return {"key": key_dict, "metric": "answer_right", "arm": "specprefill", "length": 1200, "doc_tokens": [200, 5000],
+            "documents": docs, "source": "test: injected", "provenance": {"by": "test"}, **kw}
+
+
+def test_rows_round_trip_and_the_revision_grows(url):
+    row = evidence.row_from_dict(_passing(evidence.shipped_rows()[0].key.as_dict()))
+    with db.session(url) as s:
+        assert store.version(s) == 0 and store.list_rows(s) == []
+        store.add_row(s, row.as_dict())
+        store.add_row(s, row.as_dict())
+        assert store.version(s) == 2
+        back = store.list_rows(s)
+    again = evidence.row_from_dict(back[0])
+    assert again.key == row.key and again.documents == row.documents and again.bound == row.bound and again.passes
+    assert back[0]["key"]["target"] == row.key.target and back[1]["revision"] == 2
+
+
+def test_migration_0007_goes_down_and_up(url):
+    from alembic import command
+
+    cfg = db.alembic_config(url)
+    with db.get_engine(url).begin() as conn:
+        cfg.attributes["connection"] = conn
+        command.downgrade(cfg, "0006")
+    assert "quality_evidence" not in inspect(db.get_engine(url)).get_table_names()
+    assert db.upgrade(url) == db.head_revision() >= "0007"
+    assert "quality_evidence" in inspect(db.get_engine(url)).get_table_names()
+
+
+def _tiny_key(tiny_models) -> dict:
+    """The key a worker on the tiny pair resolves for DOC with params {window: 256} (native prompt)."""
+    from specq.engine.options import EngineOptions, RunParams
+    from specq.engine.pipeline import Engine
+
+    e = Engine(EngineOptions(target=str(tiny_models.target), speculator=str(tiny_models.speculator), n_gpu_layers=0,
+                             n_ctx=4096, n_threads=2))
+    try:
+        params = RunParams(question="What is the value of item 7?", window=256)
+        prompt = e.tokenize_prompt(DOC, params)
+        return e.evidence_key(prompt, params, "original" if e.gaps_supported else "compressed").as_dict()
+    finally:
+        e.close()
+
+
+def test_posted_rows_reach_a_running_worker_without_a_restart(tiny_models, tmp_path):
+    """GET lists the shipped rows; a malformed row is refused with the field named (and a bound above its
+    counts, or `passes` it does not earn, too); a passing row for the tiny pair posted while the worker
+    runs makes its next mode-auto job run specprefill, citing that row; `specq evidence --json` lists it all."""
+    key = _tiny_key(tiny_models)
+    port = free_port()
+    env = base_env(tmp_path, tiny_models, SPECQ_API_PORT=str(port), SPECQ_CONCURRENCY="1", SPECQ_AUTO_MIN_TOKENS="64",
+                   SPECQ_CACHE_BYTES="0")
+    st = Stack(env=env, port=port, logdir=tmp_path)
+    st.cli("db", "upgrade", check=True)
+    params = {"window": 256, "max_tokens": 2}
+    with running(st, ("api", "api"), ("worker", "worker")):
+        with httpx.Client(base_url=st.url, timeout=30) as c:
+            listed = c.get("/v1/evidence").json()
+            assert listed["version"] == 0 and len(listed["data"]) == len(evidence.shipped_rows())
+            assert all(r["origin"] == "shipped" and not r["passes"] for r in listed["data"])
+
+            def ask(q: str) -> dict:
+                job = c.post("/v1/jobs", json={"text": DOC, "question": q, "params": params}).json()
+                done = wait_job(c, job["id"], timeout=180)
+                assert done["status"] == "succeeded", done
+                return done["result"]["spec"]
+
+            before = ask("What is the value of item 7?")
+            assert before["mode"] == "baseline" and before["reason"].startswith("auto: no specprefill evidence row passes")
+            bad = [({**_passing(key), "key": {k: v for k, v in key.items() if k != "pool"}}, "key.pool"),
+                   ({**_passing(key), "documents": {"d": {"n": 1, "baseline_right": 2, "arm_right": 0, "both_right": 0}}},
+                    "documents.d"),
+                   ({**_passing(key), "bound": 1.5}, "bound"),
+                   ({**_passing(key, documents={"d": {"n": 5, "baseline_right": 5, "arm_right": 5, "both_right": 5}}),
+                     "passes": True}, "passes")]
+            for body, field in bad:
+                r = c.post("/v1/evidence", json=body)
+                assert r.status_code == 400 and r.json()["error"]["param"] == field, r.text
+                assert r.json()["error"]["message"].startswith(f"evidence row: {field}")
+            assert c.post("/v1/evidence", content=b"[1, 2", headers={"content-type": "application/json"}).status_code == 400
+            assert c.get("/v1/evidence").json()["version"] == 0  # nothing stored half-way
+            r = c.post("/v1/evidence", json=_passing(key))
+            assert r.status_code == 201 and r.json()["passes"] and r.json()["id"].startswith("ev_"), r.text
+            after = ask("What is the value of item 9?")
+            assert after["mode"] == "specprefill", after
+            assert "one-off long document" in after["reason"] and "n 40 (8 documents)" in after["reason"]
+            listed = c.get("/v1/evidence").json()
+            assert listed["version"] == 1 and [r["origin"] for r in listed["data"]].count("store") == 1
+    out = subprocess.run(specq_cmd("evidence", "--json"), env=st.env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    rows = json.loads(out.stdout)["data"]
+    shipped = [r for r in rows if r["origin"] == "shipped"]
+    assert len(shipped) == 10 and all(set(r["key"]) >= {"max_keep", "positions", "prompt_shape", "backend"} for r in shipped)
+    assert [r["in_sample"] for r in shipped].count(True) == 2
+    assert all(r["bound_method"] == evidence.METHOD and len(r["documents"]) <= 4 for r in shipped)
+    assert [r for r in rows if r["origin"] == "store"][0]["passes"]
+    offline = subprocess.run(specq_cmd("evidence", "--shipped"), env=st.env, capture_output=True, text=True, timeout=120)
+    assert offline.returncode == 0 and "4 documents < 8" in offline.stdout and "in-sample (" in offline.stdout, offline
+
+
+def test_evidence_build_check_and_out(tmp_path):
+    """`specq evidence build --check`: the shipped file matches the journals (exit 0); `--out` writes the same
+    rows elsewhere and says per row which key fields were filled from defaults."""
+    check = subprocess.run(specq_cmd("evidence", "build", "--check"), capture_output=True, text=True, timeout=300)
+    assert check.returncode == 0 and "up to date" in check.stderr, check.stderr
+    out = tmp_path / "rows.json"
+    built = subprocess.run(specq_cmd("evidence", "build", "--out", str(out)), capture_output=True, text=True, timeout=300)
+    assert built.returncode == 0, built.stderr
+    assert json.loads(out.read_text()) == json.loads(evidence.SHIPPED_PATH.read_text())
+    lines = built.stdout.splitlines()
+    assert len(lines) == 10 and all("fields filled from defaults: " in ln and "max_keep" in ln for ln in lines)
+    assert sum("(in-sample)" in ln for ln in lines) == 2
+
+
+def test_only_admin_keys_write_evidence(tmp_path):
+    """SPECQ_AUTH=keys: a tenant key reads GET /v1/evidence but its POST is refused (403), nothing stored;
+    an admin key's row is stored (a failing one here: 4 documents)."""
+    import os
+
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SPECQ_")}
+    env.update(SPECQ_HOME=str(tmp_path), SPECQ_API_PORT=str(port), SPECQ_AUTH="keys", PYTHONUNBUFFERED="1")
+    st = Stack(env=env, port=port, logdir=tmp_path)
+    st.cli("db", "upgrade", check=True)
+    tenant = st.cli("keys", "create", "--tenant", "team-a", check=True).stdout.strip()
+    admin = st.cli("keys", "create", "--tenant", "ops", "--admin", check=True).stdout.strip()
+    row = evidence.shipped_rows()[0].as_dict()
+    with running(st, ("api", "api")):
+        def client(key: str) -> httpx.Client:
+            return httpx.Client(base_url=st.url, timeout=30, headers={"Authorization": f"Bearer {key}"})
+
+        with client(tenant) as c:
+            assert c.get("/v1/evidence").status_code == 200
+            r = c.post("/v1/evidence", json=row)
+            assert r.status_code == 403, r.text
+            assert c.get("/v1/evidence").json()["version"] == 0
+        with client(admin) as c:
+            r = c.post("/v1/evidence", json={**row, "length": 4001})
+            assert r.status_code == 201 and not r.json()["passes"] and "4 documents < 8" in r.json()["fails"], r.text
+            assert c.get("/v1/evidence").json()["version"] == 1
