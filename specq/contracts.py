@@ -55,11 +55,11 @@ class DecodeError(EngineError):
 
 class RunCancelled(EngineError):
     """The run was cancelled: raised by a progress callback between phases, windows and tokens, or by
-    an aborted llama_decode (engine/stop.py)."""
+    an aborted llama_decode (engine/llama/stop.py)."""
 
 
 class JobTimeLimit(RunCancelled):
-    """The run went past its deadline (the worker's SPECQ_TIME_LIMIT): engine/stop.py."""
+    """The run went past its deadline (the worker's SPECQ_TIME_LIMIT): engine/llama/stop.py."""
 
 
 class Fenced(RunCancelled):

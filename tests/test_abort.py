@@ -1,4 +1,4 @@
-"""Cancel and the deadline inside llama.cpp (engine/stop.py, patch 0003), positions per context
+"""Cancel and the deadline inside llama.cpp (engine/llama/stop.py, patch 0003), positions per context
 (patch 0001) and the capture layout probe, on real llama.cpp.
 
 The tiny-model tests trip the C stop deterministically (directly, or from an eval callback in the
@@ -19,8 +19,8 @@ llama_cpp = pytest.importorskip("llama_cpp")
 import numpy as np  # noqa: E402
 
 from specq.contracts import DecodeError, JobTimeLimit, RunCancelled  # noqa: E402
-from specq.engine import capture, llama  # noqa: E402
-from specq.engine.stop import Stop, running  # noqa: E402
+from specq.engine.llama import capture, binding as llama  # noqa: E402
+from specq.engine.llama.stop import Stop, running  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 TEXT = (ROOT / "examples" / "python-license.txt").read_text()

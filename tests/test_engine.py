@@ -15,10 +15,10 @@ llama_cpp = pytest.importorskip("llama_cpp")
 
 import numpy as np  # noqa: E402
 
-from specq.engine import llama  # noqa: E402
+from specq.engine.llama import binding as llama  # noqa: E402
 from specq.contracts import InputError, ModelError  # noqa: E402
 from specq.engine.options import DEFAULT_CHUNK_RULE, EngineOptions, RunParams  # noqa: E402
-from specq.engine.prefill import sparse_prefill  # noqa: E402
+from specq.engine.decode.prefill import sparse_prefill  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 TEXT = (ROOT / "examples" / "python-license.txt").read_text()

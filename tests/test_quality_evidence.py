@@ -1,4 +1,4 @@
-"""Mode auto's quality evidence (engine/quality_evidence.py): every row equals what its journal in
+"""Mode auto's quality evidence (engine/policy/evidence.py): every row equals what its journal in
 bench/results says (recomputed with the report's own statistics, so a row cannot drift from its data),
 and the bands auto may run specprefill in are exactly the measured lengths for the measured pair."""
 
@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from specq.bench.quality_report import aggregate, read_journal
-from specq.engine import auto
-from specq.engine.quality_evidence import MIN_QUESTIONS, QUESTION_ALLOWANCE, QWEN_05B, QWEN_15B, ROWS, bands, model_key
+from specq.engine.policy import auto
+from specq.engine.policy.evidence import MIN_QUESTIONS, QUESTION_ALLOWANCE, QWEN_05B, QWEN_15B, ROWS, bands, model_key
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -1,4 +1,4 @@
-"""Group-sparse prefill in the serving loop (engine/serving_group.py): specprefill questions about one
+"""Group-sparse prefill in the serving loop (engine/serving/groups.py): specprefill questions about one
 document in the loop together share one sparse prefill of the target.
 
 Tiny random-weight models on the CPU, one llama.cpp thread, batch-invariant target: each member's
@@ -37,7 +37,7 @@ def engine(tiny_models):
 
 
 def _loop(engine, **kw):
-    from specq.engine.serving import ServingEngine
+    from specq.engine.serving.loop import ServingEngine
 
     return ServingEngine(engine, **{"group_sparse": True, **kw}).start()  # on: it is opt-in
 
@@ -143,7 +143,7 @@ def _auto_group(engine, questions, **submit):
 
 
 def test_auto_runs_a_stored_documents_questions_together_as_one_group(engine):
-    """Mode auto's rule 1a (engine/auto.py): questions about a stored document submitted together (a
+    """Mode auto's rule 1a (engine/policy/auto.py): questions about a stored document submitted together (a
     worker's group claim says how many: `group_hint`) run specprefill as one group-sparse prefill, each
     answer the forced single run's, and a later question about that document stays on that path; the
     same questions one at a time take rule 1b (baseline, then a prompt-cache hit), and so does a group
@@ -231,10 +231,10 @@ def test_a_cancelled_union_prefill_is_taken_over(engine):
 
 
 def test_emulated_union_for_benchmarks(tiny_models, monkeypatch):
-    """SPECQ_BENCH_UNION (engine/emulated_selection.py, random-weight benchmarks only): K questions'
+    """SPECQ_BENCH_UNION (specq/testing/emulated_selection.py, random-weight benchmarks only): K questions'
     emulated selections keep as many chunks as their own and cover about U of the document, and the
     result says the selection was emulated."""
-    from specq.engine import emulated_selection
+    from specq.testing import emulated_selection
 
     monkeypatch.setenv(emulated_selection.ENV, "0.5:4")
     eng = loop_engine(tiny_models, slots=4, n_ctx=4096)

@@ -1,4 +1,4 @@
-"""The engine loop in process (specq/engine/serving.py) while one job scores: the decoding jobs get a
+"""The engine loop in process (specq/engine/serving/loop.py) while one job scores: the decoding jobs get a
 decode batch after each of the speculator's llama_decode calls of a scoring window (issue #15), not
 only between windows, and nothing that must not change because of it does.
 
@@ -24,7 +24,7 @@ llama_cpp = pytest.importorskip("llama_cpp")
 
 from specq.contracts import RunCancelled  # noqa: E402
 from specq.engine.options import RunParams  # noqa: E402
-from specq.engine.scoring import plan_windows  # noqa: E402
+from specq.engine.scoring.scorer import plan_windows  # noqa: E402
 
 from serving_text import CALL, DOC, SHORT, decoder_params, loop_engine, scorer_params  # noqa: E402
 
@@ -33,7 +33,7 @@ pytestmark = [pytest.mark.timeout(600)]
 
 @pytest.fixture(scope="module")
 def loop(tiny_models):
-    from specq.engine.serving import ServingEngine
+    from specq.engine.serving.loop import ServingEngine
 
     eng = loop_engine(tiny_models)
     sv = ServingEngine(eng).start()
@@ -225,7 +225,7 @@ def test_model_drafting_jobs_during_scoring_return_their_text_alone(tiny_models,
     between windows, while a job without a speculator drafter decodes after every call; with parallel
     scoring streams (n_parallel 2) the windows are in another context and it decodes between the calls
     too. Either way each job's greedy output is what it is alone."""
-    from specq.engine.serving import ServingEngine
+    from specq.engine.serving.loop import ServingEngine
 
     eng = loop_engine(tiny_models, slots=3, n_parallel=n_parallel)
     loop = ServingEngine(eng).start()
@@ -271,7 +271,7 @@ def test_submit_tokenizes_in_the_calling_thread(tiny_models):
     fit fails there — its future is done before any loop runs — and a job's `tokenize` timing is the
     caller's tokenization (plus the loop's mode decision), its `slot_wait` counts from then."""
     from specq.contracts import InputError
-    from specq.engine.serving import ServingEngine
+    from specq.engine.serving.loop import ServingEngine
 
     eng = loop_engine(tiny_models, slots=1)
     sv = ServingEngine(eng)  # not started: nothing runs on a loop thread yet

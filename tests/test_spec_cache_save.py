@@ -94,7 +94,7 @@ def test_repeat_saves_a_one_off_document_only_at_its_second_sight(tiny_models):
 
 @pytest.fixture(scope="module")
 def loop(tiny_models):
-    from specq.engine.serving import ServingEngine
+    from specq.engine.serving.loop import ServingEngine
 
     eng = _engine(tiny_models, slots=2)
     sv = ServingEngine(eng).start()

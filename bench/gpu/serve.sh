@@ -23,11 +23,11 @@
 #   bash bench/gpu/serve.sh image 32768   # the worker image's CMD/ENV (Dockerfile, compose.yaml) outside Docker, one job
 #   SPECQ_SCORE_THREAD=off SPECQ_SPEC_CACHE_SAVE=repeat SLOTS_LIST=8 bash bench/gpu/serve.sh specq 32768 64
 #       # A/B: the speculator's scoring on the engine thread between decode batches, as before the score
-#       # thread (engine/score_thread.py; default auto = its own thread on a GPU); files carry "-score-off"
+#       # thread (engine/serving/score_thread.py; default auto = its own thread on a GPU); files carry "-score-off"
 #   SPECQ_GROUP_SPARSE=on SPECQ_BENCH_UNION=0.43:8 QUESTIONS=8 SPECQ_SPEC_CACHE_SAVE=repeat SLOTS_LIST=8 bash bench/gpu/serve.sh specq 32768 64
-#       # group-sparse prefill in the loop (engine/serving_group.py; opt-in since 2026-12-05, docs/quality.md
+#       # group-sparse prefill in the loop (engine/serving/groups.py; opt-in since 2026-12-05, docs/quality.md
 #       # "Group-sparse at 30K") with the selections' overlap emulated at the real pair's union (random weights
-#       # overlap far less: engine/emulated_selection.py); files carry "-group-on" / "-union0.43x8"
+#       # overlap far less: specq/testing/emulated_selection.py); files carry "-group-on" / "-union0.43x8"
 #   ARRIVAL=per-doc ... bash bench/gpu/serve.sh specq|llama 32768 64   # each document's questions in sequence
 #       # (the next sent when the last ended), the documents in parallel; default t0 (all at once); "-perdoc"
 #
@@ -95,7 +95,7 @@ specq)
   ctag=${SPECQ_CACHE_BYTES:+-cache$(( SPECQ_CACHE_BYTES >> 30 ))G}
   # SPECQ_SCORE_THREAD (the worker reads it; default auto = on with a GPU target) set names them too
   # SPECQ_GROUP_SPARSE (off: no group-sparse prefill) and SPECQ_BENCH_UNION (random weights: emulated
-  # selection overlap, engine/emulated_selection.py; "0.43:8" names the files "-union0.43x8") too
+  # selection overlap, specq/testing/emulated_selection.py; "0.43:8" names the files "-union0.43x8") too
   utag=${SPECQ_BENCH_UNION:+-union${SPECQ_BENCH_UNION/:/x}}
   # SPECQ_GROUP_HOLD (seconds a delivery may wait for a whole document group's slots) names them too
   htag=${SPECQ_GROUP_HOLD:+-hold$SPECQ_GROUP_HOLD}

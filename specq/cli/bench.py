@@ -191,8 +191,8 @@ def bench_ttft(
         if batch_invariant == "both":
             from dataclasses import replace
 
-            from ..engine import invariance
-            from ..engine.llama import backend_name
+            from ..engine.llama import invariance
+            from ..engine.llama.binding import backend_name
 
             service = "on" if invariance.resolve(replace(opts, batch_invariant="auto"), backend_name()).batch_invariant \
                 else "off"
@@ -225,8 +225,8 @@ def bench_make_model(
     """Write a random-weight GGUF of a real shape (for speed measurements: timing does not depend on weights)."""
     import time as _time
 
-    from ..engine.synthetic import write_qwen2_gguf
-    from ..engine.synthetic_archs import ARCHS, write_arch_gguf
+    from ..testing.synthetic import write_qwen2_gguf
+    from ..testing.synthetic_archs import ARCHS, write_arch_gguf
 
     overrides = {}
     if n_ctx:

@@ -66,12 +66,12 @@ import dataclasses
 import time
 from typing import TYPE_CHECKING
 
-from .decode import generate
+from .decode.loop import generate
 from .options import RunParams
-from .prefill import prefill_plan
-from .sampling import Sampler
-from .spec_cache import restore_seq, save_seq
-from .stop import Stop, checked_progress, running
+from .decode.prefill import prefill_plan
+from .decode.sampling import Sampler
+from .cache.speculator import restore_seq, save_seq
+from .llama.stop import Stop, checked_progress, running
 
 if TYPE_CHECKING:
     from .pipeline import Engine, Progress

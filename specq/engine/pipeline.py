@@ -2,15 +2,15 @@
 
 `Engine.run()` is the single entry point for the CLI, the worker and the benchmarks. Its progress
 callback is called between phases, per scoring window and per decoded token; raising RunCancelled
-(or any exception) from it stops the run there. Its `stop` (engine/stop.py) is also checked before
+(or any exception) from it stops the run there. Its `stop` (engine/llama/stop.py) is also checked before
 every llama_decode call, and cuts a running one (CPU).
 """
 
 from __future__ import annotations
 
-from .llama import Context, Model, backend_name, set_cuda_graphs, supports_position_gaps  # isort: skip  (llama_cpp first)
-from .llama_ext import set_hidden_output  # isort: skip
-from .drafters_hidden import mtp_unsupported, open_eagle3_context, open_mtp_context  # isort: skip
+from .llama.binding import Context, Model, backend_name, set_cuda_graphs, supports_position_gaps  # isort: skip  (llama_cpp first)
+from .llama.ext import set_hidden_output  # isort: skip
+from .decode.drafters_hidden import mtp_unsupported, open_eagle3_context, open_mtp_context  # isort: skip
 
 import time
 from pathlib import Path
@@ -18,20 +18,22 @@ from typing import Callable
 
 import numpy as np
 
-from . import auto, emulated_selection, invariance, quality_evidence
-from .decode import generate
+from .policy import auto, evidence as quality_evidence
+from ..testing import emulated_selection
+from .llama import invariance
+from .decode.loop import generate
 from ..contracts import EngineError, InputError, ModelError
-from .kept_spans import selection_record
+from .scoring.kept_spans import selection_record
 from .options import EngineOptions, RunParams
-from .prefill import PrefillResult, sparse_prefill
-from .prefix_cache import PrefixCache
-from .spec_cache import Numerics as CacheNumerics, SpeculatorCache, StateStore, file_sha256
-from .chat_prompt import build_chat_prompt, build_raw_prompt
-from .prompt import Prompt, build_prompt
+from .decode.prefill import PrefillResult, sparse_prefill
+from .cache.prefix import PrefixCache
+from .cache.speculator import Numerics as CacheNumerics, SpeculatorCache, StateStore, file_sha256
+from .prompt.chat import build_chat_prompt, build_raw_prompt
+from .prompt.build import Prompt, build_prompt
 from .result import CORE_PHASES, DraftInfo, EngineInfo, RunResult, SpecInfo, Usage
-from .sampling import Sampler
-from .stop import Stop, checked_progress, running
-from .textstream import TextStream
+from .decode.sampling import Sampler
+from .llama.stop import Stop, checked_progress, running
+from .decode.textstream import TextStream
 
 Progress = Callable[[str, int, int], None]
 #: receives the answer's text as it becomes final (TextStream: whole characters, stop strings applied)
@@ -146,8 +148,8 @@ class Engine:
         """The caches' directory copy (EngineOptions.cache_dir), keyed to this llama.cpp build."""
         if not opts.cache_dir or opts.cache_bytes <= 0:
             return None
-        from .cache_disk import DiskTier
-        from .llama import library_version
+        from .cache.disk import DiskTier
+        from .llama.binding import library_version
 
         try:
             return DiskTier(opts.cache_dir, library_version(), max_pending_bytes=opts.cache_bytes)
@@ -225,7 +227,7 @@ class Engine:
     def tokenize_prompt(self, document: str, params: RunParams, *, messages: list[tuple[str, str]] | None = None,
                         raw: bool = False) -> Prompt:
         """The prompt: native (`document` + question + system), a chat (`messages`), or `document` as a
-        raw completion prompt (`raw`); engine/chat_prompt.py says what scoring may drop in the last two."""
+        raw completion prompt (`raw`); engine/prompt/chat.py says what scoring may drop in the last two."""
         if messages is not None:
             prompt = build_chat_prompt(self.target, messages, params.protect_tail)
         elif raw:
@@ -304,7 +306,7 @@ class Engine:
         """One job. `messages` (a chat) or `raw` (a completion prompt) change how the prompt is built
         (`tokenize_prompt`); `on_text` receives the answer as it is decoded; `scope`, `reused_document`:
         `prepare`. `stop`: the job's cancel request and deadline, checked with every progress report
-        and before every llama_decode call, and read in C during one (engine/stop.py); it raises
+        and before every llama_decode call, and read in C during one (engine/llama/stop.py); it raises
         RunCancelled or JobTimeLimit.
         `_kept` (internal, tests and benchmarks only): a specprefill run prefills exactly these prompt
         indices (sorted, ending at the last prompt token) instead of scoring; the speculator does not
@@ -463,7 +465,7 @@ class Engine:
     def scorer(self):
         """The SpecPrefill scorer (speculator context with the capture callback), built on first use."""
         if self._scorer is None:
-            from .scoring import SpecPrefillScorer
+            from .scoring.scorer import SpecPrefillScorer
 
             spec = self.speculator
             opts = self.options
@@ -479,7 +481,7 @@ class Engine:
 
     def _score_math(self) -> str:
         """EngineOptions.score_math resolved: auto picks torch on a GPU when PyTorch can run there."""
-        from . import score_torch
+        from .scoring import score_torch
 
         choice = self.options.score_math
         gpu = not invariance.on_cpu(self.options, self.info.backend)
@@ -500,7 +502,7 @@ class Engine:
         spent saving is `cache_save`, part of `speculator_prefill`).
         between_calls(ctx): run after each llama_decode call of a window's prefill (scoring.py, "Between
         calls"; the serving loop's decode batches of other jobs); Engine.run passes none."""
-        from .selection import select_kept, select_kept_per_window
+        from .scoring.selection import select_kept, select_kept_per_window
 
         scorer = self.scorer()
         cache = self.spec_cache() if params.scorer != "sliding" else None
@@ -542,7 +544,7 @@ class Engine:
 
     def rule_pieces(self, prompt: Prompt, rule: str) -> list[bytes] | None:
         """The document tokens' bytes where the chunk rule reads the text (`scope`: its header lines)."""
-        from .selection import reads_text
+        from .scoring.selection import reads_text
 
         return self.target.pieces(prompt.document) if reads_text(rule) else None
 
@@ -553,7 +555,7 @@ class Engine:
         `select` (summed over windows), `sparse_prefill` (the target's time after scoring ended: what
         the overlap did not hide), `prefill_overlapped` (target decoding while scoring ran).
         (kept indices, document scores, PrefillResult); the stages' times are in `last_trace`."""
-        from .pipelined import pipelined_prefill
+        from .scoring.pipelined import pipelined_prefill
 
         scorer = self.scorer()
         # bit-identical micro-batches to a single sparse_prefill where the numerics are batch-invariant
@@ -586,7 +588,7 @@ class Engine:
         """The run's drafter (drafters.py); `model` drafts on the scorer's speculator context and, when
         this run scored, continues from the KV state scoring left there; `mtp` / `eagle3` on their
         own contexts, fed with the target's hidden states (drafters_hidden.py)."""
-        from .drafters import make_drafter
+        from .decode.drafters import make_drafter
 
         hidden, unavailable = {}, {}
         if self.slots > 1:  # their contexts hold one sequence and read rows of the target's own batches

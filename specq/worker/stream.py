@@ -1,7 +1,7 @@
 """The worker's side of event streams: a running job's answer text, published as it is decoded.
 
 `DeltaPublisher` is fed the text that became final (the engine's `on_text`, already in whole UTF-8
-characters with stop strings held back: specq.engine.textstream) and publishes it at most once every
+characters with stop strings held back: specq.engine.decode.textstream) and publishes it at most once every
 `interval` (~50 ms) per job, from a thread of its own, so the engine never waits on Redis or the
 store. `finish()` publishes what is left with `final` set. Where it goes (`make_channel`):
 

@@ -9,7 +9,7 @@ Our patches, bound here (each probed at import; a stock wheel lacks them):
   in positions (sparse prefill at original positions); every other context keeps the stock checks.
 * 0002 `llama_set_eval_callback`: the graph eval callback switched on and off on a live context.
 * 0003 `llama_set_stop` / `llama_set_stop_deadline`: a per-context flag and deadline read in C by the
-  context's abort callback, which `Context.stop` (engine/stop.py) drives.
+  context's abort callback, which `Context.stop` (engine/llama/stop.py) drives.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from ..contracts import DecodeError, JobTimeLimit, ModelError
+from ...contracts import DecodeError, JobTimeLimit, ModelError
 from .stop import Stop, current as current_stop
 
 # --------------------------------------------------------------------------------------------------
@@ -292,7 +292,7 @@ class Context:
         """kv_unified=False gives each of the n_seq_max sequences its own stream of n_ctx / n_seq_max
         cells: a sequence then attends over its own cells only (no masked pass over the others').
         type_k: the K cache's element type (f16, q8_0); q8_0 keeps llama.cpp's CPU flash attention on
-        one code path for every batch size (see specq/engine/invariance.py). ctx_type: llama.cpp's
+        one code path for every batch size (see specq/engine/llama/invariance.py). ctx_type: llama.cpp's
         context type (LLAMA_CONTEXT_TYPE_MTP runs the model's MTP blocks); ctx_other: the context an
         EAGLE3 head borrows the target's token embedding / output projection from.
         position_gaps: accept forward jumps in positions (patch 0001; `self.position_gaps` says whether
@@ -372,7 +372,7 @@ class Context:
         `logits_row(i)` reads the i-th output row of the final batch. A "last"/"none" batch goes in
         calls of at most `call_tokens` tokens, any other in calls of n_batch.
         after_call: run after each llama_decode call this makes, the last one included (the serving
-        loop decodes other jobs on another context there, engine/scoring.py); it must not touch this
+        loop decodes other jobs on another context there, engine/scoring/scorer.py); it must not touch this
         context's cells, and an exception from it ends the decode (the calls already made stay).
         """
         n = len(tokens)

@@ -20,8 +20,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..contracts import InputError
-from .options import EngineOptions
+from ...contracts import InputError
+from ..options import EngineOptions
 
 #: largest verification batch (last token + draft) that stays on the per-row kernels: the tiled
 #: K-quant matmul starts at 8 rows

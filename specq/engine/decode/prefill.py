@@ -13,7 +13,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from .llama import Context
+from ..llama.binding import Context
 
 
 @dataclass

@@ -8,7 +8,7 @@ from typing import Sequence
 import numpy as np
 
 from .blocks import header_pairs
-from .options import CHUNK_RULES, DEFAULT_CHUNK_RULE
+from ..options import CHUNK_RULES, DEFAULT_CHUNK_RULE
 
 
 def chunk_scores(doc_scores: np.ndarray, chunk: int) -> np.ndarray:

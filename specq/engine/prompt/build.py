@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .llama import Model
+from ..llama.binding import Model
 
 _MARK = "\u2063SPECQ\u2063DOCUMENT\u2063"  # invisible separators: never in a real template
 

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import PurePath
 
-from .options import DEFAULT_CHUNK_RULE, ONE_PASS_TOKENS
+from ..options import DEFAULT_CHUNK_RULE, ONE_PASS_TOKENS
 
 #: the lower bound a row's accuracy ratio must reach
 MIN_RATIO = 0.95

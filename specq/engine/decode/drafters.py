@@ -48,9 +48,9 @@ from typing import Callable, Mapping, Protocol, Sequence
 
 import numpy as np
 
-from ..contracts import InputError
-from .llama import Context
-from .prompt import Prompt
+from ...contracts import InputError
+from ..llama.binding import Context
+from ..prompt.build import Prompt
 from .sampling import Sampler
 from .speculative import Draft, Drafter, draft_tokens
 

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import llama_cpp  # isort: skip  (before numpy)
 
-from .spec_cache import Entry, Numerics, StateStore, restore_seq, save_seq, tokens_sha256  # isort: skip
+from .speculator import Entry, Numerics, StateStore, restore_seq, save_seq, tokens_sha256  # isort: skip
 
 import logging
 import time
@@ -42,7 +42,7 @@ from typing import Sequence
 
 import numpy as np
 
-from ..contracts import DecodeError
+from ...contracts import DecodeError
 
 log = logging.getLogger("specq.engine")
 

@@ -35,9 +35,9 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from .llama import Context
-from .prefill import PrefillResult
-from .prompt import Prompt
+from ..llama.binding import Context
+from ..decode.prefill import PrefillResult
+from ..prompt.build import Prompt
 from .selection import DEFAULT_CHUNK_RULE, select_window, window_cap
 
 

@@ -21,8 +21,8 @@ from typing import Sequence
 
 import numpy as np
 
-from .capture import TensorRef
-from ..contracts import EngineError
+from ..llama.capture import TensorRef
+from ...contracts import EngineError
 
 
 _PROBE = """

@@ -8,7 +8,7 @@ with the tokens that stay in the cache (rows of that batch).
 
 `SeqDecoder` is one sequence's decode state, stepped from outside: `plan()` gives the tokens of its
 next target batch (the last emitted token plus a draft), the caller decodes them (alone, or together
-with other sequences' tokens in one batch: engine/serving.py), then `absorb(ctx, base)` reads its
+with other sequences' tokens in one batch: engine/serving/loop.py), then `absorb(ctx, base)` reads its
 rows (from row `base` of that batch), verifies, rolls its own sequence back and emits. `generate` is
 the one-sequence loop over it.
 """
@@ -20,7 +20,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from .llama import Context, Model
+from ..llama.binding import Context, Model
 from .sampling import Sampler
 from .speculative import Draft, Drafter, DraftStats, verify
 

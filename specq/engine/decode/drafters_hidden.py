@@ -44,9 +44,9 @@ from typing import Sequence
 
 import numpy as np
 
-from ..contracts import DecodeError, ModelError
-from .llama import Context, Model
-from .llama_ext import (
+from ...contracts import DecodeError, ModelError
+from ..llama.binding import Context, Model
+from ..llama.ext import (
     EAGLE3_NEEDS, MTP_NEEDS, EmbdBatch, enable_layer_inputs, encoder_output, hidden_rows, layer_input_rows, missing,
     n_embd_out, set_hidden_output, target_layer_ids,
 )

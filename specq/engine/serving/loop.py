@@ -95,18 +95,18 @@ from typing import Any, Callable
 import llama_cpp  # noqa: F401  # isort: skip  (before numpy, as everywhere in the engine)
 import numpy as np
 
-from ..contracts import DecodeError, Drained, RunCancelled
-from .decode import SeqDecoder
-from .invariance import MAX_INVARIANT_BATCH, on_cpu
-from .options import RunParams
-from .prefill import prefill_plan
-from .prefix_cache import PrefixUse, common_prefix
-from .result import RunResult
-from .sampling import Sampler
+from ...contracts import DecodeError, Drained, RunCancelled
+from ..decode.loop import SeqDecoder
+from ..llama.invariance import MAX_INVARIANT_BATCH, on_cpu
+from ..options import RunParams
+from ..decode.prefill import prefill_plan
+from ..cache.prefix import PrefixUse, common_prefix
+from ..result import RunResult
+from ..decode.sampling import Sampler
 from .score_thread import ScoreThread, resolve_score_thread
-from .serving_group import form as form_group
-from .serving_group import GroupedDocuments, groupable, mates, still_pending
-from .stop import Stop, running
+from .groups import form as form_group
+from .groups import GroupedDocuments, groupable, mates, still_pending
+from ..llama.stop import Stop, running
 
 log = logging.getLogger("specq.engine")
 
@@ -114,7 +114,7 @@ log = logging.getLogger("specq.engine")
 #: llama_decode failed on its rows; the others in the same batches must finish unharmed
 FAULT_ENV = "SPECQ_SERVING_FAULT"
 PHASES = ("tokenize", "score", "sparse_prefill", "decode")
-#: batch-invariant mode: most rows of one decode batch for K-quant weights (engine/invariance.py: the
+#: batch-invariant mode: most rows of one decode batch for K-quant weights (engine/llama/invariance.py: the
 #: CPU's tiled K-quant matmul starts at 8 rows; batches of 1-7 rows give bit-identical logits)
 INVARIANT_ROWS = MAX_INVARIANT_BATCH
 #: llama.cpp's general.file_type values of K-quant models (Q2_K … Q6_K)
@@ -546,7 +546,7 @@ class ServingEngine:
         job.engine_ms["sparse_prefill"] += (_now() - t0) * 1000.0
 
     def _auto_group(self, job: _Job) -> dict:
-        """Mode auto's rule 1a (engine/auto.py), as `prepare`'s keywords: `group`, how many questions about
+        """Mode auto's rule 1a (engine/policy/auto.py), as `prepare`'s keywords: `group`, how many questions about
         this job's stored document this loop serves as one group-sparse prefill, this one included — the
         caller's count (a group claim, whose members may not all have reached the loop yet) or the
         groupable mates admitted now, whichever is larger; `grouped_before`, whether earlier questions

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..contracts import EngineError, ModelError
+from ...contracts import EngineError, ModelError
 
 GGML_MAX_DIMS = 4
 GGML_MAX_OP_PARAMS = 64

@@ -27,8 +27,8 @@ from typing import Sequence
 
 import numpy as np
 
-from ..contracts import DecodeError
-from .llama import Context, Model, last_log_line
+from ...contracts import DecodeError
+from .binding import Context, Model, last_log_line
 
 _CTX = "P13llama_context"
 _MODEL_CONST = "PK11llama_model"

@@ -45,7 +45,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from .quality_evidence import Band
+from .evidence import Band
 
 #: break-even prompt lengths (tokens) per backend, below which baseline is taken as faster. CPU 1,024:
 #: measured on the real pair (bench/results/cpu-break-even-2026-12-04.json) specprefill loses at 536

@@ -14,7 +14,7 @@ on the speculator's context, `draft model`, is set up or decoded meanwhile, and 
 handed here while no such job is live: serving.py `_speculator_shared`). Everything of the target
 stays on the loop's thread.
 
-Cancel: the job's `Stop` (engine/stop.py) is current in this thread while it scores, so a cancel
+Cancel: the job's `Stop` (engine/llama/stop.py) is current in this thread while it scores, so a cancel
 lands before the window's next llama_decode call and, on the CPU, inside one.
 
 `auto` (the default, SPECQ_SCORE_THREAD) turns it on only when the target is not on the CPU: there

@@ -18,7 +18,7 @@ with the `gguf` package, using real Qwen2.x hyperparameters (`SHAPES`) or overri
   ids, another size) for mismatch tests; a path copies every `tokenizer.*` key of a GGUF file such
   as llama.cpp's `models/ggml-vocab-qwen2.gguf`.
 
-Command line: ``python -m specq.engine.synthetic --shape tiny --out model.gguf [--vocab bytes] [--seed 0]``.
+Command line: ``python -m specq.testing.synthetic --shape tiny --out model.gguf [--vocab bytes] [--seed 0]``.
 """
 
 from __future__ import annotations
@@ -507,7 +507,7 @@ def write_gguf(
         writer.add_type("model")
         writer.add_name(name)
         writer.add_description(
-            f"random-weight {arch} model written by specq.engine.synthetic (shape={shape_label}, "
+            f"random-weight {arch} model written by specq.testing.synthetic (shape={shape_label}, "
             f"vocab={vocab_label}, seed={seed}, dtype={dtype}); not a trained model"
         )
         metadata(writer)
@@ -596,7 +596,7 @@ def estimate_bytes(shape: str | Qwen2Shape = "tiny", *, n_vocab: int = 256 + len
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m specq.engine.synthetic",
+        prog="python -m specq.testing.synthetic",
         description="Write a random-weight Qwen2-architecture GGUF model (for tests and benchmarks).",
     )
     parser.add_argument("--shape", default="tiny", choices=sorted(SHAPES), help="Qwen2.5 shape (default tiny)")

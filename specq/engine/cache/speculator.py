@@ -58,7 +58,7 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
-from ..contracts import DecodeError
+from ...contracts import DecodeError
 
 #: default byte budget of a worker's caches (SPECQ_CACHE_BYTES); 0 = off
 DEFAULT_CACHE_BYTES = 2 << 30

@@ -20,10 +20,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ..contracts import InputError
-from .llama import Model
-from .options import DEFAULT_PROTECT_TAIL
-from .prompt import Prompt
+from ...contracts import InputError
+from ..llama.binding import Model
+from ..options import DEFAULT_PROTECT_TAIL
+from .build import Prompt
 
 #: stands for message i's content while the template renders (invisible separators never in templates)
 _MARK = "\u2063SPECQ\u2063MSG{}\u2063"

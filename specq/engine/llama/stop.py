@@ -23,7 +23,7 @@ import threading
 import time
 from typing import Callable, Iterator
 
-from ..contracts import JobTimeLimit, RunCancelled
+from ...contracts import JobTimeLimit, RunCancelled
 
 
 class Stop:

@@ -26,7 +26,7 @@ scores come back — the GPU default when PyTorch with CUDA is importable.
 Between calls (`score(between_calls=...)`): a window's prefill is llama_decode calls of at most
 `call_tokens` tokens (the context's); after each of them the caller's `between_calls(ctx)` runs, `ctx`
 being the speculator context that holds the window's partial KV. The serving loop decodes other jobs
-on the target's context there (engine/serving.py); the capture is not armed then (the eval callback
+on the target's context there (engine/serving/loop.py); the capture is not armed then (the eval callback
 is off, or installed but disarmed, until the lookahead), and the calls, so the KV bytes saved to and
 restored from the speculator cache, are the same with or without it. The hook's time is not counted
 in `speculator_prefill`.
@@ -50,7 +50,7 @@ fewer keys) then does not outweigh the others.
 
 from __future__ import annotations
 
-from .capture import QKCapture  # isort: skip  (llama_cpp before numpy)
+from ..llama.capture import QKCapture  # isort: skip  (llama_cpp before numpy)
 
 import math
 import time
@@ -59,10 +59,10 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from ..contracts import EngineError
-from .llama import Context, Model, set_eval_callback
-from .options import DEFAULT_WINDOW, ONE_PASS_TOKENS  # noqa: F401  (re-exported: the scorer's sizes)
-from .prompt import Prompt
+from ...contracts import EngineError
+from ..llama.binding import Context, Model, set_eval_callback
+from ..options import DEFAULT_WINDOW, ONE_PASS_TOKENS  # noqa: F401  (re-exported: the scorer's sizes)
+from ..prompt.build import Prompt
 
 #: window length of the `sliding` scorer (the seed's ~2,000 tokens)
 SLIDING_WINDOW = 2048

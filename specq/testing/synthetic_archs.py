@@ -25,7 +25,7 @@ weights of the real layouts (acceptance rates of real weights are not measured):
   through `ctx_other`. `EAGLE3_SHAPES` `tiny`, `small` and `8b` (a Qwen3-8B head), one per qwen3 shape.
 
 Weights follow synthetic.py's scheme (seeded per tensor name, branch outputs scaled 1/sqrt(2L),
-logits std ~3). Command line: ``python -m specq.engine.synthetic_archs --arch glm4moe --shape tiny
+logits std ~3). Command line: ``python -m specq.testing.synthetic_archs --arch glm4moe --shape tiny
 --out t.gguf``.
 """
 
@@ -341,7 +341,7 @@ def estimate_arch_bytes(arch: str, shape: str, *, n_vocab: int, dtype: str = "f1
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m specq.engine.synthetic_archs",
+    parser = argparse.ArgumentParser(prog="python -m specq.testing.synthetic_archs",
                                      description="Write a random-weight glm4moe (MTP), qwen3 or eagle3 GGUF.")
     parser.add_argument("--arch", required=True, choices=ARCHS)
     parser.add_argument("--shape", default="tiny")

@@ -49,9 +49,9 @@ from typing import Any
 
 import numpy as np
 
-from .group_sparse import GROUP_DRAFTERS, forced_kept, union_kept
-from .prefill import prefill_plan
-from .spec_cache import tokens_sha256
+from ..group_sparse import GROUP_DRAFTERS, forced_kept, union_kept
+from ..decode.prefill import prefill_plan
+from ..cache.speculator import tokens_sha256
 
 #: stages of a job before it prefills (serving.py): a mate in one of them may still join a group
 _BEFORE_SCORED = ("tokenize", "score", "scoring")
