@@ -340,7 +340,7 @@ class ServiceSettings:
     def resolved_max_request_bytes(self) -> int:
         if self.max_request_bytes:
             return self.max_request_bytes
-        from .storage.jobs import max_input_bytes
+        from .storage.limits import max_input_bytes
 
         return 2 * max_input_bytes() + (1 << 20)
 

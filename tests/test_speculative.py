@@ -265,14 +265,14 @@ def test_batch_invariant_setting_for_the_worker() -> None:
 
 def _spy_drafters(engine, monkeypatch) -> list:
     made = []
-    orig = engine._drafter
+    orig = engine.drafter_for
 
     def spy(*a, **kw):
         d = orig(*a, **kw)
         made.append(d)
         return d
 
-    monkeypatch.setattr(engine, "_drafter", spy)
+    monkeypatch.setattr(engine, "drafter_for", spy)
     return made
 
 

@@ -61,7 +61,7 @@ def _unit_costs(engine, p, methods: Sequence[str], n_draft: int, reps: int,
     drafters = {}
     for m in ("mtp", "eagle3"):
         if m in methods:
-            drafters[m] = engine._drafter(RunParams(draft=m), p)
+            drafters[m] = engine.drafter_for(RunParams(draft=m), p)
     observe = [d.observe for d in drafters.values()]
     pre = sparse_prefill(ctx, prompt, list(range(n)), observe=(lambda *a: [o(*a) for o in observe]) if observe else None)
     tok = int(np.argmax(pre.logits))
@@ -209,7 +209,7 @@ def run_drafters_bench(
 
                         inner = NgramDrafter(3)
                     else:
-                        inner = engine._drafter(RunParams(draft=method, n_draft=n_draft), p)
+                        inner = engine.drafter_for(RunParams(draft=method, n_draft=n_draft), p)
                     return ForcedDrafter(inner, ref, n, rate, engine.target.n_vocab, seed=int(rate * 1000))
 
                 ms, g = timed(make)

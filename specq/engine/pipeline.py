@@ -333,22 +333,22 @@ class Engine:
             # scoring and the target's prefill interleave (pipelined.py): an MTP/EAGLE3 drafter, which
             # reads the target's hidden states, is made first; any other after scoring, as below
             early = params.draft in ("mtp", "eagle3", "auto")
-            drafter = self._drafter(params, prompt, scored=False) if early else None
+            drafter = self.drafter_for(params, prompt, scored=False) if early else None
             kept, doc_scores, pre = self._pipelined(prompt, params, positions, timings, spec, report,
                                                     observe=getattr(drafter, "observe", None))
             if not early:
-                drafter = self._drafter(params, prompt, scored=True)
+                drafter = self.drafter_for(params, prompt, scored=True)
         else:
             if mode == "specprefill" and kept_override is not None:
                 kept = sorted(set(int(i) for i in kept_override))
             elif mode == "specprefill":
-                kept, doc_scores = self._select(prompt, params, timings, spec, report, scope=scope,
-                                                reused_document=reused_document)
+                kept, doc_scores = self.select(prompt, params, timings, spec, report, scope=scope,
+                                               reused_document=reused_document)
             else:
                 kept = list(range(prompt.n))
 
             # made before the prefill: an MTP/EAGLE3 drafter reads the target's hidden states of the prompt
-            drafter = self._drafter(params, prompt, scored=(mode == "specprefill" and kept_override is None))
+            drafter = self.drafter_for(params, prompt, scored=(mode == "specprefill" and kept_override is None))
             observe = getattr(drafter, "observe", None)
             report("sparse_prefill", 0, 1)
             t0 = time.perf_counter()
@@ -493,9 +493,9 @@ class Engine:
                 raise ModelError(f"score_math torch: {why}")
         return choice
 
-    def _select(self, prompt: Prompt, params: RunParams, timings: dict, spec: SpecInfo,
-                report: Progress, scope: str = "", between_calls=None,
-                reused_document: bool = False) -> tuple[list[int], np.ndarray]:
+    def select(self, prompt: Prompt, params: RunParams, timings: dict, spec: SpecInfo,
+               report: Progress, scope: str = "", between_calls=None,
+               reused_document: bool = False) -> tuple[list[int], np.ndarray]:
         """Score the prompt with the speculator and pick the kept indices (phases `score`, `select`);
         (kept indices, document token scores). Window prefixes go through the speculator cache
         (`reused_document`: a stored document, whose windows its save policy keeps at once; the time
@@ -584,7 +584,7 @@ class Engine:
         self.last_trace = trace
         return sorted(kept), scored.scores, pre
 
-    def _drafter(self, params: RunParams, prompt: Prompt, *, scored: bool = False, seq: int = 0):
+    def drafter_for(self, params: RunParams, prompt: Prompt, *, scored: bool = False, seq: int = 0):
         """The run's drafter (drafters.py); `model` drafts on the scorer's speculator context and, when
         this run scored, continues from the KV state scoring left there; `mtp` / `eagle3` on their
         own contexts, fed with the target's hidden states (drafters_hidden.py)."""

@@ -303,13 +303,13 @@ def _vocab_from_gguf(path: Path) -> list[_KV]:
     keys = {kv.key for kv in kvs}
     if "tokenizer.ggml.tokens" not in keys:
         raise ValueError(f"{path} has no tokenizer.ggml.tokens: not a GGUF with a vocabulary")
-    if "tokenizer.ggml.add_bos_token" not in keys and _kv_value(kvs, "tokenizer.ggml.pre") in (b"qwen2", "qwen2"):
+    if "tokenizer.ggml.add_bos_token" not in keys and kv_value(kvs, "tokenizer.ggml.pre") in (b"qwen2", "qwen2"):
         # Qwen2 tokenizers never add BOS; older vocab-only files leave the key out
         kvs.append(_KV("tokenizer.ggml.add_bos_token", False, T.BOOL))
     return kvs
 
 
-def _kv_value(kvs: Sequence[_KV], key: str) -> Any:
+def kv_value(kvs: Sequence[_KV], key: str) -> Any:
     for kv in kvs:
         if kv.key == key:
             return kv.value
@@ -335,7 +335,9 @@ def vocab_kvs(vocab: str | os.PathLike[str]) -> list[_KV]:
 
 
 @dataclass
-class _Tensor:
+class TensorSpec:
+    """One tensor of a model's plan: its values are drawn (or `const`) when the file is written."""
+
     name: str
     shape: tuple[int, ...]  # numpy order: (rows = ggml ne[1], cols = ggml ne[0])
     dtype: np.dtype
@@ -351,7 +353,7 @@ class _Tensor:
         return self.n_elems * self.dtype.itemsize
 
 
-def _tensor_plan(shape: Qwen2Shape, n_vocab: int, wdtype: np.dtype) -> list[_Tensor]:
+def _tensor_plan(shape: Qwen2Shape, n_vocab: int, wdtype: np.dtype) -> list[TensorSpec]:
     f32 = np.dtype(np.float32)
     e, kv, ff, L = shape.n_embd, shape.n_embd_kv, shape.n_ff, shape.n_layer
     # The embedding is small (std 0.02, as in trained models) next to the residual branches (whose
@@ -363,26 +365,26 @@ def _tensor_plan(shape: Qwen2Shape, n_vocab: int, wdtype: np.dtype) -> list[_Ten
     logit_std = 3.0
     branch = 1.0 / np.sqrt(2.0 * L)
     out_norm = logit_std / (emb_std * np.sqrt(e)) if shape.tie_embeddings else 1.0
-    plan = [_Tensor("token_embd.weight", (n_vocab, e), wdtype, emb_std)]
+    plan = [TensorSpec("token_embd.weight", (n_vocab, e), wdtype, emb_std)]
     for i in range(L):
         p = f"blk.{i}."
         plan += [
-            _Tensor(p + "attn_norm.weight", (e,), f32, 0.0, const=1.0),
-            _Tensor(p + "attn_q.weight", (e, e), wdtype, 1.0 / np.sqrt(e)),
-            _Tensor(p + "attn_q.bias", (e,), f32, 0.1),
-            _Tensor(p + "attn_k.weight", (kv, e), wdtype, 1.0 / np.sqrt(e)),
-            _Tensor(p + "attn_k.bias", (kv,), f32, 0.1),
-            _Tensor(p + "attn_v.weight", (kv, e), wdtype, 1.0 / np.sqrt(e)),
-            _Tensor(p + "attn_v.bias", (kv,), f32, 0.1),
-            _Tensor(p + "attn_output.weight", (e, e), wdtype, branch / np.sqrt(e)),
-            _Tensor(p + "ffn_norm.weight", (e,), f32, 0.0, const=1.0),
-            _Tensor(p + "ffn_gate.weight", (ff, e), wdtype, 1.0 / np.sqrt(e)),
-            _Tensor(p + "ffn_up.weight", (ff, e), wdtype, 1.0 / np.sqrt(e)),
-            _Tensor(p + "ffn_down.weight", (e, ff), wdtype, branch / np.sqrt(ff)),
+            TensorSpec(p + "attn_norm.weight", (e,), f32, 0.0, const=1.0),
+            TensorSpec(p + "attn_q.weight", (e, e), wdtype, 1.0 / np.sqrt(e)),
+            TensorSpec(p + "attn_q.bias", (e,), f32, 0.1),
+            TensorSpec(p + "attn_k.weight", (kv, e), wdtype, 1.0 / np.sqrt(e)),
+            TensorSpec(p + "attn_k.bias", (kv,), f32, 0.1),
+            TensorSpec(p + "attn_v.weight", (kv, e), wdtype, 1.0 / np.sqrt(e)),
+            TensorSpec(p + "attn_v.bias", (kv,), f32, 0.1),
+            TensorSpec(p + "attn_output.weight", (e, e), wdtype, branch / np.sqrt(e)),
+            TensorSpec(p + "ffn_norm.weight", (e,), f32, 0.0, const=1.0),
+            TensorSpec(p + "ffn_gate.weight", (ff, e), wdtype, 1.0 / np.sqrt(e)),
+            TensorSpec(p + "ffn_up.weight", (ff, e), wdtype, 1.0 / np.sqrt(e)),
+            TensorSpec(p + "ffn_down.weight", (e, ff), wdtype, branch / np.sqrt(ff)),
         ]
-    plan.append(_Tensor("output_norm.weight", (e,), f32, 0.0, const=float(out_norm)))
+    plan.append(TensorSpec("output_norm.weight", (e,), f32, 0.0, const=float(out_norm)))
     if not shape.tie_embeddings:
-        plan.append(_Tensor("output.weight", (n_vocab, e), wdtype, logit_std / np.sqrt(e)))
+        plan.append(TensorSpec("output.weight", (n_vocab, e), wdtype, logit_std / np.sqrt(e)))
     return plan
 
 
@@ -391,7 +393,7 @@ def _tensor_plan(shape: Qwen2Shape, n_vocab: int, wdtype: np.dtype) -> list[_Ten
 _NORMAL_LUT = np.array([NormalDist().inv_cdf((i + 0.5) / 256) for i in range(256)], dtype=np.float64)
 
 
-def _tensor_chunks(t: _Tensor, seed: int) -> Iterator[np.ndarray]:
+def _tensor_chunks(t: TensorSpec, seed: int) -> Iterator[np.ndarray]:
     """The tensor's data, flattened in row-major order, in chunks of at most _CHUNK_ELEMS elements."""
     if t.const is not None:
         remaining = t.n_elems
@@ -456,7 +458,7 @@ def write_qwen2_gguf(
         raise ValueError(f"dtype must be 'f16' or 'f32', got {dtype!r}")
     wdtype = np.dtype(np.float16 if dtype == "f16" else np.float32)
     kvs = vocab_kvs(vocab)
-    tokens = _kv_value(kvs, "tokenizer.ggml.tokens")
+    tokens = kv_value(kvs, "tokenizer.ggml.tokens")
     n_vocab = len(tokens)
     vocab_label = vocab if isinstance(vocab, str) and vocab in ("bytes", "bytes-alt") else Path(vocab).name
     shape_label = shape if isinstance(shape, str) else "custom"
@@ -480,7 +482,7 @@ def write_qwen2_gguf(
 def write_gguf(
     path: str | os.PathLike[str],
     arch: str,
-    plan: Sequence["_Tensor"],
+    plan: Sequence["TensorSpec"],
     kvs: Sequence[_KV],
     metadata: Any,
     *,
@@ -497,7 +499,7 @@ def write_gguf(
     """
     import gguf
 
-    n_vocab = len(_kv_value(kvs, "tokenizer.ggml.tokens"))
+    n_vocab = len(kv_value(kvs, "tokenizer.ggml.tokens"))
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     part = path.with_name(path.name + ".part")

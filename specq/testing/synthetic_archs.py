@@ -41,7 +41,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .synthetic import _kv_value, _Tensor, vocab_kvs, write_gguf
+from .synthetic import TensorSpec, kv_value, vocab_kvs, write_gguf
 
 #: llama.cpp's LLAMA_EXPERT_GATING_FUNC_TYPE_SIGMOID (GLM-4.5's router)
 _GATING_SIGMOID = 2
@@ -148,15 +148,15 @@ _EMB_STD = 0.02
 _LOGIT_STD = 3.0
 
 
-def _w(name: str, rows: int, cols: int, wdtype: np.dtype, std: float) -> _Tensor:
-    return _Tensor(name, (rows, cols), wdtype, std)
+def _w(name: str, rows: int, cols: int, wdtype: np.dtype, std: float) -> TensorSpec:
+    return TensorSpec(name, (rows, cols), wdtype, std)
 
 
-def _ones(name: str, n: int, value: float = 1.0) -> _Tensor:
-    return _Tensor(name, (n,), np.dtype(np.float32), 0.0, const=value)
+def _ones(name: str, n: int, value: float = 1.0) -> TensorSpec:
+    return TensorSpec(name, (n,), np.dtype(np.float32), 0.0, const=value)
 
 
-def _attn(p: str, e: int, n_q: int, n_kv: int, wdtype: np.dtype, branch: float, *, bias: bool) -> list[_Tensor]:
+def _attn(p: str, e: int, n_q: int, n_kv: int, wdtype: np.dtype, branch: float, *, bias: bool) -> list[TensorSpec]:
     f32 = np.dtype(np.float32)
     out = [
         _w(p + "attn_q.weight", n_q, e, wdtype, 1.0 / np.sqrt(e)),
@@ -165,12 +165,12 @@ def _attn(p: str, e: int, n_q: int, n_kv: int, wdtype: np.dtype, branch: float, 
         _w(p + "attn_output.weight", e, n_q, wdtype, branch / np.sqrt(n_q)),
     ]
     if bias:
-        out += [_Tensor(p + "attn_q.bias", (n_q,), f32, 0.1), _Tensor(p + "attn_k.bias", (n_kv,), f32, 0.1),
-                _Tensor(p + "attn_v.bias", (n_kv,), f32, 0.1)]
+        out += [TensorSpec(p + "attn_q.bias", (n_q,), f32, 0.1), TensorSpec(p + "attn_k.bias", (n_kv,), f32, 0.1),
+                TensorSpec(p + "attn_v.bias", (n_kv,), f32, 0.1)]
     return out
 
 
-def _dense_ffn(p: str, e: int, ff: int, wdtype: np.dtype, branch: float, suffix: str = "") -> list[_Tensor]:
+def _dense_ffn(p: str, e: int, ff: int, wdtype: np.dtype, branch: float, suffix: str = "") -> list[TensorSpec]:
     return [
         _w(p + f"ffn_gate{suffix}.weight", ff, e, wdtype, 1.0 / np.sqrt(e)),
         _w(p + f"ffn_up{suffix}.weight", ff, e, wdtype, 1.0 / np.sqrt(e)),
@@ -178,19 +178,19 @@ def _dense_ffn(p: str, e: int, ff: int, wdtype: np.dtype, branch: float, suffix:
     ]
 
 
-def _moe_ffn(p: str, s: Glm4MoeShape, wdtype: np.dtype, branch: float) -> list[_Tensor]:
+def _moe_ffn(p: str, s: Glm4MoeShape, wdtype: np.dtype, branch: float) -> list[TensorSpec]:
     e, x, ffx = s.n_embd, s.n_expert, s.n_ff_exp
     f32 = np.dtype(np.float32)
     return [
         _w(p + "ffn_gate_inp.weight", x, e, f32, 1.0 / np.sqrt(e)),
-        _Tensor(p + "exp_probs_b.bias", (x,), f32, 0.0, const=0.0),
-        _Tensor(p + "ffn_gate_exps.weight", (x, ffx, e), wdtype, 1.0 / np.sqrt(e)),
-        _Tensor(p + "ffn_up_exps.weight", (x, ffx, e), wdtype, 1.0 / np.sqrt(e)),
-        _Tensor(p + "ffn_down_exps.weight", (x, e, ffx), wdtype, branch / np.sqrt(ffx)),
+        TensorSpec(p + "exp_probs_b.bias", (x,), f32, 0.0, const=0.0),
+        TensorSpec(p + "ffn_gate_exps.weight", (x, ffx, e), wdtype, 1.0 / np.sqrt(e)),
+        TensorSpec(p + "ffn_up_exps.weight", (x, ffx, e), wdtype, 1.0 / np.sqrt(e)),
+        TensorSpec(p + "ffn_down_exps.weight", (x, e, ffx), wdtype, branch / np.sqrt(ffx)),
     ] + _dense_ffn(p, e, ffx * s.n_expert_shared, wdtype, branch, "_shexp")
 
 
-def glm4moe_plan(s: Glm4MoeShape, n_vocab: int, wdtype: np.dtype) -> list[_Tensor]:
+def glm4moe_plan(s: Glm4MoeShape, n_vocab: int, wdtype: np.dtype) -> list[TensorSpec]:
     e, L = s.n_embd, s.n_layer
     n_q, n_kv = s.n_head * s.head_dim, s.n_head_kv * s.head_dim
     branch = 1.0 / np.sqrt(2.0 * L)
@@ -210,7 +210,7 @@ def glm4moe_plan(s: Glm4MoeShape, n_vocab: int, wdtype: np.dtype) -> list[_Tenso
     return plan
 
 
-def qwen3_plan(s: Qwen3Shape, n_vocab: int, wdtype: np.dtype) -> list[_Tensor]:
+def qwen3_plan(s: Qwen3Shape, n_vocab: int, wdtype: np.dtype) -> list[TensorSpec]:
     e, L = s.n_embd, s.n_layer
     n_q, n_kv = s.n_head * s.head_dim, s.n_head_kv * s.head_dim
     branch = 1.0 / np.sqrt(2.0 * L)
@@ -225,7 +225,7 @@ def qwen3_plan(s: Qwen3Shape, n_vocab: int, wdtype: np.dtype) -> list[_Tensor]:
     return plan
 
 
-def eagle3_plan(s: Eagle3Shape, n_vocab: int, wdtype: np.dtype) -> list[_Tensor]:
+def eagle3_plan(s: Eagle3Shape, n_vocab: int, wdtype: np.dtype) -> list[TensorSpec]:
     e = s.n_embd
     hd = e // s.n_head
     n_q, n_kv = s.n_head * hd, s.n_head_kv * hd
@@ -294,7 +294,7 @@ def write_arch_gguf(
         raise ValueError(f"dtype must be 'f16' or 'f32', got {dtype!r}")
     wdtype = np.dtype(np.float16 if dtype == "f16" else np.float32)
     kvs = vocab_kvs(vocab)
-    n_vocab = len(_kv_value(kvs, "tokenizer.ggml.tokens"))
+    n_vocab = len(kv_value(kvs, "tokenizer.ggml.tokens"))
 
     def metadata(w: Any) -> None:
         s = spec

@@ -31,7 +31,7 @@ import threading
 import time
 from typing import Callable, Protocol
 
-from ..contracts import Fenced
+from ..contracts import Fenced, redis_keys
 from ..settings import ServiceSettings
 
 log = logging.getLogger("specq.worker")
@@ -40,12 +40,6 @@ log = logging.getLogger("specq.worker")
 PUBLISH_INTERVAL = 0.05
 #: Redis keys of a job's stream live this long after its last publish
 REDIS_TTL_S = 3600
-
-
-def redis_keys(job_id: str) -> tuple[str, str, str]:
-    """(channel, text key, attempt key) of a job's stream on Redis."""
-    base = f"specq:job:{job_id}"
-    return f"{base}:events", f"{base}:text", f"{base}:attempt"
 
 
 class Channel(Protocol):

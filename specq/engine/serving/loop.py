@@ -20,7 +20,7 @@ Each step of the loop:
    prompt was tokenized by `submit()` in the submitting thread, beside the loop), or its whole
    scoring + selection, or setting up its prefill (drafter, kept tokens). During the scoring the
    decoding jobs get one decode batch after each of the speculator's llama_decode calls of a window's
-   prefill (at most call_tokens tokens each: `_select(between_calls=...)`, scoring.py "Between
+   prefill (at most call_tokens tokens each: `select(between_calls=...)`, scoring.py "Between
    calls") and between two window groups, so their inter-token gap is bounded by one scoring call
    (or one lookahead + score math), not one window; the scoring job's progress callback runs per
    window group, and its cancel (`JobHandle.cancel`) lands at the next call. A full prefill restores
@@ -478,9 +478,9 @@ class ServingEngine:
                     interleave()
 
             # and after each speculator call of a window's prefill (`busy`: the context holding it)
-            job.kept, job.doc_scores = eng._select(job.prompt, job.params, job.timings, job.spec, report,
-                                                   scope=job.scope, between_calls=interleave,
-                                                   reused_document=job.reused_document)
+            job.kept, job.doc_scores = eng.select(job.prompt, job.params, job.timings, job.spec, report,
+                                                  scope=job.scope, between_calls=interleave,
+                                                  reused_document=job.reused_document)
             t1 = _now()
             job.engine_ms["score"] += (t1 - t0 - nested[0]) * 1000.0
             job.end_phase("score", t1)
@@ -503,7 +503,7 @@ class ServingEngine:
             return
         if job.kept is None:
             job.kept = list(range(job.prompt.n))
-        job.drafter = eng._drafter(job.params, job.prompt, scored=(job.mode == "specprefill"), seq=job.slot)
+        job.drafter = eng.drafter_for(job.params, job.prompt, scored=(job.mode == "specprefill"), seq=job.slot)
         job.progress("sparse_prefill", 0, 1)
         if job.group is None:  # a group's members got their plans when it formed
             job.pre_toks, job.pre_pos, job.next_pos = prefill_plan(job.prompt.tokens, job.kept, job.positions)
@@ -585,7 +585,7 @@ class ServingEngine:
         """A group member set up on another member's head + union: that slot's KV stream copied on the
         device, the source's own tail and answer removed, and only this job's tail left to prefill."""
         group = job.group
-        job.drafter = self.engine._drafter(job.params, job.prompt, scored=True, seq=job.slot)
+        job.drafter = self.engine.drafter_for(job.params, job.prompt, scored=True, seq=job.slot)
         job.progress("sparse_prefill", 0, 1)
         self._resident_prefix(job)  # forgotten: the slot's cells are replaced
         self.ctx.seq_rm(job.slot, -1, -1)
@@ -612,8 +612,8 @@ class ServingEngine:
         def work():
             with running(stop):
                 t0 = _now()
-                kept, scores = eng._select(job.prompt, job.params, job.timings, job.spec, job.progress,
-                                           scope=job.scope, reused_document=job.reused_document)
+                kept, scores = eng.select(job.prompt, job.params, job.timings, job.spec, job.progress,
+                                          scope=job.scope, reused_document=job.reused_document)
                 return kept, scores, (_now() - t0) * 1000.0
 
         self.scoring.start(job, work)

@@ -8,7 +8,7 @@ running beside the target's batches is the next step"). The speculator and the t
 models in separate llama.cpp contexts, and on a GPU each context computes on its own CUDA stream, so
 a scoring window's prefill can run while the target decodes and prefills other jobs.
 
-What runs here: one job's scoring and selection (`Engine._select`) at a time. While it runs, the
+What runs here: one job's scoring and selection (`Engine.select`) at a time. While it runs, the
 speculator's contexts belong to this thread; the loop keeps off them (no job whose drafter decodes
 on the speculator's context, `draft model`, is set up or decoded meanwhile, and a job is only
 handed here while no such job is live: serving.py `_speculator_shared`). Everything of the target
