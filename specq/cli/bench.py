@@ -246,6 +246,31 @@ def bench_make_model(
     typer.echo(f"wrote {path} ({path.stat().st_size / 1e9:.2f} GB, {_time.perf_counter() - t0:.1f} s)")
 
 
+@bench_app.command("worker")
+def bench_worker(
+    union: str = typer.Option(..., help="U:K, e.g. 0.43:8: every specprefill selection replaced by one of K questions that together cover about U of the document (random weights only)."),
+    loglevel: str = typer.Option("INFO", help="DEBUG, INFO, WARNING or ERROR."),
+) -> None:
+    """`specq worker` (settings from the environment) with the selections' overlap emulated, for serving
+    benchmarks on random weights (bench/gpu/serve.sh with SPECQ_BENCH_UNION). Its results say EMULATED."""
+    from ..contracts import EngineError
+    from ..testing.emulated_selection import EmulatedUnion
+    from .common import service_ready_db, service_settings
+
+    try:
+        override = EmulatedUnion.parse(union)
+    except ValueError as e:
+        raise fail(f"--union: {e}") from None
+    settings = service_settings()
+    service_ready_db(upgrade=False)
+    from ..worker.main import run_worker
+
+    try:
+        run_worker(settings, loglevel=loglevel, select_override=override)
+    except EngineError as e:
+        raise fail(f"worker could not load its models: {e}") from None
+
+
 @bench_app.command("prefill")
 def bench_prefill(
     model: str = typer.Option("qwen2.5-coder-1.5b-instruct-q4_k_m", help="Registry name or GGUF path."),

@@ -19,7 +19,6 @@ from typing import Callable
 import numpy as np
 
 from .policy import auto, evidence as quality_evidence
-from ..testing import emulated_selection
 from .llama import invariance
 from .decode.loop import generate
 from ..contracts import EngineError, InputError, ModelError
@@ -64,14 +63,16 @@ def _ms(t0: float) -> float:
 class Engine:
     """Loads the target (and, on first need, the speculator) once; `run()` many times."""
 
-    def __init__(self, options: EngineOptions | None = None, *, pull_progress: Callable[[int, int], None] | None = None) -> None:
+    def __init__(self, options: EngineOptions | None = None, *, pull_progress: Callable[[int, int], None] | None = None,
+                 select_override: Callable[[list[int], Prompt, int], list[int]] | None = None) -> None:
         from .models import resolve_model
 
         self.options = opts = options or EngineOptions()
         self._pull_progress = pull_progress
         self.target_path = Path(resolve_model(opts.target, progress=pull_progress))
-        #: benchmarks on random weights only: SPECQ_BENCH_UNION (emulated_selection.py)
-        self.emulated_union = emulated_selection.from_env()
+        #: benchmarks on random weights only: `(kept, prompt, chunk) -> kept` replaces every specprefill
+        #: selection after it ran (the benchmark injects it: specq/testing/emulated_selection.py); None here
+        self.select_override = select_override
         backend = backend_name()
         # before the first model: ggml reads the CUDA-graph setting once per process
         cuda_graphs = set_cuda_graphs(opts.cuda_graphs) and backend == "cuda"
@@ -533,10 +534,9 @@ class Engine:
                 scored.scores, doc_start=prompt.doc_start, n_prompt=prompt.n, protected=prompt.protected_indices(),
                 keep=params.keep, chunk=params.chunk, max_keep=params.max_keep, rule=params.chunk_rule, pieces=pieces,
             )
-        if self.emulated_union is not None and prompt.doc_end > prompt.doc_start:
-            kept = emulated_selection.emulate(kept, prompt, params.chunk, *self.emulated_union)
-            u, k = self.emulated_union
-            spec.reason += f" (selection EMULATED for a benchmark: {emulated_selection.ENV}={u}:{k})"
+        if self.select_override is not None and prompt.doc_end > prompt.doc_start:
+            kept = self.select_override(kept, prompt, params.chunk)
+            spec.reason += f" (selection EMULATED for a benchmark: {self.select_override})"
         timings["select"] = _ms(t0)
         spec.keep, spec.lookahead, spec.windows, spec.scorer = params.keep, params.lookahead, scored.windows, params.scorer
         spec.selection, spec.chunk_rule = params.selection, params.chunk_rule

@@ -5,8 +5,9 @@ questions' kept chunks. On random weights each question's selection is close to 
 selections of 30% cover ~94% of the document; on the real pair the questions' selections overlap
 (10 questions at 4K: union 43% of the document, median; docs/quality.md). A GPU benchmark on
 random-weight shapes would therefore measure group-sparse at a union no real pair produces. With
-`SPECQ_BENCH_UNION=U:K` (read once when the Engine starts; never set it in production) every
-specprefill selection is replaced, AFTER the real scoring and selection ran (their cost is paid as
+`EmulatedUnion(U, K)` handed to the Engine as its `select_override` (the benchmark injects it:
+`specq bench worker --union U:K`, which bench/gpu/serve.sh runs for `SPECQ_BENCH_UNION=U:K`;
+production code never builds one and never reads that variable) every specprefill selection is replaced, AFTER the real scoring and selection ran (their cost is paid as
 usual), by the same number of document chunks drawn so that K questions about one document cover
 about U of it: a shared part, the same chunks for every question about the document (seeded by the
 document's tokens), plus a private part seeded by the whole prompt (the question). Head, template
@@ -19,26 +20,42 @@ f * C - p; K questions then cover f*C + (K-1)*p = U*C chunks (less where two pri
 from __future__ import annotations
 
 import hashlib
-import os
+from dataclasses import dataclass
 
 import numpy as np
 
 ENV = "SPECQ_BENCH_UNION"
 
 
-def from_env() -> tuple[float, int] | None:
-    """(U, K) from SPECQ_BENCH_UNION, or None when it is unset or empty; a bad value raises."""
-    raw = os.environ.get(ENV, "").strip()
-    if not raw:
-        return None
+def parse(raw: str) -> tuple[float, int]:
+    """(U, K) from "U:K"; a bad value raises ValueError."""
+    raw = raw.strip()
     try:
         u, k = raw.split(":")
         union, members = float(u), int(k)
     except ValueError:
-        raise ValueError(f"{ENV} must be U:K (a union fraction and a group size, e.g. 0.43:8), not {raw!r}") from None
+        raise ValueError(f"the union must be U:K (a union fraction and a group size, e.g. 0.43:8), not {raw!r}") from None
     if not (0.0 < union <= 1.0 and members >= 2):
-        raise ValueError(f"{ENV}: U must be in (0, 1] and K >= 2, not {raw!r}")
+        raise ValueError(f"the union U:K needs U in (0, 1] and K >= 2, not {raw!r}")
     return union, members
+
+
+@dataclass(frozen=True)
+class EmulatedUnion:
+    """A selection override for `Engine(select_override=...)`: `(kept, prompt, chunk) -> kept`."""
+
+    union: float
+    members: int
+
+    @classmethod
+    def parse(cls, raw: str) -> "EmulatedUnion":
+        return cls(*parse(raw))
+
+    def __call__(self, kept: list[int], prompt, chunk: int) -> list[int]:
+        return emulate(kept, prompt, chunk, self.union, self.members)
+
+    def __str__(self) -> str:  # what the run's spec.reason names
+        return f"{ENV}={self.union}:{self.members}"
 
 
 def _seed(tokens) -> int:
@@ -68,4 +85,4 @@ def emulate(kept: list[int], prompt, chunk: int, union: float, members: int) -> 
     return sorted(set(outside) | set(doc))
 
 
-__all__ = ["ENV", "from_env", "emulate"]
+__all__ = ["ENV", "EmulatedUnion", "parse", "emulate"]

@@ -28,8 +28,10 @@ def setup_logging(level: str = "INFO") -> None:
     )
 
 
-def run_worker(settings: ServiceSettings, *, queue: str | None = None, loglevel: str = "INFO") -> None:
-    """Start a worker in the foreground (returns when it is stopped)."""
+def run_worker(settings: ServiceSettings, *, queue: str | None = None, loglevel: str = "INFO",
+               select_override=None) -> None:
+    """Start a worker in the foreground (returns when it is stopped). `select_override`: the engine's
+    (benchmarks only: `specq bench worker`)."""
     setup_logging(loglevel)
     visible = settings.visible_devices()  # --gpu N (and --speculator-gpu M: "N,M")
     if visible is not None:
@@ -47,7 +49,7 @@ def run_worker(settings: ServiceSettings, *, queue: str | None = None, loglevel:
 
     from ..engine.llama.binding import backend_name
 
-    rt = WorkerRuntime(settings)
+    rt = WorkerRuntime(settings, select_override=select_override)
     rt.queue = queue
     set_runtime(rt)
     prefork = settings.concurrency > 1

@@ -182,9 +182,12 @@ class _Watcher(threading.Thread):
 class WorkerRuntime:
     """The models of one worker process and the job loop body."""
 
-    def __init__(self, settings: ServiceSettings | None = None, engine: Any = None) -> None:
+    def __init__(self, settings: ServiceSettings | None = None, engine: Any = None, *,
+                 select_override: Callable | None = None) -> None:
         self.settings = settings or ServiceSettings.from_env()
         self.engine = engine
+        #: handed to the Engine load() builds: a benchmark's selection emulation (`specq bench worker`), else None
+        self.select_override = select_override
         self.name = worker_name()
         self.jobs_done = 0
         #: the queue this worker consumes (`specq worker --queue`), reported in its heartbeat
@@ -235,7 +238,7 @@ class WorkerRuntime:
         t0 = time.perf_counter()
         slots = self.settings.resolved_slots(backend_name())
         opts = self.settings.engine_options(slots)
-        self.engine = Engine(opts)
+        self.engine = Engine(opts, select_override=self.select_override)
         # one slot: the single-job pipeline in the task's thread (its Stop cuts a running llama_decode,
         # and the target's prompt cache serves mode auto); several: the engine loop of serving.py
         if slots > 1:
