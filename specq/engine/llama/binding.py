@@ -424,13 +424,13 @@ class Context:
             if _SET_STOP_DEADLINE is not None:
                 left = stop.remaining()
                 _SET_STOP_DEADLINE(self.ptr, -1 if left is None else max(0, int(left * 1e6)))
-            stop._enter(self)
+            stop.enter(self)
         clear_log()
         try:
             rc = (llama_cpp.llama_encode if encode else llama_cpp.llama_decode)(self.ptr, batch)
         finally:
             if stop is not None:
-                stop._leave(self)
+                stop.leave(self)
                 if _SET_STOP is not None:
                     _SET_STOP(self.ptr, False)
                     _SET_STOP_DEADLINE(self.ptr, -1)

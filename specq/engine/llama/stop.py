@@ -87,13 +87,15 @@ class Stop:
         if why is not None:
             raise why
 
-    def _enter(self, ctx) -> None:
+    def enter(self, ctx) -> None:
+        """`ctx` runs a llama_decode under this stop now (Context.decode): a cancel trips it."""
         with self._lock:
             self._active.add(ctx)
             if self._cancelled.is_set():  # cancelled between the check and the call
                 ctx.trip_stop()
 
-    def _leave(self, ctx) -> None:
+    def leave(self, ctx) -> None:
+        """`ctx`'s call under this stop ended."""
         with self._lock:
             self._active.discard(ctx)
 
