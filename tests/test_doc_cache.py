@@ -1,5 +1,5 @@
 """Reusing a document's work across questions (#17 items 2, 3, 5) on tiny random-weight models (CPU):
-the speculator's window cache (spec_cache.py), the target's prompt cache (prefix_cache.py), their
+the speculator's window cache (engine/cache/speculator.py), the target's prompt cache (engine/cache/prefix.py), their
 byte budget and keys (tenant, model, numerics), and mode auto's decisions with their reasons."""
 
 from __future__ import annotations
@@ -152,7 +152,7 @@ def test_a_saved_state_is_read_in_place_and_restores_from_its_disk_bytes_too(eng
 
 def test_a_hit_covering_the_prompt_is_not_saved_again(engine):
     """Question 2 about a cached document prefills only its question: no second copy of the document's
-    KV (prefix_cache.py, "No second copy"); question 3 still hits the first entry. A prompt that grew
+    KV (engine/cache/prefix.py, "No second copy"); question 3 still hits the first entry. A prompt that grew
     by more than RESAVE_MIN_NEW_* after its hit (a continued chat) is saved again."""
     from specq.engine.cache import prefix as pcm
 

@@ -73,7 +73,7 @@ def _decoding(name: str, span: list[tuple]) -> list[tuple]:
 
 
 def _calls_per_window(eng, doc: str, p: RunParams, *, hit: bool) -> list[int]:
-    """The speculator's prefill calls of each window (scoring.py _prefill_window with a cache): a miss
+    """The speculator's prefill calls of each window (engine/scoring/scorer.py _prefill_window with a cache): a miss
     prefills head + slice by itself (then saves it), then the question tail; a hit only the tail."""
     prompt = eng.tokenize_prompt(doc, p)
     scorer = eng.scorer()
@@ -99,7 +99,7 @@ def _together(loop, decoders: dict[str, tuple[str, RunParams]], scoring: tuple[s
 
 
 def test_scorer_calls_between_calls_after_each_prefill_call_with_capture_disarmed(loop):
-    """The hook's contract (scoring.py "Between calls"): after every llama_decode call of a window's
+    """The hook's contract (engine/scoring/scorer.py "Between calls"): after every llama_decode call of a window's
     prefill, with the window's partial KV in the context it is handed and the capture not armed; the
     scores are those of a run without it (miss and hit alike)."""
     eng = loop.engine

@@ -1,4 +1,4 @@
-"""The speculator cache's save policy (EngineOptions.spec_cache_save, SPECQ_SPEC_CACHE_SAVE; spec_cache.py
+"""The speculator cache's save policy (EngineOptions.spec_cache_save, SPECQ_SPEC_CACHE_SAVE; engine/cache/speculator.py
 "Which windows are saved"): `repeat` saves no window of a one-off document (no device-to-host copy), a
 stored document's at once and any other's at its second sight; scores, kept tokens and text do not
 depend on the policy, through Engine.run and through the serving loop with another job decoding, and a
