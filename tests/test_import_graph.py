@@ -277,6 +277,28 @@ def test_every_specq_import_resolves():
     assert not unresolved, "imports of specq modules or names that do not exist:\n" + "\n".join(unresolved)
 
 
+def test_every_specq_import_of_tests_scripts_and_bench_resolves():
+    """The same for the code around the package (absolute imports of specq only)."""
+    unresolved = []
+    for folder in ("tests", "scripts", "bench"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+                where = f"{path.relative_to(ROOT)}:{getattr(node, 'lineno', 0)}"
+                if isinstance(node, ast.Import):
+                    unresolved += [f"{where}: import {a.name}" for a in node.names
+                                   if a.name.startswith("specq.") and a.name not in MODULES]
+                elif isinstance(node, ast.ImportFrom) and not node.level and node.module and (
+                        node.module == "specq" or node.module.startswith("specq.")):
+                    if node.module not in MODULES:
+                        unresolved.append(f"{where}: from {node.module} import ...: no such module")
+                        continue
+                    names = _top_names(node.module)
+                    unresolved += [f"{where}: from {node.module} import {a.name}" for a in node.names
+                                   if f"{node.module}.{a.name}" not in MODULES and names is not None
+                                   and a.name != "*" and a.name not in names]
+    assert not unresolved, "imports of specq modules or names that do not exist:\n" + "\n".join(unresolved)
+
+
 def test_the_checks_see_what_they_claim(tmp_path):
     """The machinery on a made-up tree: a lazy import in a function is an edge, a TYPE_CHECKING one
     is not, and a two-module circle is found."""
