@@ -238,7 +238,7 @@ def test_real_pair_baseline_answers(real_engine):
 
 _CUDA_GRAPHS_CHILD = """
 import os, sys
-from specq.engine import llama
+from specq.engine.llama import binding as llama
 from specq.engine.options import EngineOptions
 from specq.engine.pipeline import Engine
 os.environ.pop(llama.CUDA_GRAPHS_ENV, None)
