@@ -81,7 +81,7 @@ def main() -> int:
     ap.add_argument("--json", type=Path, help="also write the results here")
     args = ap.parse_args()
 
-    from specq.engine.synthetic import write_qwen2_gguf
+    from specq.testing.synthetic import write_qwen2_gguf
 
     mdir = Path(tempfile.mkdtemp(prefix="specq-bench-models-"))
     home = Path(tempfile.mkdtemp(prefix=f"specq-bench-batch-{args.stack}-"))

@@ -31,9 +31,9 @@ def measure(target: str, repack: bool, flash_attn: bool, threads: int, kv: str, 
     sys.path.insert(0, str(ROOT))
     import llama_cpp  # noqa: F401  (before numpy)
 
-    from specq.engine.llama import Context, Model
+    from specq.engine.llama.binding import Context, Model
     from specq.engine.models import resolve_model
-    from specq.engine.prompt import build_prompt
+    from specq.engine.prompt.build import build_prompt
 
     import numpy as np
 

@@ -19,12 +19,12 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from specq.engine.drafters_hidden import Eagle3Drafter, MtpDrafter, open_eagle3_context, open_mtp_context  # noqa: E402
-from specq.engine.llama import Context, Model  # noqa: E402
-from specq.engine.llama_ext import set_hidden_output  # noqa: E402
-from specq.engine.prefill import sparse_prefill  # noqa: E402
-from specq.engine.prompt import build_prompt  # noqa: E402
-from specq.engine.synthetic_archs import write_arch_gguf  # noqa: E402
+from specq.engine.decode.drafters_hidden import Eagle3Drafter, MtpDrafter, open_eagle3_context, open_mtp_context  # noqa: E402
+from specq.engine.llama.binding import Context, Model  # noqa: E402
+from specq.engine.llama.ext import set_hidden_output  # noqa: E402
+from specq.engine.decode.prefill import sparse_prefill  # noqa: E402
+from specq.engine.prompt.build import build_prompt  # noqa: E402
+from specq.testing.synthetic_archs import write_arch_gguf  # noqa: E402
 
 
 def rig(kind: str, root: Path):

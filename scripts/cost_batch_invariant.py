@@ -14,7 +14,7 @@ import llama_cpp  # noqa
 import numpy as np
 from specq.engine.options import EngineOptions
 from specq.engine.pipeline import Engine
-from specq.engine.prompt import build_prompt
+from specq.engine.prompt.build import build_prompt
 
 chars = int(sys.argv[1]) if len(sys.argv) > 1 else 8600
 reps = int(sys.argv[2]) if len(sys.argv) > 2 else 4

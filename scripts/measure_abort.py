@@ -29,10 +29,11 @@ import threading
 import time
 
 from specq.bench.provenance import provenance
-from specq.engine import llama, models
-from specq.engine.invariance import resolve
+from specq.engine.llama import binding as llama
+from specq.engine import models
+from specq.engine.llama.invariance import resolve
 from specq.engine.options import EngineOptions
-from specq.engine.stop import Stop
+from specq.engine.llama.stop import Stop
 from specq.contracts import RunCancelled
 
 

@@ -1,5 +1,5 @@
 """#17 on the CPU real pair: several baseline questions about one document arriving together at a
-worker with as many serving slots (engine/serving.py). With the prompt cache, the first prefills the
+worker with as many serving slots (engine/serving/loop.py). With the prompt cache, the first prefills the
 document and the others restore it once it is saved (`ServingEngine._prefix_owner`); without it
 (SPECQ_CACHE_BYTES=0) each prefills the whole prompt. Both runs in one process, one after the other,
 same engine options otherwise; per question: TTFT, prefilled tokens, cache hit; and the wall time

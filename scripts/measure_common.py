@@ -11,7 +11,7 @@ import time
 from specq.bench.provenance import provenance
 from specq.engine.options import EngineOptions, RunParams
 from specq.engine.pipeline import Engine
-from specq.engine.serving import ServingEngine
+from specq.engine.serving.loop import ServingEngine
 
 QS = ["Which company did the Python core development team move to in May 2000?",
       "What does the license say about warranties?",

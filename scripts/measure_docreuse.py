@@ -18,10 +18,10 @@ import time
 
 from specq.bench.provenance import Start, provenance
 from specq.bench.ttft import make_document
-from specq.engine.llama import Context
+from specq.engine.llama.binding import Context
 from specq.engine.options import EngineOptions, RunParams
 from specq.engine.pipeline import Engine
-from specq.engine.spec_cache import restore_seq, save_seq
+from specq.engine.cache.speculator import restore_seq, save_seq
 
 QS = ["Which company did the Python core development team move to in May 2000?",
       "What does textwrap.dedent do?",

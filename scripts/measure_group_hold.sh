@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Group sizes with and without SPECQ_GROUP_HOLD (docs/serving.md "Holding a claim for a whole group"):
-# `specq up` with 4 slots on this machine's CPU and tiny random-weight models (engine/synthetic.py),
+# `specq up` with 4 slots on this machine's CPU and tiny random-weight models (specq/testing/synthetic.py),
 # then `specq bench serve --documents`: 6 documents x 4 questions, all sent at once, mode specprefill.
 # A diagnostic of the mechanism (how many jobs ran in groups, of what size), not a speed row.
 #
@@ -11,7 +11,7 @@ h=${1:?usage: measure_group_hold.sh HOLD [OUT.json]}; out=${2:-/tmp/group-hold-$
 models=${TINY_MODELS:-/tmp/specq-tiny-models}; mkdir -p "$models"
 [ -f "$models/target.gguf" ] || .venv/bin/python -c "
 from pathlib import Path
-from specq.engine.synthetic import write_qwen2_gguf
+from specq.testing.synthetic import write_qwen2_gguf
 write_qwen2_gguf(Path('$models/target.gguf'), 'tiny', seed=0, n_layer=4)
 write_qwen2_gguf(Path('$models/speculator.gguf'), 'tiny', seed=0, n_layer=2)" || exit 1
 port=$((8300 + ${h%.*})); home=/tmp/group-hold-home-$h; rm -rf "$home"

@@ -1,6 +1,6 @@
 """#17 item 4 on the CPU real pair: several specprefill questions about one document arriving together
 at a worker with as many serving slots, with the loop's group-sparse prefill on and off
-(engine/serving_group.py; SPECQ_GROUP_SPARSE). Runs alternate on, off, on, ... in one process (one
+(engine/serving/groups.py; SPECQ_GROUP_SPARSE). Runs alternate on, off, on, ... in one process (one
 engine per run, the caches empty at each start, the same engine options otherwise); per run the wall
 time of all questions, and per question TTFT, the target tokens it prefilled and its answer. The
 answers of a group-on run are compared with the group-off run's (plain specprefill per question).

@@ -36,9 +36,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from specq.engine.blocks import header_pairs  # noqa: E402
-from specq.engine.scoring import plan_windows  # noqa: E402
-from specq.engine.selection import HEADER_WEIGHT, rank_scores, window_budget  # noqa: E402
+from specq.engine.scoring.blocks import header_pairs  # noqa: E402
+from specq.engine.scoring.scorer import plan_windows  # noqa: E402
+from specq.engine.scoring.selection import HEADER_WEIGHT, rank_scores, window_budget  # noqa: E402
 
 KEEPS = (0.2, 0.3, 0.5)
 

@@ -1,4 +1,4 @@
-"""The names every layer shares: phase names, job and batch statuses, error types.
+"""The names every layer shares: phase names, job and batch statuses, error types, stream keys.
 
 Engine, storage, worker, API and CLI all import this module and nothing here imports any of them, so
 storage never needs the engine to know what a phase or an input error is.
@@ -14,6 +14,16 @@ SCORE_PHASES = ("speculator_prefill", "lookahead", "score_math")
 #: saved KV restored from the engine's caches (speculator windows, the target's prompt prefix); every
 #: run reports it (0.0 when nothing was restored)
 CACHE_PHASES = ("cache_restore",)
+
+# --- a running job's text stream on Redis ----------------------------------------------------------
+
+
+def redis_keys(job_id: str) -> tuple[str, str, str]:
+    """(channel, text key, attempt key) of a job's stream on Redis: the worker publishes there
+    (worker/stream.py), the API's SSE reads there (api/job_stream.py)."""
+    base = f"specq:job:{job_id}"
+    return f"{base}:events", f"{base}:text", f"{base}:attempt"
+
 
 # --- statuses -------------------------------------------------------------------------------------
 JOB_STATUSES = ("queued", "running", "succeeded", "failed", "cancelled")
@@ -55,11 +65,11 @@ class DecodeError(EngineError):
 
 class RunCancelled(EngineError):
     """The run was cancelled: raised by a progress callback between phases, windows and tokens, or by
-    an aborted llama_decode (engine/stop.py)."""
+    an aborted llama_decode (engine/llama/stop.py)."""
 
 
 class JobTimeLimit(RunCancelled):
-    """The run went past its deadline (the worker's SPECQ_TIME_LIMIT): engine/stop.py."""
+    """The run went past its deadline (the worker's SPECQ_TIME_LIMIT): engine/llama/stop.py."""
 
 
 class Fenced(RunCancelled):
@@ -81,4 +91,5 @@ __all__ = [
     "Drained",
     "CORE_PHASES", "SCORE_PHASES", "CACHE_PHASES", "JOB_KINDS", "PRIORITY_INTERACTIVE", "PRIORITY_BATCH", "JOB_STATUSES", "JOB_TERMINAL", "BATCH_STATUSES", "BATCH_TERMINAL",
     "EngineError", "InputError", "ModelError", "DecodeError", "RunCancelled", "JobTimeLimit", "Fenced",
+    "redis_keys",
 ]

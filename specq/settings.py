@@ -91,7 +91,7 @@ class ServiceSettings:
     #: a time, models loaded in the worker process; >1 = prefork, models loaded after the fork)
     concurrency: int = 1
     #: jobs one worker process runs at once on its one copy of the models (serving slots:
-    #: specq/engine/serving.py; Celery's threads pool with this many threads); empty = 8 when the
+    #: specq/engine/serving/loop.py; Celery's threads pool with this many threads); empty = 8 when the
     #: target runs on a GPU, 1 on the CPU
     slots: int | None = None
     #: with several slots, one unified KV cache instead of one stream per slot (EngineOptions.kv_unified)
@@ -100,7 +100,7 @@ class ServiceSettings:
     #: decode tokens (bounds the other jobs' inter-token gap); 0 = n_ubatch
     prefill_chunk: int = 0
     #: with several slots, the speculator's scoring runs on a thread of its own beside the target's
-    #: decode and prefill batches (engine/score_thread.py): auto (on when the target is on a GPU),
+    #: decode and prefill batches (engine/serving/score_thread.py): auto (on when the target is on a GPU),
     #: on or off (scored on the engine thread, between decode batches)
     score_thread: str = "auto"
     #: with several slots, a worker that claims a job asking about a stored document (`document_id`)
@@ -118,7 +118,7 @@ class ServiceSettings:
     #: with several slots, specprefill questions about one document that are in the engine loop
     #: together share one sparse prefill of the target: the union of their kept chunks, prefilled once
     #: and copied on the device to the others' slots, which prefill only their own question
-    #: (engine/serving_group.py). Off by default since 2026-12-05: a group answer sees the other questions'
+    #: (engine/serving/groups.py). Off by default since 2026-12-05: a group answer sees the other questions'
     #: kept chunks too, and on the real pair at 30K group answers were right 0.425 of the time against
     #: 0.575 for single specprefill and 0.500 for baseline (7 questions lost, 1 gained; docs/quality.md
     #: "Group-sparse at 30K"). on = an operator trading that for throughput (docs/serving.md)
@@ -172,7 +172,7 @@ class ServiceSettings:
     #: the target's prompt prefixes, one LRU budget; EngineOptions.cache_bytes); 0 = no caches
     cache_bytes: int = 2 << 30
     #: a directory that mirrors those saved states, so they outlive a worker restart (EngineOptions.cache_dir;
-    #: engine/cache_disk.py); "" = host memory only
+    #: engine/cache/disk.py); "" = host memory only
     cache_dir: str = ""
     #: which speculator scoring windows go into that cache (EngineOptions.spec_cache_save): always
     #: (default: every document's) or repeat (a stored document's at once, any other's at its second
@@ -180,11 +180,11 @@ class ServiceSettings:
     spec_cache_save: str = ""
     #: mode auto's thresholds (EngineOptions.auto_min_tokens, auto_quality_min_tokens; docs/engine.md):
     #: baseline below the break-even length (0 = the backend's measured one); specprefill only where
-    #: a passing evidence row has the job's exact resolved settings (-1: engine/evidence.py, the shipped
+    #: a passing evidence row has the job's exact resolved settings (-1: engine/policy/evidence.py, the shipped
     #: rows of which none passes today, plus the store's; SPECQ_AUTO_QUALITY_MIN_TOKENS=N >= 0: the
     #: operator's override, from N prompt tokens on, reasons saying "operator override"); a group of questions
     #: about a stored document (a group claim) runs one group-sparse prefill from auto_group_min_tokens
-    #: on (0 = the backend's measured length, engine/auto.py GROUP_MIN_TOKENS; -1 = never)
+    #: on (0 = the backend's measured length, engine/policy/auto.py GROUP_MIN_TOKENS; -1 = never)
     auto_min_tokens: int | None = None
     auto_quality_min_tokens: int | None = None
     auto_group_min_tokens: int | None = None
@@ -350,7 +350,7 @@ class ServiceSettings:
     def resolved_max_request_bytes(self) -> int:
         if self.max_request_bytes:
             return self.max_request_bytes
-        from .storage.jobs import max_input_bytes
+        from .storage.limits import max_input_bytes
 
         return 2 * max_input_bytes() + (1 << 20)
 

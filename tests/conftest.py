@@ -24,7 +24,7 @@ import pytest
 
 
 class TinyModels(NamedTuple):
-    """Random-weight tiny Qwen2 GGUFs written by specq.engine.synthetic (see the `tiny_models` fixture)."""
+    """Random-weight tiny Qwen2 GGUFs written by specq.testing.synthetic (see the `tiny_models` fixture)."""
 
     #: 4 layers, byte vocabulary, seed 0
     target: Path
@@ -41,7 +41,7 @@ class TinyModels(NamedTuple):
 
 @pytest.fixture(scope="session")
 def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> TinyModels:
-    from specq.engine.synthetic import write_qwen2_gguf
+    from specq.testing.synthetic import write_qwen2_gguf
 
     root = tmp_path_factory.mktemp("tiny_models")
     return TinyModels(

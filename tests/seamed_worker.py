@@ -1,4 +1,4 @@
-"""`specq worker` with the engine loop's test seams injected (specq/engine/loop_seams.py): the tests'
+"""`specq worker` with the engine loop's test seams injected (specq/engine/serving/seams.py): the tests'
 way to make a job's decode batches fail or the loop block, without any variable that production
 workers would read (issue 44 item 12).
 
@@ -27,7 +27,7 @@ def main(argv: list[str]) -> None:
     ap.add_argument("--loglevel", default="INFO")
     args = ap.parse_args(argv)
 
-    from specq.engine.loop_seams import LoopSeams
+    from specq.engine.serving.seams import LoopSeams
     from specq.settings import ServiceSettings
     from specq.worker.main import run_worker
 

@@ -17,16 +17,17 @@ DOC2 = TEXT[1400:2800]
 SHORT = "def f(x):\n    return x * 2\n" * 4
 
 
-def loop_engine(tiny_models, **kw):
+def loop_engine(tiny_models, select_override=None, **kw):
     """An Engine for the loop tests: CPU, one llama.cpp thread, calls of CALL tokens, batch-invariant
-    target (a job's logits are then the same whoever shares the loop with it)."""
+    target (a job's logits are then the same whoever shares the loop with it); `select_override` as
+    Engine's (benchmarks' selection emulation)."""
     from specq.engine.options import EngineOptions
     from specq.engine.pipeline import Engine
 
     opts = dict(target=str(tiny_models.target), speculator=str(tiny_models.speculator), n_gpu_layers=0, n_ctx=2048,
                 n_threads=1, slots=2, call_tokens=CALL, cache_bytes=1 << 26, batch_invariant="on")
     opts.update(kw)
-    return Engine(EngineOptions(**opts))
+    return Engine(EngineOptions(**opts), select_override=select_override)
 
 
 def decoder_params(**kw):

@@ -1,4 +1,4 @@
-"""Cancel and the deadline inside llama.cpp (engine/stop.py, patch 0003), positions per context
+"""Cancel and the deadline inside llama.cpp (engine/llama/stop.py, patch 0003), positions per context
 (patch 0001) and the capture layout probe, on real llama.cpp.
 
 The tiny-model tests trip the C stop deterministically (directly, or from an eval callback in the
@@ -19,8 +19,8 @@ llama_cpp = pytest.importorskip("llama_cpp")
 import numpy as np  # noqa: E402
 
 from specq.contracts import DecodeError, JobTimeLimit, RunCancelled  # noqa: E402
-from specq.engine import capture, llama  # noqa: E402
-from specq.engine.stop import Stop, running  # noqa: E402
+from specq.engine.llama import capture, binding as llama  # noqa: E402
+from specq.engine.llama.stop import Stop, running  # noqa: E402
 
 #: engine tests: counted by .ci/check_suites.py (a run where all of them skipped fails CI)
 pytestmark = [pytest.mark.engine]

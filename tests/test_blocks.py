@@ -1,12 +1,12 @@
-"""The indentation structure the `scope` chunk rule reads (engine/blocks.py, selection.rank_scores)."""
+"""The indentation structure the `scope` chunk rule reads (engine/scoring/blocks.py, selection.rank_scores)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from specq.engine.blocks import header_chunks, header_pairs
-from specq.engine.selection import HEADER_WEIGHT, rank_scores, select_kept
+from specq.engine.scoring.blocks import header_chunks, header_pairs
+from specq.engine.scoring.selection import HEADER_WEIGHT, rank_scores, select_kept
 
 CODE = '''import os
 

@@ -1,4 +1,4 @@
-"""SPECQ_CACHE_DIR (engine/cache_disk.py): the caches' saved KV outlive the engine. Tiny random-weight
+"""SPECQ_CACHE_DIR (engine/cache/disk.py): the caches' saved KV outlive the engine. Tiny random-weight
 models on the CPU: a new engine on the same directory hits the speculator window cache and the
 target's prompt cache for a document only the old engine saw, with the same kept chunks as the old
 engine's own cache hit; another tenant, another llama.cpp build, a torn file or a smaller budget get
@@ -7,9 +7,9 @@ nothing they should not."""
 from __future__ import annotations
 
 
-from specq.engine.cache_disk import DiskTier, file_name
+from specq.engine.cache.disk import DiskTier, file_name
 from specq.engine.options import EngineOptions, RunParams
-from specq.engine.spec_cache import StateStore
+from specq.engine.cache.speculator import StateStore
 
 #: engine tests: counted by .ci/check_suites.py (a run where all of them skipped fails CI)
 pytestmark = [pytest.mark.engine]

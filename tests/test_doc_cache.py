@@ -1,5 +1,5 @@
 """Reusing a document's work across questions (#17 items 2, 3, 5) on tiny random-weight models (CPU):
-the speculator's window cache (spec_cache.py), the target's prompt cache (prefix_cache.py), their
+the speculator's window cache (engine/cache/speculator.py), the target's prompt cache (engine/cache/prefix.py), their
 byte budget and keys (tenant, model, numerics), and mode auto's decisions with their reasons."""
 
 from __future__ import annotations
@@ -10,12 +10,12 @@ import llama_cpp
 import numpy as np
 import pytest
 
-from specq.engine import auto
+from specq.engine.policy import auto
 from specq.engine.options import EngineOptions, RunParams
 from specq.engine.pipeline import Engine
-from specq.engine.prefill import sparse_prefill
-from specq.engine.selection import select_kept
-from specq.engine.spec_cache import SpeculatorCache, StateStore
+from specq.engine.decode.prefill import sparse_prefill
+from specq.engine.scoring.selection import select_kept
+from specq.engine.cache.speculator import SpeculatorCache, StateStore
 
 #: engine tests: counted by .ci/check_suites.py (a run where all of them skipped fails CI)
 pytestmark = [pytest.mark.engine]
@@ -38,7 +38,7 @@ def _engine(tiny_models, cache_bytes=64 << 20, **kw) -> Engine:
 
 def _loops(tiny_models, slots: int):
     """(budget, engine, loop): the serving loop with the caches on (64 MiB), then off, each closed after."""
-    from specq.engine.serving import ServingEngine
+    from specq.engine.serving.loop import ServingEngine
 
     for budget in (64 << 20, 0):
         e = _engine(tiny_models, cache_bytes=budget, slots=slots)
@@ -136,7 +136,7 @@ def test_a_saved_state_is_read_in_place_and_restores_from_its_disk_bytes_too(eng
     """save_seq hands the store llama.cpp's own buffer (read-only, no second copy: spec_cache.save_seq's
     doc); restore_seq reads that array in place, and the same state as bytes (how the disk tier loads it)
     restores the same KV."""
-    from specq.engine.spec_cache import restore_seq, save_seq
+    from specq.engine.cache.speculator import restore_seq, save_seq
 
     prompt = engine.tokenize_prompt(DOC, _params(QUESTIONS[0]))
     ctx = engine.ctx
@@ -155,9 +155,9 @@ def test_a_saved_state_is_read_in_place_and_restores_from_its_disk_bytes_too(eng
 
 def test_a_hit_covering_the_prompt_is_not_saved_again(engine):
     """Question 2 about a cached document prefills only its question: no second copy of the document's
-    KV (prefix_cache.py, "No second copy"); question 3 still hits the first entry. A prompt that grew
+    KV (engine/cache/prefix.py, "No second copy"); question 3 still hits the first entry. A prompt that grew
     by more than RESAVE_MIN_NEW_* after its hit (a continued chat) is saved again."""
-    from specq.engine import prefix_cache as pcm
+    from specq.engine.cache import prefix as pcm
 
     engine.cache_store.clear()
     pc = engine.prefix_cache()
@@ -215,7 +215,7 @@ def test_a_change_of_model_or_numerics_misses(engine, tiny_models):
     engine.scorer().score(prompt, window=WINDOW, cache=cache, scope="s")
     head_slice = prompt.head + prompt.document[:WINDOW]
     assert any(cache.lookup("s", prompt.head + prompt.document[a:b]) is not None for a, b in
-               __import__("specq.engine.scoring", fromlist=["plan_windows"]).plan_windows(len(prompt.document), WINDOW))
+               __import__("specq.engine.scoring.scorer", fromlist=["plan_windows"]).plan_windows(len(prompt.document), WINDOW))
     for change in (dict(model_sha256="0" * 64), dict(type_k="q8_0"), dict(flash_attn=False), dict(repack=False),
                    dict(batch_invariant=not cache.numerics.batch_invariant), dict(n_ubatch=cache.numerics.n_ubatch * 2)):
         other = SpeculatorCache(engine.cache_store, dataclasses.replace(cache.numerics, **change))
@@ -350,7 +350,7 @@ def test_auto_in_the_engine_records_mode_and_reason(tiny_models):
 
 
 def test_auto_without_quality_evidence_for_the_models_runs_baseline(tiny_models):
-    # no shipped evidence row passes (engine/evidence_rows.json; none has 8 documents), so baseline
+    # no shipped evidence row passes (engine/policy/evidence_rows.json; none has 8 documents), so baseline
     e = _engine(tiny_models, auto_min_tokens=64)
     try:
         r = e.run(DOC, RunParams(question=QUESTIONS[0], max_tokens=2, window=WINDOW), scope="a")
@@ -426,7 +426,7 @@ def test_the_next_question_on_the_same_document_reuses_the_resident_streams(tiny
 
 
 def test_serving_slots_use_the_prompt_cache(tiny_models):
-    """Two serving slots (engine/serving.py): question 1's full prefill is saved from its slot's KV stream;
+    """Two serving slots (engine/serving/loop.py): question 1's full prefill is saved from its slot's KV stream;
     questions 2-4, decoded together, reuse it in whichever slot they get (still there, copied from the
     other slot, or restored from the store), prefill only the rest, and
     answer what the loop answers without a cache (batch-invariant numerics: the restored cells are the
@@ -497,7 +497,7 @@ def test_a_full_prefill_emits_its_first_token_before_the_prompt_cache_save(tiny_
     KV into the prompt cache (0.5-0.85 s at 32K tokens of the 7B on the H200), so the save delays the
     second token, not the first; the saved prompt is still the prompt alone (the next question restores
     it and prefills only the rest) and the save's time is counted in `decode`."""
-    from specq.engine.serving import ServingEngine
+    from specq.engine.serving.loop import ServingEngine
 
     e = _engine(tiny_models, slots=2)
     loop = ServingEngine(e).start()
@@ -583,7 +583,7 @@ def test_a_documents_next_question_reuses_its_slot(tiny_models):
 def test_no_residents_in_a_unified_cache(tiny_models):
     """With one unified KV cache (kv_unified) a slot's idle cells would be cells no other slot gets:
     the loop keeps none."""
-    from specq.engine.serving import ServingEngine
+    from specq.engine.serving.loop import ServingEngine
 
     e = _engine(tiny_models, slots=2, kv_unified=True)
     loop = ServingEngine(e).start()

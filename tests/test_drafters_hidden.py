@@ -32,7 +32,7 @@ class HiddenModels(NamedTuple):
 
 
 def _varied(root: Path, arch: str) -> Path:
-    from specq.engine.synthetic_archs import write_arch_gguf
+    from specq.testing.synthetic_archs import write_arch_gguf
 
     best = None
     for seed in range(12):
@@ -48,7 +48,7 @@ def _varied(root: Path, arch: str) -> Path:
 
 @pytest.fixture(scope="module")
 def hidden_models(tmp_path_factory, tiny_models) -> HiddenModels:
-    from specq.engine.synthetic_archs import write_arch_gguf
+    from specq.testing.synthetic_archs import write_arch_gguf
 
     root = tmp_path_factory.mktemp("hidden_models")
     return HiddenModels(
@@ -72,10 +72,10 @@ class Rig(NamedTuple):
 
 
 def _rig(models: HiddenModels, kind: str, n_ctx: int = 2048, threads: int = 1) -> Rig:
-    from specq.engine.drafters_hidden import Eagle3Drafter, MtpDrafter, open_eagle3_context, open_mtp_context
-    from specq.engine.invariance import INVARIANT_TYPE_K
-    from specq.engine.llama import Context, Model
-    from specq.engine.llama_ext import set_hidden_output
+    from specq.engine.decode.drafters_hidden import Eagle3Drafter, MtpDrafter, open_eagle3_context, open_mtp_context
+    from specq.engine.llama.invariance import INVARIANT_TYPE_K
+    from specq.engine.llama.binding import Context, Model
+    from specq.engine.llama.ext import set_hidden_output
 
     if kind == "mtp":
         target = Model(models.mtp_target, n_gpu_layers=0, repack=False, load_mtp=True)
@@ -111,7 +111,7 @@ def _kept(n: int, sparse: bool) -> list[int]:
 
 def test_llama_ext_functions_are_bound():
     """The staging header's functions are found (under their C++ names) in our build."""
-    from specq.engine import llama_ext
+    from specq.engine.llama import ext as llama_ext
 
     assert llama_ext.missing() == []
     assert llama_ext._mangled("llama_set_embeddings_nextn", "P13llama_context", "b", "b") == \
@@ -119,8 +119,8 @@ def test_llama_ext_functions_are_bound():
 
 
 def test_synthetic_archs_layouts(hidden_models, tmp_path):
-    from specq.engine.synthetic import read_hparams
-    from specq.engine.synthetic_archs import GLM_SHAPES, estimate_arch_bytes, write_arch_gguf
+    from specq.testing.synthetic import read_hparams
+    from specq.testing.synthetic_archs import GLM_SHAPES, estimate_arch_bytes, write_arch_gguf
 
     h = read_hparams(hidden_models.mtp_target)
     assert h["architecture"] == "glm4moe" and h["n_layer"] == 5  # 4 trunk layers + the MTP block
@@ -140,7 +140,7 @@ def test_synthetic_archs_layouts(hidden_models, tmp_path):
 
 
 def test_auto_prefers_the_models_own_drafter():
-    from specq.engine.drafters import resolve_auto
+    from specq.engine.decode.drafters import resolve_auto
 
     assert resolve_auto("auto", "cpu", ["mtp", "eagle3"]) == "mtp"
     assert resolve_auto("auto", "cuda", ["eagle3"]) == "eagle3"
@@ -257,9 +257,9 @@ class CacheSpy:
 def _reference_rows(r: Rig, tokens: list[int], positions: list[int]) -> np.ndarray:
     """What the drafter should have read for these target tokens, from a fresh target context that
     decodes them in one batch: MTP the final hidden states, EAGLE3 g = fc(its layers' inputs)."""
-    from specq.engine.invariance import INVARIANT_TYPE_K
-    from specq.engine.llama import Context
-    from specq.engine.llama_ext import (
+    from specq.engine.llama.invariance import INVARIANT_TYPE_K
+    from specq.engine.llama.binding import Context
+    from specq.engine.llama.ext import (
         EmbdBatch, enable_layer_inputs, encoder_output, hidden_rows, layer_input_rows, n_embd_out, set_hidden_output,
     )
 
@@ -292,10 +292,10 @@ def test_rollback_long_decode_keeps_drafter_in_step(rig, sparse, monkeypatch):
     and the drafter's cache holds exactly one pair per accepted target token — the pair its input
     convention defines, from the target's own states (checked against a fresh one-batch recompute)."""
     from specq.bench.forced import ForcedDrafter
-    from specq.engine.decode import generate
-    from specq.engine.prefill import sparse_prefill
-    from specq.engine.prompt import build_prompt
-    from specq.engine.sampling import Sampler
+    from specq.engine.decode.loop import generate
+    from specq.engine.decode.prefill import sparse_prefill
+    from specq.engine.prompt.build import build_prompt
+    from specq.engine.decode.sampling import Sampler
 
     target, ctx = rig.target, rig.ctx
     prompt = build_prompt(target, DOC[:700], QUESTION).tokens
@@ -359,8 +359,8 @@ def test_fill_from_kept_tokens_is_closer_to_the_full_prompt(hidden_models):
     has after a full prefill when it was fed the kept tokens at their original positions than when it
     starts at the first decoded token. (MTP: indistinguishable on these random weights, see
     docs/speculative-decoding.md; both are lossless.)"""
-    from specq.engine.prefill import sparse_prefill
-    from specq.engine.prompt import build_prompt
+    from specq.engine.decode.prefill import sparse_prefill
+    from specq.engine.prompt.build import build_prompt
 
     r = _rig(hidden_models, "eagle3")
     text = (Path(__file__).resolve().parent.parent / "examples" / "textwrap.py").read_text(encoding="utf-8")
@@ -397,10 +397,10 @@ def test_fill_from_kept_tokens_is_closer_to_the_full_prompt(hidden_models):
 def _sample_pairs(r: Rig, n_draft: int, trials: int, rule: str | None, sparse: bool, monkeypatch):
     """Empirical (t2, t3) after a pinned t1 vs the target's exact joint distribution (as in
     test_speculative), the hidden-state drafter sampling from a hotter, wider transform of its logits."""
-    import specq.engine.decode as decode_mod
-    from specq.engine.prefill import sparse_prefill
-    from specq.engine.sampling import Sampler
-    from specq.engine.speculative import verify
+    import specq.engine.decode.loop as decode_mod
+    from specq.engine.decode.prefill import sparse_prefill
+    from specq.engine.decode.sampling import Sampler
+    from specq.engine.decode.speculative import verify
 
     temperature, top_k = 1.0, 6
     ctx = r.ctx

@@ -15,10 +15,10 @@ llama_cpp = pytest.importorskip("llama_cpp")
 
 import numpy as np  # noqa: E402
 
-from specq.engine import llama  # noqa: E402
+from specq.engine.llama import binding as llama  # noqa: E402
 from specq.contracts import InputError, ModelError  # noqa: E402
 from specq.engine.options import DEFAULT_CHUNK_RULE, EngineOptions, RunParams  # noqa: E402
-from specq.engine.prefill import sparse_prefill  # noqa: E402
+from specq.engine.decode.prefill import sparse_prefill  # noqa: E402
 
 #: engine tests: counted by .ci/check_suites.py (a run where all of them skipped fails CI)
 pytestmark = [pytest.mark.engine]
@@ -241,7 +241,7 @@ def test_real_pair_baseline_answers(real_engine):
 
 _CUDA_GRAPHS_CHILD = """
 import os, sys
-from specq.engine import llama
+from specq.engine.llama import binding as llama
 from specq.engine.options import EngineOptions
 from specq.engine.pipeline import Engine
 os.environ.pop(llama.CUDA_GRAPHS_ENV, None)

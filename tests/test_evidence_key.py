@@ -1,5 +1,5 @@
 """Issue 47 item 1: mode auto runs specprefill only where a passing evidence row's EvidenceKey equals the
-job's (engine/evidence_key.py); a job differing from that row in one field alone runs baseline and its
+job's (engine/policy/evidence_key.py); a job differing from that row in one field alone runs baseline and its
 reason names that field. Tiny models, a passing row injected for the tiny pair (the shipped rows are
 the real pair's, and none passes)."""
 
@@ -10,8 +10,8 @@ import shutil
 
 import pytest
 
-from specq.engine import evidence
-from specq.engine.evidence_key import FIELDS, EvidenceKey, first_difference
+from specq.engine.policy import evidence
+from specq.engine.policy.evidence_key import FIELDS, EvidenceKey, first_difference
 from specq.engine.options import EngineOptions, RunParams
 from specq.engine.pipeline import Engine
 

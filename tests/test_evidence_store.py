@@ -12,7 +12,7 @@ import pytest
 from sqlalchemy import inspect
 
 from service_helpers import Stack, base_env, empty_store, free_port, running, specq_cmd, wait_job
-from specq.engine import evidence
+from specq.engine.policy import evidence
 from specq.storage import db, evidence as store
 
 DOC = "".join(f"line {i}: the value of item {i} is {i * 7 % 13}.\n" for i in range(40))

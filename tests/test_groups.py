@@ -13,7 +13,7 @@ each (reliability_figures.tally: also no "finished but not saved").
 
 Why the grouped answers equal the ungrouped ones (the `ungrouped` fixture: the same questions with
 SPECQ_GROUP_CLAIMS=off and no prompt cache): the stack runs the target in batch-invariant mode
-(SPECQ_BATCH_INVARIANT=on; engine/invariance.py) with one llama_decode call per prefill
+(SPECQ_BATCH_INVARIANT=on; engine/llama/invariance.py) with one llama_decode call per prefill
 (SPECQ_CALL_TOKENS=4096), so a job's logits do not depend on which jobs share the loop with it
 (tests/test_serving.py checks four co-scheduled jobs against the same jobs alone) nor on whether
 its document prefix was restored from the prompt cache or computed (tests/test_doc_cache.py::
@@ -228,7 +228,7 @@ def test_a_group_hold_waits_for_slots_so_a_documents_questions_start_together(st
 def test_auto_runs_a_group_claim_as_one_group_sparse_prefill(stack):
     """Mode auto's rule 1a end to end: a worker's group claim of four questions about a stored document
     tells its engine loop they came together, and auto runs them as one group-sparse prefill (on this
-    CPU only with SPECQ_AUTO_GROUP_MIN_TOKENS set: no CPU length was measured to win, engine/auto.py;
+    CPU only with SPECQ_AUTO_GROUP_MIN_TOKENS set: no CPU length was measured to win, engine/policy/auto.py;
     and with SPECQ_GROUP_SPARSE=on, which is opt-in),
     where quality is allowed (SPECQ_AUTO_QUALITY_MIN_TOKENS=0: the tiny models have no quality row)."""
     params = {"mode": "auto", "max_tokens": 6, "seed": 1}

@@ -1,4 +1,4 @@
-"""The result's `selection` (specq/engine/kept_spans.py): kept spans and chunk scores in character
+"""The result's `selection` (specq/engine/scoring/kept_spans.py): kept spans and chunk scores in character
 offsets into the document, from a real specprefill run on the tiny models and from hand-made pieces."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import base64
 import numpy as np
 import pytest
 
-from specq.engine.kept_spans import (
+from specq.engine.scoring.kept_spans import (
     char_spans,
     decode_offsets,
     decode_scores,
@@ -50,7 +50,7 @@ def test_runs_spans_and_quantise():
 def test_record_of_a_real_run(tiny_models):
     from specq.engine.options import EngineOptions, RunParams
     from specq.engine.pipeline import Engine
-    from specq.engine.prompt import build_prompt
+    from specq.engine.prompt.build import build_prompt
 
     eng = Engine(EngineOptions(target=str(tiny_models.target), speculator=str(tiny_models.speculator), n_gpu_layers=0,
                                n_ctx=8192, n_threads=1))

@@ -1,5 +1,5 @@
 """Test hooks out of production code paths (issue 44 item 12): the engine loop's fault is an injected
-seam (engine/loop_seams.py), not a variable every worker reads; the score math's thread pool and the
+seam (engine/serving/seams.py), not a variable every worker reads; the score math's thread pool and the
 loop's score thread carry distinct names, and the pool starts once however many threads ask."""
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ REPO = Path(__file__).resolve().parents[1]
 
 def test_the_fault_variable_is_not_read_and_the_injected_seam_fails_the_job(tiny_models, monkeypatch):
     from specq.contracts import DecodeError
-    from specq.engine.loop_seams import LoopSeams
-    from specq.engine.serving import ServingEngine
+    from specq.engine.serving.seams import LoopSeams
+    from specq.engine.serving.loop import ServingEngine
 
     monkeypatch.setenv("SPECQ_SERVING_FAULT", "FAIL ME")  # what the tests used to set: read by nobody now
     eng = loop_engine(tiny_models, slots=2)
@@ -49,8 +49,8 @@ def test_the_fault_variable_is_not_read_and_the_injected_seam_fails_the_job(tiny
 def test_score_pools_have_distinct_names():
     """The loop's score thread is `specq-score_N`, the score math's per-layer threads (which it uses)
     `specq-score-math_N`: a thread dump, or a test that asks which thread scored, tells them apart."""
-    from specq.engine.score_thread import ScoreThread
-    from specq.engine.scoring import math_pool
+    from specq.engine.serving.score_thread import ScoreThread
+    from specq.engine.scoring.scorer import math_pool
 
     names: dict[str, str] = {}
     done = threading.Event()
@@ -81,7 +81,7 @@ class Slow(cf.ThreadPoolExecutor):
         time.sleep(0.05)
         super().__init__(*a, **kw)
 cf.ThreadPoolExecutor = Slow
-from specq.engine import scoring
+from specq.engine.scoring import scorer as scoring
 got = []
 barrier = threading.Barrier(8)
 def ask():

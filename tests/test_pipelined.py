@@ -1,4 +1,4 @@
-"""Per-window selection and the pipelined SpecPrefill (engine/pipelined.py): the target's prefill of
+"""Per-window selection and the pipelined SpecPrefill (engine/scoring/pipelined.py): the target's prefill of
 window i's chunks runs on a second thread while window i+1 is scored. It must keep exactly the set the
 serial run keeps with the same per-window rule, at original and strictly increasing positions, and
 give the same answer (tiny random-weight models; one real-pair test)."""
@@ -16,10 +16,10 @@ import numpy as np  # noqa: E402
 
 from specq.contracts import InputError  # noqa: E402
 from specq.engine.options import CHUNK_RULES, EngineOptions, RunParams  # noqa: E402
-from specq.engine.pipelined import IncrementalPrefill, pipeline_bound  # noqa: E402
-from specq.engine.prefill import sparse_prefill  # noqa: E402
-from specq.engine.scoring import plan_windows  # noqa: E402
-from specq.engine.selection import select_kept, select_kept_per_window, select_window, window_cap  # noqa: E402
+from specq.engine.scoring.pipelined import IncrementalPrefill, pipeline_bound  # noqa: E402
+from specq.engine.decode.prefill import sparse_prefill  # noqa: E402
+from specq.engine.scoring.scorer import plan_windows  # noqa: E402
+from specq.engine.scoring.selection import select_kept, select_kept_per_window, select_window, window_cap  # noqa: E402
 
 #: engine tests: counted by .ci/check_suites.py (a run where all of them skipped fails CI)
 pytestmark = [pytest.mark.engine]

@@ -66,7 +66,7 @@ def test_a_prompt_cache_hit_counts_from_the_restored_prefix(engine):
 
 
 def test_serving_loop_reports_prefill_tokens_per_chunk(engine):
-    from specq.engine.serving import ServingEngine
+    from specq.engine.serving.loop import ServingEngine
 
     loop = ServingEngine(engine, prefill_chunk=CALL).start()
     try:

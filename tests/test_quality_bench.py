@@ -386,7 +386,7 @@ def test_journals_hold_the_full_evidence_key(tiny_models, tmp_path):
     `specq evidence build` makes a row from them with nothing filled from defaults."""
     from specq.bench.evidence_build import build_row
     from specq.bench.quality import Journal, QualitySettings, run_answer, run_group
-    from specq.engine.evidence_key import FIELDS, EvidenceKey
+    from specq.engine.policy.evidence_key import FIELDS, EvidenceKey
     from specq.engine.options import EngineOptions
     from specq.engine.pipeline import Engine
 

@@ -1,4 +1,4 @@
-"""Mode auto's quality evidence as data (engine/evidence.py, issue 47 item 2): the shipped rows are exactly
+"""Mode auto's quality evidence as data (engine/policy/evidence.py, issue 47 item 2): the shipped rows are exactly
 what `specq evidence build` computes from the journals in bench/results (so a row cannot drift from its
 data), their bounds are clustered by document and never above the question-level exact bound, in-sample
 rows never pass, a pass needs 8 documents and 40 questions, and bands join only passing lengths."""
@@ -12,9 +12,9 @@ import pytest
 
 from specq.bench import evidence_build
 from specq.bench.quality_report import paired, read_journal
-from specq.engine import auto, evidence
-from specq.engine.evidence import PASS_BARS, QUESTION_ALLOWANCE, lookup, merge, row_from_dict, shipped_rows
-from specq.engine.evidence_bound import document_bootstrap_lower, row_lower
+from specq.engine.policy import auto, evidence
+from specq.engine.policy.evidence import PASS_BARS, QUESTION_ALLOWANCE, lookup, merge, row_from_dict, shipped_rows
+from specq.engine.policy.evidence_bound import document_bootstrap_lower, row_lower
 
 ROWS = shipped_rows()
 

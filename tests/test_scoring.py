@@ -11,11 +11,11 @@ llama_cpp = pytest.importorskip("llama_cpp")
 
 import numpy as np  # noqa: E402
 
-from specq.engine import llama  # noqa: E402
-from specq.engine.capture import QKCapture  # noqa: E402
+from specq.engine.llama import binding as llama  # noqa: E402
+from specq.engine.llama.capture import QKCapture  # noqa: E402
 from specq.engine.options import CHUNK_RULES, EngineOptions, RunParams  # noqa: E402
-from specq.engine.scoring import avg_pool, head_probs, merge_central, plan_windows, sliding_starts  # noqa: E402
-from specq.engine.selection import chunk_scores, rank_scores, select_kept  # noqa: E402
+from specq.engine.scoring.scorer import avg_pool, head_probs, merge_central, plan_windows, sliding_starts  # noqa: E402
+from specq.engine.scoring.selection import chunk_scores, rank_scores, select_kept  # noqa: E402
 
 #: engine tests: counted by .ci/check_suites.py (a run where all of them skipped fails CI)
 pytestmark = [pytest.mark.engine]
@@ -225,7 +225,7 @@ def test_default_window_is_one_pass_up_to_one_pass_tokens(engine, monkeypatch):
     """window 0: a document of up to ONE_PASS_TOKENS is scored in one window (the scores equal the full
     scorer's: the same pass), a longer one in DEFAULT_WINDOW slices, an explicit window is obeyed, and
     a document longer than the speculator's context holds falls back to slices that fit."""
-    from specq.engine import scoring
+    from specq.engine.scoring import scorer as scoring
 
     sc = engine.scorer()
     ids = engine.target.tokenize(TEXT)
@@ -310,9 +310,9 @@ def test_needle_is_kept_and_answered(real_engine):
         rand_kept = select_kept(rand_scores, doc_start=prompt.doc_start, n_prompt=prompt.n, protected=prompt.protected_indices(), keep=0.3,
                                 rule="mean")
         random_hits += all(i in set(rand_kept) for i in span)
-        from specq.engine.decode import generate
-        from specq.engine.prefill import sparse_prefill
-        from specq.engine.sampling import Sampler
+        from specq.engine.decode.loop import generate
+        from specq.engine.decode.prefill import sparse_prefill
+        from specq.engine.decode.sampling import Sampler
 
         pre = sparse_prefill(eng.ctx, prompt.tokens, rand_kept, "original")
         gen = generate(eng.ctx, prompt.tokens, pre.logits, pre.next_pos, max_tokens=8, sampler=Sampler())
@@ -328,8 +328,8 @@ def test_needle_is_kept_and_answered(real_engine):
 def test_parallel_windows_score_like_one_at_a_time(tiny_models):
     """Windows scored as parallel sequences (one batch per lookahead step) must give the scores of
     windows scored one by one: this checks the cell-to-window mapping of the unified cache."""
-    from specq.engine.prompt import build_prompt
-    from specq.engine.scoring import SpecPrefillScorer
+    from specq.engine.prompt.build import build_prompt
+    from specq.engine.scoring.scorer import SpecPrefillScorer
 
     model = llama.Model(tiny_models.speculator, n_gpu_layers=0)
     prompt = build_prompt(model, TEXT[:3500], "Who moved where?")
@@ -355,8 +355,8 @@ def test_torch_score_math_equals_numpy(tiny_models, n_parallel):
     """score_math=torch reads the K cache in place (here host memory; on a GPU, device memory) and
     must give the numpy path's scores, one window at a time and with parallel windows."""
     pytest.importorskip("torch")
-    from specq.engine.prompt import build_prompt
-    from specq.engine.scoring import SpecPrefillScorer
+    from specq.engine.prompt.build import build_prompt
+    from specq.engine.scoring.scorer import SpecPrefillScorer
 
     model = llama.Model(tiny_models.speculator, n_gpu_layers=0)
     prompt = build_prompt(model, TEXT[:3500], "Who moved where?")
@@ -375,7 +375,7 @@ def test_torch_score_math_equals_numpy(tiny_models, n_parallel):
 
 def test_unknown_score_math_is_refused(tiny_models):
     from specq.contracts import EngineError
-    from specq.engine.scoring import SpecPrefillScorer
+    from specq.engine.scoring.scorer import SpecPrefillScorer
 
     model = llama.Model(tiny_models.speculator, n_gpu_layers=0)
     with pytest.raises(EngineError, match="score_math"):

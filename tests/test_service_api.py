@@ -209,6 +209,6 @@ def test_api_process_never_loads_llama_cpp():
 
     code = ("import sys; from specq.api.app import create_app; from specq.broker import make_celery; create_app(); "
             "bad = [m for m in sys.modules if m.startswith(('llama_cpp', 'specq.worker', 'specq.engine.pipeline', "
-            "'specq.engine.llama', 'numpy'))]; print(bad); sys.exit(1 if bad else 0)")
+            "'specq.engine.llama.binding', 'numpy'))]; print(bad); sys.exit(1 if bad else 0)")
     r = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stdout + r.stderr

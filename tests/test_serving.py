@@ -1,11 +1,11 @@
-"""Serving slots with real processes: one worker process runs several jobs at once (specq/engine/serving.py).
+"""Serving slots with real processes: one worker process runs several jobs at once (specq/engine/serving/loop.py).
 
 `specq api` + `specq worker --slots N` on the local Redis and a throwaway PostgreSQL database, tiny
 random-weight models on the CPU (one llama.cpp thread). Fault settings as in the reliability tests
 (fault_helpers.FAULT_ENV: stale after 8 s, reconciler every second).
 
 Why several jobs decoded together return exactly the text each returns alone: the stack runs the
-target in batch-invariant mode (SPECQ_BATCH_INVARIANT=on; off is the CPU default; engine/invariance.py: no repacking, flash attention with a q8_0 K
+target in batch-invariant mode (SPECQ_BATCH_INVARIANT=on; off is the CPU default; engine/llama/invariance.py: no repacking, flash attention with a q8_0 K
 cache, which takes one per-row path for every batch size) and the loop keeps each job's kernels as
 they are alone: its own KV stream (cells in position order, no other job's cells), the prefill
 chunks in batches of their own, and, for these F16 models, each job's decode rows in a batch of
@@ -91,7 +91,7 @@ def _running_together(st: Stack, ids: list[str]) -> bool:
 
 @pytest.mark.parametrize("score_thread", ["off", "on"])
 def test_four_jobs_run_at_once_and_each_returns_its_text_alone(stack, score_thread):
-    # score_thread on: the GPU default (engine/score_thread.py), here on the CPU: the specprefill job is
+    # score_thread on: the GPU default (engine/serving/score_thread.py), here on the CPU: the specprefill job is
     # scored on a thread of its own while the others decode, and still returns its text alone.
     # Prompt cache off: the four jobs run again on the documents run alone, so with it on they would
     # restore the cached prompt and recompute only its last token. That changes the last token's logits
@@ -325,7 +325,7 @@ def test_bench_serve_documents_path_stores_each_document_once_and_reuses_it(stac
 
 def test_questions_on_a_stored_document_share_one_union_prefill_in_a_worker(stack):
     """Three specprefill questions on one stored document, queued before a 3-slot worker starts: its
-    group claim takes them together, the engine loop forms one group (engine/serving_group.py), one
+    group claim takes them together, the engine loop forms one group (engine/serving/groups.py), one
     question prefills head + union, the other two copy it from that slot, and every stored result says
     so; without SPECQ_GROUP_SPARSE=on (the default: off) the same three run without a group."""
     doc = "".join(f"def f{i}(x):\n    return x * {i} + {i * i}\n" for i in range(40))

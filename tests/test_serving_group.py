@@ -1,4 +1,4 @@
-"""Group-sparse prefill in the serving loop (engine/serving_group.py): specprefill questions about one
+"""Group-sparse prefill in the serving loop (engine/serving/groups.py): specprefill questions about one
 document in the loop together share one sparse prefill of the target.
 
 Tiny random-weight models on the CPU, one llama.cpp thread, batch-invariant target: each member's
@@ -37,7 +37,7 @@ def engine(tiny_models):
 
 
 def _loop(engine, **kw):
-    from specq.engine.serving import ServingEngine
+    from specq.engine.serving.loop import ServingEngine
 
     return ServingEngine(engine, **{"group_sparse": True, **kw}).start()  # on: it is opt-in
 
@@ -143,7 +143,7 @@ def _auto_group(engine, questions, **submit):
 
 
 def test_auto_runs_a_stored_documents_questions_together_as_one_group(engine):
-    """Mode auto's rule 1a (engine/auto.py): questions about a stored document submitted together (a
+    """Mode auto's rule 1a (engine/policy/auto.py): questions about a stored document submitted together (a
     worker's group claim says how many: `group_hint`) run specprefill as one group-sparse prefill, each
     answer the forced single run's, and a later question about that document stays on that path; the
     same questions one at a time take rule 1b (baseline, then a prompt-cache hit), and so does a group
@@ -230,28 +230,45 @@ def test_a_cancelled_union_prefill_is_taken_over(engine):
         assert r.tokens == single.tokens
 
 
-def test_emulated_union_for_benchmarks(tiny_models, monkeypatch):
-    """SPECQ_BENCH_UNION (engine/emulated_selection.py, random-weight benchmarks only): K questions'
-    emulated selections keep as many chunks as their own and cover about U of the document, and the
-    result says the selection was emulated."""
-    from specq.engine import emulated_selection
-
-    monkeypatch.setenv(emulated_selection.ENV, "0.5:4")
-    eng = loop_engine(tiny_models, slots=4, n_ctx=4096)
+def _loop_results(eng, questions):
     loop = _loop(eng)
     try:
-        results = [h.result(600) for h in [loop.submit(DOC, _params(q, chunk=8), scope="t") for q in QUESTIONS]]
+        return [h.result(600) for h in [loop.submit(DOC, _params(q, chunk=8), scope="t") for q in questions]]
     finally:
         loop.close()
+
+
+def test_emulated_union_is_injected_by_the_benchmark(tiny_models, monkeypatch):
+    """The bench's selection emulation (specq/testing/emulated_selection.py, random-weight benchmarks
+    only) is a seam the benchmark injects, `Engine(select_override=...)`: K questions' emulated
+    selections keep as many chunks as their own and cover about U of the document, and the result says
+    the selection was emulated. SPECQ_BENCH_UNION in the environment changes nothing: production code
+    never reads it."""
+    from specq.testing.emulated_selection import EmulatedUnion
+
+    monkeypatch.setenv("SPECQ_BENCH_UNION", "0.5:4")
+    plain = loop_engine(tiny_models, slots=4, n_ctx=4096)
+    try:
+        assert plain.select_override is None
+        results = _loop_results(plain, QUESTIONS)
+    finally:
+        plain.close()
+    assert not any("EMULATED" in r.spec.reason for r in results)
+    monkeypatch.delenv("SPECQ_BENCH_UNION")
+
+    eng = loop_engine(tiny_models, slots=4, n_ctx=4096, select_override=EmulatedUnion.parse("0.5:4"))
+    try:
+        results = _loop_results(eng, QUESTIONS)
+    finally:
         eng.close()
-    assert all("EMULATED" in r.spec.reason for r in results)
+    assert all("EMULATED" in r.spec.reason and "0.5:4" in r.spec.reason for r in results)
     g = results[0].group
     assert g["size"] == 4 and all(r.group["union_kept_tokens"] == g["union_kept_tokens"] for r in results)
     assert 0.4 <= g["union_kept_fraction"] <= 0.55
     assert all(abs(r.group["own_kept_fraction"] - 0.3) < 0.05 for r in results)
-    monkeypatch.setenv(emulated_selection.ENV, "2:1")
-    with pytest.raises(ValueError, match="SPECQ_BENCH_UNION"):
-        emulated_selection.from_env()
+    for bad in ("2:1", "0.5", "x:4", "0:4"):
+        with pytest.raises(ValueError, match="U:K"):
+            EmulatedUnion.parse(bad)
 
 
 def test_auto_questions_on_an_inline_document_never_join_a_group(engine):

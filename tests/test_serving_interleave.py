@@ -1,4 +1,4 @@
-"""The engine loop in process (specq/engine/serving.py) while one job scores: the decoding jobs get a
+"""The engine loop in process (specq/engine/serving/loop.py) while one job scores: the decoding jobs get a
 decode batch after each of the speculator's llama_decode calls of a scoring window (issue #15), not
 only between windows, and nothing that must not change because of it does.
 
@@ -24,7 +24,7 @@ llama_cpp = pytest.importorskip("llama_cpp")
 
 from specq.contracts import RunCancelled  # noqa: E402
 from specq.engine.options import RunParams  # noqa: E402
-from specq.engine.scoring import plan_windows  # noqa: E402
+from specq.engine.scoring.scorer import plan_windows  # noqa: E402
 
 from serving_text import CALL, DOC, SHORT, decoder_params, loop_engine, scorer_params  # noqa: E402
 
@@ -33,7 +33,7 @@ pytestmark = [pytest.mark.engine, pytest.mark.timeout(600)]
 
 @pytest.fixture(scope="module")
 def loop(tiny_models):
-    from specq.engine.serving import ServingEngine
+    from specq.engine.serving.loop import ServingEngine
 
     eng = loop_engine(tiny_models)
     sv = ServingEngine(eng).start()
@@ -73,7 +73,7 @@ def _decoding(name: str, span: list[tuple]) -> list[tuple]:
 
 
 def _calls_per_window(eng, doc: str, p: RunParams, *, hit: bool) -> list[int]:
-    """The speculator's prefill calls of each window (scoring.py _prefill_window with a cache): a miss
+    """The speculator's prefill calls of each window (engine/scoring/scorer.py _prefill_window with a cache): a miss
     prefills head + slice by itself (then saves it), then the question tail; a hit only the tail."""
     prompt = eng.tokenize_prompt(doc, p)
     scorer = eng.scorer()
@@ -99,7 +99,7 @@ def _together(loop, decoders: dict[str, tuple[str, RunParams]], scoring: tuple[s
 
 
 def test_scorer_calls_between_calls_after_each_prefill_call_with_capture_disarmed(loop):
-    """The hook's contract (scoring.py "Between calls"): after every llama_decode call of a window's
+    """The hook's contract (engine/scoring/scorer.py "Between calls"): after every llama_decode call of a window's
     prefill, with the window's partial KV in the context it is handed and the capture not armed; the
     scores are those of a run without it (miss and hit alike)."""
     eng = loop.engine
@@ -225,7 +225,7 @@ def test_model_drafting_jobs_during_scoring_return_their_text_alone(tiny_models,
     between a window's calls like a job without a speculator drafter, whether the windows are scored
     one at a time (n_parallel 1) or in parallel streams (n_parallel 2). Each job's greedy output is
     what it is alone. (With one slot the drafter shares the scorer's context, and no other job runs.)"""
-    from specq.engine.serving import ServingEngine
+    from specq.engine.serving.loop import ServingEngine
 
     eng = loop_engine(tiny_models, slots=3, n_parallel=n_parallel)
     loop = ServingEngine(eng).start()
@@ -268,7 +268,7 @@ def test_submit_tokenizes_in_the_calling_thread(tiny_models):
     fit fails there — its future is done before any loop runs — and a job's `tokenize` timing is the
     caller's tokenization (plus the loop's mode decision), its `slot_wait` counts from then."""
     from specq.contracts import InputError
-    from specq.engine.serving import ServingEngine
+    from specq.engine.serving.loop import ServingEngine
 
     eng = loop_engine(tiny_models, slots=1)
     sv = ServingEngine(eng)  # not started: nothing runs on a loop thread yet

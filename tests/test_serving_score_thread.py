@@ -1,4 +1,4 @@
-"""The speculator's scoring on a thread of its own (engine/score_thread.py), beside the serving loop's
+"""The speculator's scoring on a thread of its own (engine/serving/score_thread.py), beside the serving loop's
 target batches: what a job returns does not change, one job is scored at a time, cancel and close
 land, and a job drafting with the speculator keeps the scoring on the loop's thread.
 
@@ -49,7 +49,7 @@ class Events:
 
 @pytest.fixture(scope="module")
 def beside(tiny_models):
-    from specq.engine.serving import ServingEngine
+    from specq.engine.serving.loop import ServingEngine
 
     eng = loop_engine(tiny_models, slots=3)
     loop = ServingEngine(eng, score_thread="on").start()
@@ -66,7 +66,7 @@ def beside(tiny_models):
 
 
 def test_the_setting_is_checked_and_auto_leaves_the_thread_off_on_the_cpu(beside):
-    from specq.engine.serving import ServingEngine
+    from specq.engine.serving.loop import ServingEngine
     from specq.settings import ServiceSettings
 
     loop, _, _ = beside
@@ -137,7 +137,7 @@ def test_a_cancel_lands_on_the_score_thread_and_the_next_job_is_scored(beside):
 def test_a_job_drafting_with_the_speculator_keeps_the_scoring_on_the_loop_thread(tiny_models):
     """draft=model decodes on the scorer's context: while such a job is live, B is scored on the
     engine thread (between batches, as without the thread); both return what they return alone."""
-    from specq.engine.serving import ServingEngine
+    from specq.engine.serving.loop import ServingEngine
 
     eng = loop_engine(tiny_models, slots=2)
     loop = ServingEngine(eng, score_thread="on").start()
@@ -166,7 +166,7 @@ def test_close_during_scoring_drops_the_job_and_waits_for_the_thread(tiny_models
     """The drain's end (drop_running, close) while a job is on the score thread: the job fails with
     Drained, close returns only after the thread let go of the speculator, and the engine scores
     the same document afterwards as before."""
-    from specq.engine.serving import ServingEngine
+    from specq.engine.serving.loop import ServingEngine
 
     eng = loop_engine(tiny_models, slots=2, cache_bytes=0)
     loop = ServingEngine(eng, score_thread="on").start()

@@ -1,4 +1,4 @@
-"""The speculator cache's save policy (EngineOptions.spec_cache_save, SPECQ_SPEC_CACHE_SAVE; spec_cache.py
+"""The speculator cache's save policy (EngineOptions.spec_cache_save, SPECQ_SPEC_CACHE_SAVE; engine/cache/speculator.py
 "Which windows are saved"): `repeat` saves no window of a one-off document (no device-to-host copy), a
 stored document's at once and any other's at its second sight; scores, kept tokens and text do not
 depend on the policy, through Engine.run and through the serving loop with another job decoding, and a
@@ -94,7 +94,7 @@ def test_repeat_saves_a_one_off_document_only_at_its_second_sight(tiny_models):
 
 @pytest.fixture(scope="module")
 def loop(tiny_models):
-    from specq.engine.serving import ServingEngine
+    from specq.engine.serving.loop import ServingEngine
 
     eng = _engine(tiny_models, slots=2)
     sv = ServingEngine(eng).start()

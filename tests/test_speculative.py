@@ -109,8 +109,8 @@ class Varied(NamedTuple):
 
 
 def _greedy_distinct(path: Path, n: int = 60) -> int:
-    from specq.engine.llama import Context, Model
-    from specq.engine.prompt import build_prompt
+    from specq.engine.llama.binding import Context, Model
+    from specq.engine.prompt.build import build_prompt
 
     m = Model(path, n_gpu_layers=0)
     ctx = Context(m, n_ctx=1024, n_threads=1)
@@ -132,7 +132,7 @@ def _greedy_distinct(path: Path, n: int = 60) -> int:
 @pytest.fixture(scope="module")
 def varied(tmp_path_factory: pytest.TempPathFactory) -> Varied:
     """An untied target/speculator pair whose greedy output keeps changing (first seed that does)."""
-    from specq.engine.synthetic import write_qwen2_gguf
+    from specq.testing.synthetic import write_qwen2_gguf
 
     root = tmp_path_factory.mktemp("varied_models")
     best = None
@@ -174,7 +174,7 @@ def _params(**kw):
 
 
 def test_ngram_policy() -> None:
-    from specq.engine.drafters import NgramDrafter
+    from specq.engine.decode.drafters import NgramDrafter
 
     d = NgramDrafter(2)
     # [1 2] occurs at 0 (followed by 3 4) and at 5 (followed by 7 8); 5 is more recent
@@ -197,9 +197,9 @@ def test_ngram_policy() -> None:
 
 
 def test_auto_rule_and_factory() -> None:
-    from specq.engine.drafters import AUTO_RULE, NgramDrafter, make_drafter, resolve_auto
+    from specq.engine.decode.drafters import AUTO_RULE, NgramDrafter, make_drafter, resolve_auto
     from specq.contracts import InputError
-    from specq.engine.prompt import Prompt
+    from specq.engine.prompt.build import Prompt
 
     assert AUTO_RULE == "ngram"
     assert resolve_auto("auto", "cpu") == "ngram" and resolve_auto("auto", "cuda") == AUTO_RULE
@@ -217,8 +217,8 @@ def test_auto_rule_and_factory() -> None:
 
 
 def test_window_view() -> None:
-    from specq.engine.drafters import is_window_view
-    from specq.engine.prompt import Prompt
+    from specq.engine.decode.drafters import is_window_view
+    from specq.engine.prompt.build import Prompt
 
     p = Prompt(tokens=[100, 101, 1, 2, 3, 4, 5, 6, 200, 201], doc_start=2, doc_end=8)
     assert is_window_view(p.tokens, p)
@@ -230,7 +230,7 @@ def test_window_view() -> None:
 
 
 def test_batch_invariant_mode_resolution() -> None:
-    from specq.engine.invariance import INVARIANT_TYPE_K, MAX_INVARIANT_BATCH, draft_warning, resolve
+    from specq.engine.llama.invariance import INVARIANT_TYPE_K, MAX_INVARIANT_BATCH, draft_warning, resolve
     from specq.engine.options import EngineOptions
 
     assert not resolve(EngineOptions(), "cpu").batch_invariant  # the default is off, on the CPU too (issue 14)
@@ -265,14 +265,14 @@ def test_batch_invariant_setting_for_the_worker() -> None:
 
 def _spy_drafters(engine, monkeypatch) -> list:
     made = []
-    orig = engine._drafter
+    orig = engine.drafter_for
 
     def spy(*a, **kw):
         d = orig(*a, **kw)
         made.append(d)
         return d
 
-    monkeypatch.setattr(engine, "_drafter", spy)
+    monkeypatch.setattr(engine, "drafter_for", spy)
     return made
 
 
@@ -356,7 +356,7 @@ class OracleDrafter:
         self.rng = np.random.default_rng(seed)
 
     def propose(self, history, n):
-        from specq.engine.speculative import Draft
+        from specq.engine.decode.speculative import Draft
 
         done = len(history) - self.prompt_len
         toks = list(self.ref[done : done + n])
@@ -370,12 +370,12 @@ class OracleDrafter:
 
 
 def test_kv_rollback_long_decode_equals_plain(varied) -> None:
-    from specq.engine.decode import generate
-    from specq.engine.drafters import DraftCache, ModelDrafter
-    from specq.engine.invariance import INVARIANT_TYPE_K
-    from specq.engine.llama import Context, Model
-    from specq.engine.prompt import build_prompt
-    from specq.engine.sampling import Sampler
+    from specq.engine.decode.loop import generate
+    from specq.engine.decode.drafters import DraftCache, ModelDrafter
+    from specq.engine.llama.invariance import INVARIANT_TYPE_K
+    from specq.engine.llama.binding import Context, Model
+    from specq.engine.prompt.build import build_prompt
+    from specq.engine.decode.sampling import Sampler
 
     target, spec = Model(varied.target, n_gpu_layers=0), Model(varied.speculator, n_gpu_layers=0)
     # the target as batch-invariant mode builds it, 2 threads, > 512 cells
@@ -416,7 +416,7 @@ def test_kv_rollback_long_decode_equals_plain(varied) -> None:
 
 def _broken_verify(rule: str):
     """verify() with one rule broken: `accept_all` (never reject) or `no_subtract` (resample from p)."""
-    from specq.engine.speculative import verify
+    from specq.engine.decode.speculative import verify
 
     def broken(draft, rows, sampler):
         if rule == "accept_all":
@@ -440,11 +440,11 @@ class _Exactness(NamedTuple):
 
 def _sample_pairs(varied: Varied, n_draft: int, trials: int, rule: str | None, monkeypatch) -> _Exactness:
     """Empirical (t2, t3) after a pinned t1 vs the target's exact joint distribution."""
-    import specq.engine.decode as decode_mod
-    from specq.engine.drafters import DraftCache, ModelDrafter
-    from specq.engine.llama import Context, Model
-    from specq.engine.sampling import Sampler
-    from specq.engine.speculative import verify
+    import specq.engine.decode.loop as decode_mod
+    from specq.engine.decode.drafters import DraftCache, ModelDrafter
+    from specq.engine.llama.binding import Context, Model
+    from specq.engine.decode.sampling import Sampler
+    from specq.engine.decode.speculative import verify
 
     temperature, top_k = 1.0, 6
     target, spec = Model(varied.target, n_gpu_layers=0), Model(varied.speculator, n_gpu_layers=0)
@@ -520,9 +520,9 @@ def test_model_drafter_does_not_trust_its_count_after_another_drafter_wrote_the_
     scorer's context). After B synchronised the cache to its own history, A's next proposal must be
     what a drafter alone proposes for A's history (not a draft on B's KV, as when A trusted its stale
     count of matching tokens)."""
-    from specq.engine.drafters import DraftCache, ModelDrafter
-    from specq.engine.llama import Context, Model
-    from specq.engine.prompt import build_prompt
+    from specq.engine.decode.drafters import DraftCache, ModelDrafter
+    from specq.engine.llama.binding import Context, Model
+    from specq.engine.prompt.build import build_prompt
 
     m = Model(varied.target, n_gpu_layers=0)
     shared, alone = Context(m, n_ctx=1024, n_threads=1), Context(m, n_ctx=1024, n_threads=1)
@@ -552,7 +552,7 @@ def test_model_drafting_jobs_together_accept_as_alone(varied) -> None:
     Output is the same either way (the target verifies every draft): acceptance is what is checked."""
     from specq.engine.options import EngineOptions
     from specq.engine.pipeline import Engine
-    from specq.engine.serving import ServingEngine
+    from specq.engine.serving.loop import ServingEngine
 
     eng = Engine(EngineOptions(target=str(varied.target), speculator=str(varied.target), n_gpu_layers=0,
                                n_ctx=2048, n_threads=1, slots=2, batch_invariant="on"))
@@ -655,7 +655,7 @@ def long_prefill():
     test removes what it decoded after it)."""
     from specq.engine.options import EngineOptions
     from specq.engine.pipeline import Engine
-    from specq.engine.prompt import build_prompt
+    from specq.engine.prompt.build import build_prompt
 
     target, spec = _real_pair()
     eng = Engine(EngineOptions(target=str(target), speculator=str(spec), n_gpu_layers=0, n_ctx=4096, n_threads=2,
@@ -694,9 +694,9 @@ def test_real_pair_batch_invariant_logits_long_context(long_prefill) -> None:
 def test_real_pair_greedy_identical_long_context_with_rejections(long_prefill) -> None:
     """64 greedy tokens after the 2.2K-token prompt, 2 threads: a drafter rejected ~70% of the time (the
     true continuation corrupted at a random offset; batches up to 7 tokens) and a 1-gram drafter give plain greedy's tokens, and leave no rejected cell."""
-    from specq.engine.decode import generate
-    from specq.engine.drafters import NgramDrafter
-    from specq.engine.sampling import Sampler
+    from specq.engine.decode.loop import generate
+    from specq.engine.decode.drafters import NgramDrafter
+    from specq.engine.decode.sampling import Sampler
 
     eng, prompt, first = long_prefill
     ctx, n = eng.ctx, len(prompt)

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from service_helpers import empty_store
-from specq.engine.textstream import TextStream
+from specq.engine.decode.textstream import TextStream
 
 
 def _feed(stream: TextStream, pieces: list[bytes]) -> list[str]:
@@ -68,8 +68,8 @@ def test_engine_applies_stop_strings_and_reports_text_as_decoded(tiny_models):
 
 
 def test_chat_prompt_protects_template_and_the_last_paragraph(tiny_models):
-    from specq.engine.chat_prompt import build_chat_prompt
-    from specq.engine.llama import Model
+    from specq.engine.prompt.chat import build_chat_prompt
+    from specq.engine.llama.binding import Model
 
     model = Model(tiny_models.target, n_gpu_layers=0)
     try:
@@ -93,8 +93,8 @@ def test_protected_tail_is_counted_from_the_end(tiny_models):
     than the document's length (a 128K-token prompt spent 0.5 s of GIL-held Python there)."""
     import random
 
-    from specq.engine.chat_prompt import protected_count
-    from specq.engine.llama import Model
+    from specq.engine.prompt.chat import protected_count
+    from specq.engine.llama.binding import Model
     from specq.engine.options import DEFAULT_PROTECT_TAIL
 
     model = Model(tiny_models.target, n_gpu_layers=0)

@@ -1,4 +1,4 @@
-"""specq.engine.synthetic: random-weight Qwen2 GGUFs, read back by gguf and run by real llama.cpp."""
+"""specq.testing.synthetic: random-weight Qwen2 GGUFs, read back by gguf and run by real llama.cpp."""
 
 from __future__ import annotations
 
@@ -20,8 +20,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from specq.engine import synthetic
-from specq.engine.synthetic import SHAPES, Qwen2Shape, bytes_to_unicode, read_hparams, write_qwen2_gguf
+from specq.testing import synthetic
+from specq.testing.synthetic import SHAPES, Qwen2Shape, bytes_to_unicode, read_hparams, write_qwen2_gguf
 
 #: engine tests: counted by .ci/check_suites.py (a run where all of them skipped fails CI)
 pytestmark = [pytest.mark.engine]
@@ -178,7 +178,7 @@ def test_half_b_shape_with_one_layer_reads_back(tmp_path):
 def test_cli_writes_a_model(tmp_path):
     out = tmp_path / "cli.gguf"
     proc = subprocess.run(
-        [sys.executable, "-m", "specq.engine.synthetic", "--shape", "tiny", "--out", str(out), "--seed", "5",
+        [sys.executable, "-m", "specq.testing.synthetic", "--shape", "tiny", "--out", str(out), "--seed", "5",
          "--n-layer", "2", "--vocab", "bytes-alt"],
         capture_output=True, text=True, timeout=120,
     )
@@ -186,7 +186,7 @@ def test_cli_writes_a_model(tmp_path):
     assert "wrote" in proc.stdout
     h = read_hparams(out)
     assert h["n_layer"] == 2 and h["synthetic"] == {"shape": "tiny", "vocab": "bytes-alt", "seed": 5}
-    bad = subprocess.run([sys.executable, "-m", "specq.engine.synthetic", "--out", str(tmp_path / "bad.gguf"),
+    bad = subprocess.run([sys.executable, "-m", "specq.testing.synthetic", "--out", str(tmp_path / "bad.gguf"),
                           "--n-head", "3"], capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "n_head" in bad.stderr
 

@@ -357,8 +357,8 @@ def _render_bound_job(st: Stack, key: str) -> tuple[str, int]:
     of the size a real run writes. That kept spans match a real run is the live test's job."""
     import numpy as np
 
-    from specq.engine.kept_spans import selection_record
-    from specq.engine.selection import select_kept
+    from specq.engine.scoring.kept_spans import selection_record
+    from specq.engine.scoring.selection import select_kept
     from specq.storage import db, jobs, results
 
     text = ""

@@ -3,7 +3,7 @@ exits the process when the engine has not stepped since a job's deadline + grace
 requeued by the reconciler while attempts remain, else failed with a message.
 
 The end-to-end test blocks the engine loop through an injected test seam (tests/seamed_worker.py,
-engine/loop_seams.py: `before_step`), on the real Redis + a throwaway PostgreSQL database, tiny
+engine/serving/seams.py: `before_step`), on the real Redis + a throwaway PostgreSQL database, tiny
 models on the CPU, with the fault tests' fast settings (stale after 8 s, a sweep every second, 2
 attempts) and a 4 s time limit + 2 s grace."""
 

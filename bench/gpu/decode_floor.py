@@ -34,7 +34,7 @@ import time
 import numpy as np
 
 from specq.bench.provenance import Start, numerics_of, provenance
-from specq.engine import llama
+from specq.engine.llama import binding as llama
 
 
 def _step_times(ctx: llama.Context, n_seq: int, start_pos: list[int], steps: int, vocab: int,

@@ -29,7 +29,7 @@ import time
 from specq.bench.ttft import QUESTION, hardware, make_document
 from specq.engine.options import EngineOptions, RunParams
 from specq.engine.pipeline import Engine
-from specq.engine.pipelined import pipeline_bound
+from specq.engine.scoring.pipelined import pipeline_bound
 from specq.engine.result import SpecInfo
 
 

@@ -15,10 +15,10 @@ import time
 import numpy as np
 
 from specq.bench.ttft import QUESTION, make_document
-from specq.engine import llama
-from specq.engine.prompt import build_prompt
-from specq.engine.scoring import SpecPrefillScorer
-from specq.engine.selection import select_kept
+from specq.engine.llama import binding as llama
+from specq.engine.prompt.build import build_prompt
+from specq.engine.scoring.scorer import SpecPrefillScorer
+from specq.engine.scoring.selection import select_kept
 
 
 def main() -> None:

@@ -23,11 +23,12 @@
 #   bash bench/gpu/serve.sh image 32768   # the worker image's CMD/ENV (Dockerfile, compose.yaml) outside Docker, one job
 #   SPECQ_SCORE_THREAD=off SPECQ_SPEC_CACHE_SAVE=repeat SLOTS_LIST=8 bash bench/gpu/serve.sh specq 32768 64
 #       # A/B: the speculator's scoring on the engine thread between decode batches, as before the score
-#       # thread (engine/score_thread.py; default auto = its own thread on a GPU); files carry "-score-off"
+#       # thread (engine/serving/score_thread.py; default auto = its own thread on a GPU); files carry "-score-off"
 #   SPECQ_GROUP_SPARSE=on SPECQ_BENCH_UNION=0.43:8 QUESTIONS=8 SPECQ_SPEC_CACHE_SAVE=repeat SLOTS_LIST=8 bash bench/gpu/serve.sh specq 32768 64
-#       # group-sparse prefill in the loop (engine/serving_group.py; opt-in since 2026-12-05, docs/quality.md
+#       # group-sparse prefill in the loop (engine/serving/groups.py; opt-in since 2026-12-05, docs/quality.md
 #       # "Group-sparse at 30K") with the selections' overlap emulated at the real pair's union (random weights
-#       # overlap far less: engine/emulated_selection.py); files carry "-group-on" / "-union0.43x8"
+#       # overlap far less: specq/testing/emulated_selection.py, injected by `specq bench worker --union`, which
+#       # runs beside `specq api` instead of `specq up`); files carry "-group-on" / "-union0.43x8"
 #   ARRIVAL=per-doc ... bash bench/gpu/serve.sh specq|llama 32768 64   # each document's questions in sequence
 #       # (the next sent when the last ended), the documents in parallel; default t0 (all at once); "-perdoc"
 #
@@ -95,7 +96,7 @@ specq)
   ctag=${SPECQ_CACHE_BYTES:+-cache$(( SPECQ_CACHE_BYTES >> 30 ))G}
   # SPECQ_SCORE_THREAD (the worker reads it; default auto = on with a GPU target) set names them too
   # SPECQ_GROUP_SPARSE (off: no group-sparse prefill) and SPECQ_BENCH_UNION (random weights: emulated
-  # selection overlap, engine/emulated_selection.py; "0.43:8" names the files "-union0.43x8") too
+  # selection overlap, specq/testing/emulated_selection.py; "0.43:8" names the files "-union0.43x8") too
   utag=${SPECQ_BENCH_UNION:+-union${SPECQ_BENCH_UNION/:/x}}
   # SPECQ_GROUP_HOLD (seconds a delivery may wait for a whole document group's slots) names them too
   htag=${SPECQ_GROUP_HOLD:+-hold$SPECQ_GROUP_HOLD}
@@ -106,20 +107,30 @@ specq)
   for slots in ${SLOTS_LIST:-8 1}; do
     home=/tmp/specq-home-$slots; rm -rf "$home"; port=$(( 8200 + slots ))
     # CUDA graphs off as production runs them (SPECQ_CUDA_GRAPHS); GRAPHS_ON=1 for the comparison
-    env SPECQ_CUDA_GRAPHS=$([ "${GRAPHS_ON:-0}" = 1 ] && echo true || echo false) SPECQ_HOME=$home SPECQ_API_PORT=$port SPECQ_TARGET=/tmp/models/7b.gguf SPECQ_SPECULATOR=/tmp/models/0.5b.gguf \
-      SPECQ_N_GPU_LAYERS=-1 SPECQ_N_CTX=$ctx SPECQ_SLOTS=$slots SPECQ_N_BATCH=4096 SPECQ_N_UBATCH=2048 \
-      SPECQ_TIME_LIMIT=3000 SPECQ_KV_UNIFIED=${SPECQ_KV_UNIFIED:-false} \
-      python3 -m specq.cli up > "$out/specq-$slots$tag-$len.log" 2>&1 &
+    svc=(env SPECQ_CUDA_GRAPHS=$([ "${GRAPHS_ON:-0}" = 1 ] && echo true || echo false) SPECQ_HOME=$home SPECQ_API_PORT=$port SPECQ_TARGET=/tmp/models/7b.gguf SPECQ_SPECULATOR=/tmp/models/0.5b.gguf
+      SPECQ_N_GPU_LAYERS=-1 SPECQ_N_CTX=$ctx SPECQ_SLOTS=$slots SPECQ_N_BATCH=4096 SPECQ_N_UBATCH=2048
+      SPECQ_TIME_LIMIT=3000 SPECQ_KV_UNIFIED=${SPECQ_KV_UNIFIED:-false})
+    log="$out/specq-$slots$tag-$len.log"; apid=
+    if [ -n "${SPECQ_BENCH_UNION:-}" ]; then
+      # the emulated selection overlap is injected by the benchmark's own worker (`specq bench worker
+      # --union`, specq/testing/emulated_selection.py); `specq up` and production code never read it
+      "${svc[@]}" python3 -m specq.cli db upgrade > "$log" 2>&1 || { tail -5 "$log"; exit 1; }
+      "${svc[@]}" python3 -m specq.cli api --loglevel warning >> "$log" 2>&1 &
+      apid=$!
+      "${svc[@]}" python3 -m specq.cli bench worker --union "$SPECQ_BENCH_UNION" >> "$log" 2>&1 &
+    else
+      "${svc[@]}" python3 -m specq.cli up > "$log" 2>&1 &
+    fi
     pid=$!
     for i in $(seq 300); do
       curl -sf localhost:$port/readyz 2>/dev/null | grep -q '"workers_ready":[1-9]' && break; sleep 1
     done
-    grep -m3 "warm-up\|ready: target" "$out/specq-$slots$tag-$len.log"
+    grep -m3 "warm-up\|ready: target" "$log"
     nvidia-smi --query-gpu=memory.used --format=csv,noheader
     python3 -m specq.cli bench serve --url http://127.0.0.1:$port --kind specq --docs "$docs" --questions "$questions" --doc-tokens $doc_tokens \
       --chars-per-token "$cpt" --max-tokens $max_tokens --mode "$mode" --keep $keep --arrival "$arrival" $docflag --label "specq $slots slots$tag" \
       --out "$out/serve-specq$slots$tag-$len.json" --plot "$out/serve-specq$slots$tag-$len.png"
-    kill -TERM $pid; wait $pid
+    kill -TERM $pid $apid; wait $pid $apid
   done
   ;;
 llama)

@@ -4,11 +4,11 @@ Revision ID: 0007
 Revises: 0006
 Create Date: 2026-12-06
 
-One row per measurement: the EvidenceKey's fields as columns (engine/evidence_key.py), metric, arm,
+One row per measurement: the EvidenceKey's fields as columns (engine/policy/evidence_key.py), metric, arm,
 length, document token range, n, per-document counts (JSON), the bound's method and value, pass,
 in_sample (+ why), source, provenance (JSON), created_at, a disabled reason, and `revision` (grows with
 every write: workers reload the rows when its maximum changes). The shipped rows are not stored here
-(specq/engine/evidence_rows.json). Downgrade drops the table.
+(specq/engine/policy/evidence_rows.json). Downgrade drops the table.
 """
 
 from __future__ import annotations

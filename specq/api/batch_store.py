@@ -15,6 +15,9 @@ from .errors import ApiError
 
 log = logging.getLogger("specq.api")
 
+#: validation stops collecting errors after this many (native and OpenAI batch creates)
+MAX_ERRORS = 100
+
 
 def _response(s, batch_id: str) -> dict[str, Any]:
     """The batch as its response body, checked against BatchOut (so it serialises)."""
@@ -112,4 +115,4 @@ def store_batch(settings: ServiceSettings, tenant: str, requests: list, errors: 
         return body
 
 
-__all__ = ["store_batch", "parse_window", "WINDOW_UNITS", "MAX_WINDOW_S"]
+__all__ = ["store_batch", "parse_window", "WINDOW_UNITS", "MAX_WINDOW_S", "MAX_ERRORS"]

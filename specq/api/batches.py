@@ -54,7 +54,7 @@ from ..storage.keys import Caller
 from ..storage.models import BATCH_STATUSES
 from . import schemas as S
 from .errors import ApiError, describe, json_error, responses
-from .batch_store import parse_window, store_batch
+from .batch_store import MAX_ERRORS, parse_window, store_batch
 from .jobs import check_field, deleted, form_text, links, parse_params_field
 from .query import OFFSET, limit_query, parse_statuses, status_query
 from .views import batch_summary
@@ -64,8 +64,6 @@ log = logging.getLogger("specq.api")
 #: form fields of POST /v1/batches
 FORM_KEYS = {"input", "file", "question", "params", "metadata", "completion_window", "endpoint"}
 JSONL_TYPES = {"application/jsonl", "application/x-ndjson", "application/x-jsonlines", "application/json-lines"}
-#: validation stops collecting errors after this many
-MAX_ERRORS = 100
 #: CSV columns before the per-phase timing columns (`<phase>_ms`)
 CSV_COLUMNS = ["custom_id", "job_id", "status", "filename", "answer", "finish_reason", "prompt_tokens", "kept_tokens",
                "completion_tokens", "kept_ratio", "mode", "draft", "accept_rate", "queue_wait_ms"]

@@ -1,4 +1,4 @@
-"""Mode auto's quality evidence over HTTP (engine/evidence.py, docs/quality.md "Evidence rows").
+"""Mode auto's quality evidence over HTTP (engine/policy/evidence.py, docs/quality.md "Evidence rows").
 
     GET  /v1/evidence   every row (shipped with the package, and the store's), each with `origin`,
                         `in_use` (what workers read: a stored row supersedes a shipped one of the same
@@ -21,7 +21,7 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
-from ..engine.evidence import listing, row_from_dict, shipped_rows
+from ..engine.policy.evidence import listing, row_from_dict, shipped_rows
 from ..storage import db, evidence as store
 from ..storage.keys import Caller
 from .auth import admin_only

@@ -19,7 +19,7 @@ from typing import Any
 
 from starlette.concurrency import run_in_threadpool
 
-from ..contracts import JOB_TERMINAL
+from ..contracts import JOB_TERMINAL, redis_keys
 from ..settings import ServiceSettings
 from ..storage import db, deltas, jobs, results
 
@@ -69,8 +69,6 @@ class RedisSource:
 
     def __init__(self, url: str, job_id: str) -> None:
         import redis.asyncio as aioredis
-
-        from ..worker.stream import redis_keys
 
         self.redis = aioredis.Redis.from_url(url, socket_connect_timeout=3)
         self.channel, self.text_key, self.attempt_key = redis_keys(job_id)

@@ -18,8 +18,7 @@ from pydantic import ValidationError
 
 from ..storage import batches, db, files, jobs
 from . import openai_schemas as O
-from .batch_store import parse_window, store_batch
-from .batches import MAX_ERRORS
+from .batch_store import MAX_ERRORS, parse_window, store_batch
 from .errors import ApiError
 from .openai_requests import INVALID, chat_spec, check_params, completion_spec, parse
 

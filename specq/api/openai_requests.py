@@ -8,7 +8,7 @@ neutral values (`n: 1`, zero penalties, `logprobs: false`, `top_logprobs: 0`, em
 `modalities: ["text"]`) and informational fields (`user`, `store`, `metadata`, `service_tier`,
 `stream_options`, `parallel_tool_calls`, `reasoning_effort`, `verbosity`, `safety_identifier`,
 `prompt_cache_*`, `moderation`). Anything else that would change the output is a 400 naming the field.
-Requests run in mode `auto` (engine/auto.py: a prompt-cache hit, baseline below the break-even length,
+Requests run in mode `auto` (engine/policy/auto.py: a prompt-cache hit, baseline below the break-even length,
 specprefill for long prompts where its quality was measured) unless `specq.mode` says otherwise.
 `specq` (the SDK's `extra_body={"specq": {...}}`) holds RunParams fields and an explicit split:
 `document` (+ `question`, default the last user message); with it the messages may be system

@@ -54,14 +54,14 @@ def _best_ms(fn: Callable[[], None], reps: int, clock: Callable[[], float]) -> f
 def _unit_costs(engine, p, methods: Sequence[str], n_draft: int, reps: int,
                 clock: Callable[[], float]) -> dict[str, Any]:
     """Per-call costs at the prompt's context length (each call's cells removed again); p: a Prompt."""
-    from ..engine.llama_ext import EmbdBatch, hidden_rows, n_embd_out
-    from ..engine.prefill import sparse_prefill
+    from ..engine.llama.ext import EmbdBatch, hidden_rows, n_embd_out
+    from ..engine.decode.prefill import sparse_prefill
 
     ctx, prompt, n = engine.ctx, p.tokens, p.n
     drafters = {}
     for m in ("mtp", "eagle3"):
         if m in methods:
-            drafters[m] = engine._drafter(RunParams(draft=m), p)
+            drafters[m] = engine.drafter_for(RunParams(draft=m), p)
     observe = [d.observe for d in drafters.values()]
     pre = sparse_prefill(ctx, prompt, list(range(n)), observe=(lambda *a: [o(*a) for o in observe]) if observe else None)
     tok = int(np.argmax(pre.logits))
@@ -151,11 +151,11 @@ def run_drafters_bench(
     clock: str = "wall",
     say: Callable[[str], None] = print,
 ) -> dict[str, Any]:
-    from ..engine.decode import generate
+    from ..engine.decode.loop import generate
     from ..engine.pipeline import Engine
-    from ..engine.prefill import sparse_prefill
-    from ..engine.prompt import build_prompt
-    from ..engine.sampling import Sampler
+    from ..engine.decode.prefill import sparse_prefill
+    from ..engine.prompt.build import build_prompt
+    from ..engine.decode.sampling import Sampler
     from .ttft import make_document
 
     unknown = [m for m in methods if m not in METHODS]
@@ -205,11 +205,11 @@ def run_drafters_bench(
             for rate in rates:
                 def make(method=method, rate=rate):
                     if method == "ngram":
-                        from ..engine.drafters import NgramDrafter
+                        from ..engine.decode.drafters import NgramDrafter
 
                         inner = NgramDrafter(3)
                     else:
-                        inner = engine._drafter(RunParams(draft=method, n_draft=n_draft), p)
+                        inner = engine.drafter_for(RunParams(draft=method, n_draft=n_draft), p)
                     return ForcedDrafter(inner, ref, n, rate, engine.target.n_vocab, seed=int(rate * 1000))
 
                 ms, g = timed(make)

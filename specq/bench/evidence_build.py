@@ -1,9 +1,9 @@
-"""`specq evidence build`: the shipped evidence rows (specq/engine/evidence_rows.json) from the answer and
+"""`specq evidence build`: the shipped evidence rows (specq/engine/policy/evidence_rows.json) from the answer and
 group journals of `specq bench quality` in bench/results.
 
 One row per `SOURCES` entry: the journal's answered questions (closed-book-right ones left out), their
 per-document counts (document = the record's `doc_sha256` where the journal has it, else its family id,
-`family:<id>`, else the task id), the document-clustered bound (engine/evidence_bound.py), and the full
+`family:<id>`, else the task id), the document-clustered bound (engine/policy/evidence_bound.py), and the full
 EvidenceKey. Journals written before item 3 of issue 47 record only keep, scorer, chunk_rule (and a
 set window): every other key field is filled from the defaults at the run's recorded commit, and the
 row's `provenance.filled` says which and from what. A journal record that holds `key` (bench quality
@@ -18,9 +18,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ..engine.evidence import SHIPPED_PATH, row_from_dict
-from ..engine.evidence_bound import METHOD, row_lower
-from ..engine.evidence_key import EvidenceKey, effective_scoring
+from ..engine.policy.evidence import SHIPPED_PATH, row_from_dict
+from ..engine.policy.evidence_bound import METHOD, row_lower
+from ..engine.policy.evidence_key import EvidenceKey, effective_scoring
 from ..engine.models import SPECULATOR_0_5B, TARGET_1_5B
 from .quality_report import read_journal
 

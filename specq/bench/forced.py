@@ -18,7 +18,7 @@ from typing import Sequence
 
 import numpy as np
 
-from ..engine.speculative import Draft
+from ..engine.decode.speculative import Draft
 
 
 class ForcedDrafter:

@@ -16,8 +16,8 @@ from typing import Any, Callable
 
 import llama_cpp  # noqa: F401  (before numpy)
 
-from ..engine.llama import Context, Model
-from ..engine.prefill import sparse_prefill
+from ..engine.llama.binding import Context, Model
+from ..engine.decode.prefill import sparse_prefill
 
 
 def run_prefill_bench(model_path: str, *, n_tokens: int, keep: float, decode_tokens: int, reps: int, n_gpu_layers: int,

@@ -87,8 +87,8 @@ def library_state(engine: Any = None) -> dict[str, Any]:
     """The llama-cpp-python version and what the loaded library does (the patch probe)."""
     import llama_cpp
 
-    from ..engine import llama as L
-    from ..engine import llama_ext
+    from ..engine.llama import binding as L
+    from ..engine.llama import ext as llama_ext
 
     probe: dict[str, Any] = {
         "eval_callback_setter (patch 0002)": L.can_toggle_eval_callback(),

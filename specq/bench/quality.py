@@ -37,10 +37,10 @@ from typing import Any, Callable, Iterator, NamedTuple
 
 import numpy as np
 
-from ..engine.kept_spans import token_char_bounds
+from ..engine.scoring.kept_spans import token_char_bounds
 from ..engine.options import RunParams, Scorer
-from ..engine.scoring import plan_windows
-from ..engine.selection import CHUNK_RULES, DEFAULT_CHUNK_RULE, chunk_order, window_budget
+from ..engine.scoring.scorer import plan_windows
+from ..engine.scoring.selection import CHUNK_RULES, DEFAULT_CHUNK_RULE, chunk_order, window_budget
 from . import quality_tasks as qt
 from .quality_report import aggregate, read_journal
 
@@ -63,7 +63,7 @@ class QualitySettings:
     pool: int = 13
     window: int = 0
     max_tokens: int = 24
-    #: how chunks are ranked (engine/selection.py rank_scores); the engine's own rule by default.
+    #: how chunks are ranked (engine/scoring/selection.py rank_scores); the engine's own rule by default.
     #: Recall also records `<scorer>-<rule>` for every other rule (CHUNK_RULES) from the same pass.
     chunk_rule: str = DEFAULT_CHUNK_RULE
     #: questions per document (quality_tasks.make_family); 0 = one document per task (make_task)
@@ -380,9 +380,9 @@ def _spec_params(settings: QualitySettings, question: str = "") -> RunParams:
 
 def evidence_fields(engine, task: qt.Task, prompt, params: RunParams, positions: str) -> dict[str, Any]:
     """What an evidence row needs of a record (issue 47 item 3): the full EvidenceKey the specprefill run ran
-    with (engine/evidence_key.py: resolved scorer and window, positions, both models' sha256, ...) and the
+    with (engine/policy/evidence_key.py: resolved scorer and window, positions, both models' sha256, ...) and the
     document's content hash (rows count questions per document by it)."""
-    return {"key": engine.evidence_key(prompt, params, positions, "native").as_dict(),
+    return {"key": engine.policy.evidence_key(prompt, params, positions, "native").as_dict(),
             "doc_sha256": hashlib.sha256(task.document.encode("utf-8")).hexdigest()}
 
 

@@ -21,7 +21,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any, Iterable
 
-from ..engine.evidence_bound import cp_lower  # (the exact bound lives beside evidence rows' bounds)
+from ..engine.policy.evidence_bound import cp_lower  # (the exact bound lives beside evidence rows' bounds)
 from ..engine.options import CHUNK_RULES
 
 

@@ -58,11 +58,11 @@ def describe() -> str:
 def run_selection_bench(speculator: str, lengths: list[int], *, keep: float = 0.3, window: int = 0, lookahead: int = 8,
                         pool: int = 13, chunk: int = 32, n_threads: int = 0, tasks: tuple[Task, ...] = TASKS,
                         say: Callable[[str], None] = print, on_row: Callable[[dict], None] | None = None) -> dict[str, Any]:
-    from ..engine.llama import Model  # llama.cpp before numpy
+    from ..engine.llama.binding import Model  # llama.cpp before numpy
     from ..engine.models import resolve_model
-    from ..engine.prompt import build_prompt
-    from ..engine.scoring import DEFAULT_WINDOW, SpecPrefillScorer
-    from ..engine.selection import DEFAULT_CHUNK_RULE, reads_text, select_kept, select_kept_per_window
+    from ..engine.prompt.build import build_prompt
+    from ..engine.scoring.scorer import DEFAULT_WINDOW, SpecPrefillScorer
+    from ..engine.scoring.selection import DEFAULT_CHUNK_RULE, reads_text, select_kept, select_kept_per_window
     from .ttft import hardware, make_document
 
     load0 = os.getloadavg()

@@ -353,7 +353,7 @@ async def _details(base_url: str, recs: list[JobRecord], api_key: str, timeout: 
         kept = (res.get("usage") or {}).get("kept_tokens")
         if kept is not None:
             rec.spec["kept_tokens"] = kept
-        if isinstance(res.get("group"), dict):  # a member of a group-sparse prefill (engine/serving_group.py)
+        if isinstance(res.get("group"), dict):  # a member of a group-sparse prefill (engine/serving/groups.py)
             rec.spec["group"] = res["group"]
 
     async with _client(base_url, api_key, timeout, 8) as client:
@@ -491,7 +491,7 @@ def reuse(recs: list[JobRecord]) -> dict[str, Any]:
 
 
 def _groups(groups: list[dict]) -> dict[str, Any]:
-    """Group-sparse prefill (engine/serving_group.py): jobs served as group members, how many copied
+    """Group-sparse prefill (engine/serving/groups.py): jobs served as group members, how many copied
     head + union from another slot, group size and the union's and a member's own kept fractions
     (p50), and the target tokens the members prefilled themselves (summed)."""
     if not groups:

@@ -191,8 +191,8 @@ def bench_ttft(
         if batch_invariant == "both":
             from dataclasses import replace
 
-            from ..engine import invariance
-            from ..engine.llama import backend_name
+            from ..engine.llama import invariance
+            from ..engine.llama.binding import backend_name
 
             service = "on" if invariance.resolve(replace(opts, batch_invariant="auto"), backend_name()).batch_invariant \
                 else "off"
@@ -225,8 +225,8 @@ def bench_make_model(
     """Write a random-weight GGUF of a real shape (for speed measurements: timing does not depend on weights)."""
     import time as _time
 
-    from ..engine.synthetic import write_qwen2_gguf
-    from ..engine.synthetic_archs import ARCHS, write_arch_gguf
+    from ..testing.synthetic import write_qwen2_gguf
+    from ..testing.synthetic_archs import ARCHS, write_arch_gguf
 
     overrides = {}
     if n_ctx:
@@ -244,6 +244,31 @@ def bench_make_model(
     except (ValueError, OSError) as e:
         raise fail(str(e)) from None
     typer.echo(f"wrote {path} ({path.stat().st_size / 1e9:.2f} GB, {_time.perf_counter() - t0:.1f} s)")
+
+
+@bench_app.command("worker")
+def bench_worker(
+    union: str = typer.Option(..., help="U:K, e.g. 0.43:8: every specprefill selection replaced by one of K questions that together cover about U of the document (random weights only)."),
+    loglevel: str = typer.Option("INFO", help="DEBUG, INFO, WARNING or ERROR."),
+) -> None:
+    """`specq worker` (settings from the environment) with the selections' overlap emulated, for serving
+    benchmarks on random weights (bench/gpu/serve.sh with SPECQ_BENCH_UNION). Its results say EMULATED."""
+    from ..contracts import EngineError
+    from ..testing.emulated_selection import EmulatedUnion
+    from .common import service_ready_db, service_settings
+
+    try:
+        override = EmulatedUnion.parse(union)
+    except ValueError as e:
+        raise fail(f"--union: {e}") from None
+    settings = service_settings()
+    service_ready_db(upgrade=False)
+    from ..worker.main import run_worker
+
+    try:
+        run_worker(settings, loglevel=loglevel, select_override=override)
+    except EngineError as e:
+        raise fail(f"worker could not load its models: {e}") from None
 
 
 @bench_app.command("prefill")

@@ -1,4 +1,4 @@
-"""`specq evidence [--json] | build`: mode auto's quality evidence (engine/evidence.py, docs/quality.md
+"""`specq evidence [--json] | build`: mode auto's quality evidence (engine/policy/evidence.py, docs/quality.md
 "Evidence rows")."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ app.add_typer(evidence_app, name="evidence")
 
 
 def _rows(shipped_only: bool) -> list[dict]:
-    from ..engine.evidence import listing, shipped_rows
+    from ..engine.policy.evidence import listing, shipped_rows
 
     if shipped_only:
         return listing(shipped_rows(), [])[1]
@@ -55,7 +55,7 @@ def evidence_list(
 
 @evidence_app.command("build")
 def evidence_build(
-    out: Path = typer.Option(None, "--out", help="Write here instead of specq/engine/evidence_rows.json."),
+    out: Path = typer.Option(None, "--out", help="Write here instead of specq/engine/policy/evidence_rows.json."),
     check: bool = typer.Option(False, "--check", help="Write nothing; exit 1 when the shipped file differs."),
 ) -> None:
     """Recompute the shipped rows from the journals in bench/results (specq/bench/evidence_build.py): every
@@ -64,7 +64,7 @@ def evidence_build(
     import json
 
     from ..bench import evidence_build as eb
-    from ..engine.evidence import SHIPPED_PATH
+    from ..engine.policy.evidence import SHIPPED_PATH
 
     try:
         data = eb.build()

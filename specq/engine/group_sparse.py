@@ -66,12 +66,12 @@ import dataclasses
 import time
 from typing import TYPE_CHECKING
 
-from .decode import generate
+from .decode.loop import generate
 from .options import RunParams
-from .prefill import prefill_plan
-from .sampling import Sampler
-from .spec_cache import restore_seq, save_seq
-from .stop import Stop, checked_progress, running
+from .decode.prefill import prefill_plan
+from .decode.sampling import Sampler
+from .cache.speculator import restore_seq, save_seq
+from .llama.stop import Stop, checked_progress, running
 
 if TYPE_CHECKING:
     from .pipeline import Engine, Progress
@@ -172,7 +172,7 @@ def _run_group(engine: "Engine", document: str, questions: list[str], params: Ru
     engine.last_trace = None
     kept_own, doc_scores = [], []
     for p, (prompt, _mode, _positions, _warnings, timings, spec) in zip(qparams, prepared):
-        kept, scores = engine._select(prompt, p, timings, spec, report, scope=scope, reused_document=reused_document)
+        kept, scores = engine.select(prompt, p, timings, spec, report, scope=scope, reused_document=reused_document)
         kept_own.append(kept)
         doc_scores.append(scores)
 
@@ -217,7 +217,7 @@ def _run_group(engine: "Engine", document: str, questions: list[str], params: Ru
         ctx.decode(toks[n_shared:], pos[n_shared:], logits="last")
         logits = ctx.logits_row(-1)
         tail_ms = _ms(t0) - restore_ms
-        drafter = engine._drafter(p, prompt, scored=False)
+        drafter = engine.drafter_for(p, prompt, scored=False)
         sampler = Sampler(p.temperature, p.top_k, p.top_p, p.seed)
         n_draft = engine.draft_budget(p, drafter, warnings)
         firsts: list[float] = []

@@ -65,19 +65,19 @@ class EngineOptions:
     #: model's training context capped at 32768; a larger value is served up to the model's training
     #: context (128K: SPECQ_N_CTX=131072 with a model trained for it)
     n_ctx: int = 0
-    #: jobs the target decodes together (serving slots, engine/serving.py): its context holds one
+    #: jobs the target decodes together (serving slots, engine/serving/loop.py): its context holds one
     #: sequence per slot, each in a KV stream of its own of n_ctx cells. 1 = one job at a time
     slots: int = 1
     #: with slots > 1: one unified KV cache of slots x n_ctx cells instead of one stream per slot
     #: (every decode row then attends over all slots' cells, masked; greedy output is no longer the
-    #: same as alone on the CPU, see engine/serving.py). For measuring the layouts against each other
+    #: same as alone on the CPU, see engine/serving/loop.py). For measuring the layouts against each other
     kv_unified: bool = False
     #: largest batch handed to llama_decode; prefills are split into batches of at most this size
     n_batch: int = 4096
     #: physical micro-batch; 0 = 2048 on a GPU build, 512 on CPU
     n_ubatch: int = 0
     #: most tokens per llama_decode call of a prefill (the target's and the speculator's windows):
-    #: a job's cancel and time limit are checked between calls (engine/stop.py), so this bounds how
+    #: a job's cancel and time limit are checked between calls (engine/llama/stop.py), so this bounds how
     #: long a cancel waits where llama.cpp cannot abort a call (GPU); 0 = per backend (512 on the CPU,
     #: 2,048 on a GPU: 0.74 s at most for the 7B shape at 128K on an H200; docs/engine.md, "Cancel and
     #: the time limit")
@@ -88,7 +88,7 @@ class EngineOptions:
     #: gemv to gemm with the batch size (a token verified in a batch of drafts gets logits up to ~0.5
     #: apart from the same token decoded alone). Only used when batch_invariant resolves to off.
     repack: bool = True
-    #: batch-invariant target numerics (specq/engine/invariance.py): no repacking, flash attention on,
+    #: batch-invariant target numerics (specq/engine/llama/invariance.py): no repacking, flash attention on,
     #: q8_0 K cache, verification batches <= 7 tokens, so a token's logits do not depend on how many
     #: tokens were decoded with it and greedy speculative decoding gives exactly --draft none's tokens
     #: (at any thread count and context length; CPU kernels only). auto (default) = off everywhere:
@@ -110,7 +110,7 @@ class EngineOptions:
     #: and the target's prompt prefixes (prefix_cache.py), one LRU budget; 0 = no caches (the
     #: default for the CLI and benchmarks; the worker's SPECQ_CACHE_BYTES defaults to 2 GiB)
     cache_bytes: int = 0
-    #: a directory that mirrors those saved states (engine/cache_disk.py): a new engine loads the newest
+    #: a directory that mirrors those saved states (engine/cache/disk.py): a new engine loads the newest
     #: that fit cache_bytes, so the caches outlive a restart; "" = host memory only
     cache_dir: str = ""
     #: which of the speculator's scoring windows are saved to that cache (spec_cache.py, "Which windows
@@ -121,14 +121,14 @@ class EngineOptions:
     #: are the same under both
     spec_cache_save: Literal["always", "repeat"] = "always"
     #: mode auto: prompts shorter than this run baseline; 0 = the measured break-even of the backend
-    #: (engine/auto.py BREAK_EVEN_TOKENS, docs/engine.md)
+    #: (engine/policy/auto.py BREAK_EVEN_TOKENS, docs/engine.md)
     auto_min_tokens: int = 0
     #: mode auto: -1 (default) = specprefill only at the prompt lengths where a passing evidence row was
-    #: measured with exactly the job's resolved settings (engine/evidence.py, evidence_key.py; none of the
+    #: measured with exactly the job's resolved settings (engine/policy/evidence.py, evidence_key.py; none of the
     #: shipped rows passes); >= 0 = an operator's override (their own measurement): specprefill from this
     #: many prompt tokens on, whatever the evidence; such jobs' reasons say "operator override"
     auto_quality_min_tokens: int = -1
-    #: mode auto rule 1a (engine/auto.py): questions about a stored document served together (a worker's
+    #: mode auto rule 1a (engine/policy/auto.py): questions about a stored document served together (a worker's
     #: group claim, or in the serving loop at once), and that document's later questions, run as
     #: group-sparse prefill from this many prompt tokens on, where the group path's own answers were
     #: measured to hold (evidence rows of arm "group"; none passes) and the serving loop's
@@ -165,7 +165,7 @@ class RunParams:
     #: the question asked about the document (placed after it, inside the chat template)
     question: str = ""
     #: baseline = prefill every token; specprefill = score, keep the top chunks, prefill those;
-    #: auto = the cheapest path measured safe (engine/auto.py: a prompt-cache hit, baseline below the
+    #: auto = the cheapest path measured safe (engine/policy/auto.py: a prompt-cache hit, baseline below the
     #: break-even length, specprefill for long documents where its quality was measured)
     mode: Mode = "auto"
     #: original = kept tokens keep their position ids (needs our patched llama.cpp);

@@ -3,15 +3,15 @@
 `Engine.run()` is the single entry point for the CLI, the worker and the benchmarks. Its progress
 callback is called between phases, per scoring window, per llama_decode call of the target's prefill
 (`sparse_prefill` i/n kept tokens) and per decoded token; raising RunCancelled
-(or any exception) from it stops the run there. Its `stop` (engine/stop.py) is also checked before
+(or any exception) from it stops the run there. Its `stop` (engine/llama/stop.py) is also checked before
 every llama_decode call, and cuts a running one (CPU).
 """
 
 from __future__ import annotations
 
-from .llama import Context, Model, backend_name, set_cuda_graphs, supports_position_gaps  # isort: skip  (llama_cpp first)
-from .llama_ext import set_hidden_output  # isort: skip
-from .drafters_hidden import mtp_unsupported, open_eagle3_context, open_mtp_context  # isort: skip
+from .llama.binding import Context, Model, backend_name, set_cuda_graphs, supports_position_gaps  # isort: skip  (llama_cpp first)
+from .llama.ext import set_hidden_output  # isort: skip
+from .decode.drafters_hidden import mtp_unsupported, open_eagle3_context, open_mtp_context  # isort: skip
 
 import time
 from pathlib import Path
@@ -19,21 +19,22 @@ from typing import Any, Callable
 
 import numpy as np
 
-from . import auto, emulated_selection, evidence, invariance
-from .decode import generate
-from .evidence_key import EvidenceKey, effective_scoring, model_sha256
+from .policy import auto, evidence
+from .llama import invariance
+from .decode.loop import generate
+from .policy.evidence_key import EvidenceKey, effective_scoring, model_sha256
 from ..contracts import EngineError, InputError, ModelError
-from .kept_spans import selection_record
+from .scoring.kept_spans import selection_record
 from .options import EngineOptions, RunParams
-from .prefill import PrefillResult, sparse_prefill
-from .prefix_cache import PrefixCache
-from .spec_cache import Numerics as CacheNumerics, SpeculatorCache, StateStore, file_sha256
-from .chat_prompt import build_chat_prompt, build_raw_prompt
-from .prompt import Prompt, build_prompt
+from .decode.prefill import PrefillResult, sparse_prefill
+from .cache.prefix import PrefixCache
+from .cache.speculator import Numerics as CacheNumerics, SpeculatorCache, StateStore, file_sha256
+from .prompt.chat import build_chat_prompt, build_raw_prompt
+from .prompt.build import Prompt, build_prompt
 from .result import CORE_PHASES, DraftInfo, EngineInfo, RunResult, SpecInfo, Usage
-from .sampling import Sampler
-from .stop import Stop, checked_progress, running
-from .textstream import TextStream
+from .decode.sampling import Sampler
+from .llama.stop import Stop, checked_progress, running
+from .decode.textstream import TextStream
 
 Progress = Callable[[str, int, int], None]
 #: receives the answer's text as it becomes final (TextStream: whole characters, stop strings applied)
@@ -64,14 +65,16 @@ def _ms(t0: float) -> float:
 class Engine:
     """Loads the target (and, on first need, the speculator) once; `run()` many times."""
 
-    def __init__(self, options: EngineOptions | None = None, *, pull_progress: Callable[[int, int], None] | None = None) -> None:
+    def __init__(self, options: EngineOptions | None = None, *, pull_progress: Callable[[int, int], None] | None = None,
+                 select_override: Callable[[list[int], Prompt, int], list[int]] | None = None) -> None:
         from .models import resolve_model
 
         self.options = opts = options or EngineOptions()
         self._pull_progress = pull_progress
         self.target_path = Path(resolve_model(opts.target, progress=pull_progress))
-        #: benchmarks on random weights only: SPECQ_BENCH_UNION (emulated_selection.py)
-        self.emulated_union = emulated_selection.from_env()
+        #: benchmarks on random weights only: `(kept, prompt, chunk) -> kept` replaces every specprefill
+        #: selection after it ran (the benchmark injects it: specq/testing/emulated_selection.py); None here
+        self.select_override = select_override
         backend = backend_name()
         # before the first model: ggml reads the CUDA-graph setting once per process
         cuda_graphs = set_cuda_graphs(opts.cuda_graphs) and backend == "cuda"
@@ -154,8 +157,8 @@ class Engine:
         """The caches' directory copy (EngineOptions.cache_dir), keyed to this llama.cpp build."""
         if not opts.cache_dir or opts.cache_bytes <= 0:
             return None
-        from .cache_disk import DiskTier
-        from .llama import library_version
+        from .cache.disk import DiskTier
+        from .llama.binding import library_version
 
         try:
             return DiskTier(opts.cache_dir, library_version(), max_pending_bytes=opts.cache_bytes)
@@ -233,7 +236,7 @@ class Engine:
     def tokenize_prompt(self, document: str, params: RunParams, *, messages: list[tuple[str, str]] | None = None,
                         raw: bool = False) -> Prompt:
         """The prompt: native (`document` + question + system), a chat (`messages`), or `document` as a
-        raw completion prompt (`raw`); engine/chat_prompt.py says what scoring may drop in the last two."""
+        raw completion prompt (`raw`); engine/prompt/chat.py says what scoring may drop in the last two."""
         if messages is not None:
             prompt = build_chat_prompt(self.target, messages, params.protect_tail)
         elif raw:
@@ -354,7 +357,7 @@ class Engine:
         """One job. `messages` (a chat) or `raw` (a completion prompt) change how the prompt is built
         (`tokenize_prompt`); `on_text` receives the answer as it is decoded; `scope`, `reused_document`:
         `prepare`. `stop`: the job's cancel request and deadline, checked with every progress report
-        and before every llama_decode call, and read in C during one (engine/stop.py); it raises
+        and before every llama_decode call, and read in C during one (engine/llama/stop.py); it raises
         RunCancelled or JobTimeLimit.
         `_kept` (internal, tests and benchmarks only): a specprefill run prefills exactly these prompt
         indices (sorted, ending at the last prompt token) instead of scoring; the speculator does not
@@ -381,22 +384,22 @@ class Engine:
             # scoring and the target's prefill interleave (pipelined.py): an MTP/EAGLE3 drafter, which
             # reads the target's hidden states, is made first; any other after scoring, as below
             early = params.draft in ("mtp", "eagle3", "auto")
-            drafter = self._drafter(params, prompt, scored=False) if early else None
+            drafter = self.drafter_for(params, prompt, scored=False) if early else None
             kept, doc_scores, pre = self._pipelined(prompt, params, positions, timings, spec, report,
                                                     observe=getattr(drafter, "observe", None))
             if not early:
-                drafter = self._drafter(params, prompt, scored=True)
+                drafter = self.drafter_for(params, prompt, scored=True)
         else:
             if mode == "specprefill" and kept_override is not None:
                 kept = sorted(set(int(i) for i in kept_override))
             elif mode == "specprefill":
-                kept, doc_scores = self._select(prompt, params, timings, spec, report, scope=scope,
-                                                reused_document=reused_document)
+                kept, doc_scores = self.select(prompt, params, timings, spec, report, scope=scope,
+                                               reused_document=reused_document)
             else:
                 kept = list(range(prompt.n))
 
             # made before the prefill: an MTP/EAGLE3 drafter reads the target's hidden states of the prompt
-            drafter = self._drafter(params, prompt, scored=(mode == "specprefill" and kept_override is None))
+            drafter = self.drafter_for(params, prompt, scored=(mode == "specprefill" and kept_override is None))
             observe = getattr(drafter, "observe", None)
             report("sparse_prefill", 0, len(kept))
 
@@ -517,7 +520,7 @@ class Engine:
     def scorer(self):
         """The SpecPrefill scorer (speculator context with the capture callback), built on first use."""
         if self._scorer is None:
-            from .scoring import SpecPrefillScorer
+            from .scoring.scorer import SpecPrefillScorer
 
             spec = self.speculator
             opts = self.options
@@ -533,7 +536,7 @@ class Engine:
 
     def _score_math(self) -> str:
         """EngineOptions.score_math resolved: auto picks torch on a GPU when PyTorch can run there."""
-        from . import score_torch
+        from .scoring import score_torch
 
         choice = self.options.score_math
         gpu = not invariance.on_cpu(self.options, self.info.backend)
@@ -545,16 +548,16 @@ class Engine:
                 raise ModelError(f"score_math torch: {why}")
         return choice
 
-    def _select(self, prompt: Prompt, params: RunParams, timings: dict, spec: SpecInfo,
-                report: Progress, scope: str = "", between_calls=None,
-                reused_document: bool = False) -> tuple[list[int], np.ndarray]:
+    def select(self, prompt: Prompt, params: RunParams, timings: dict, spec: SpecInfo,
+               report: Progress, scope: str = "", between_calls=None,
+               reused_document: bool = False) -> tuple[list[int], np.ndarray]:
         """Score the prompt with the speculator and pick the kept indices (phases `score`, `select`);
         (kept indices, document token scores). Window prefixes go through the speculator cache
         (`reused_document`: a stored document, whose windows its save policy keeps at once; the time
         spent saving is `cache_save`, part of `speculator_prefill`).
         between_calls(ctx): run after each llama_decode call of a window's prefill (scoring.py, "Between
         calls"; the serving loop's decode batches of other jobs); Engine.run passes none."""
-        from .selection import select_kept, select_kept_per_window
+        from .scoring.selection import select_kept, select_kept_per_window
 
         scorer = self.scorer()
         cache = self.spec_cache() if params.scorer != "sliding" else None
@@ -585,10 +588,9 @@ class Engine:
                 scored.scores, doc_start=prompt.doc_start, n_prompt=prompt.n, protected=prompt.protected_indices(),
                 keep=params.keep, chunk=params.chunk, max_keep=params.max_keep, rule=params.chunk_rule, pieces=pieces,
             )
-        if self.emulated_union is not None and prompt.doc_end > prompt.doc_start:
-            kept = emulated_selection.emulate(kept, prompt, params.chunk, *self.emulated_union)
-            u, k = self.emulated_union
-            spec.reason += f" (selection EMULATED for a benchmark: {emulated_selection.ENV}={u}:{k})"
+        if self.select_override is not None and prompt.doc_end > prompt.doc_start:
+            kept = self.select_override(kept, prompt, params.chunk)
+            spec.reason += f" (selection EMULATED for a benchmark: {self.select_override})"
         timings["select"] = _ms(t0)
         spec.keep, spec.lookahead, spec.windows, spec.scorer = params.keep, params.lookahead, scored.windows, params.scorer
         spec.selection, spec.chunk_rule = params.selection, params.chunk_rule
@@ -596,7 +598,7 @@ class Engine:
 
     def rule_pieces(self, prompt: Prompt, rule: str) -> list[bytes] | None:
         """The document tokens' bytes where the chunk rule reads the text (`scope`: its header lines)."""
-        from .selection import reads_text
+        from .scoring.selection import reads_text
 
         return self.target.pieces(prompt.document) if reads_text(rule) else None
 
@@ -607,7 +609,7 @@ class Engine:
         `select` (summed over windows), `sparse_prefill` (the target's time after scoring ended: what
         the overlap did not hide), `prefill_overlapped` (target decoding while scoring ran).
         (kept indices, document scores, PrefillResult); the stages' times are in `last_trace`."""
-        from .pipelined import pipelined_prefill
+        from .scoring.pipelined import pipelined_prefill
 
         scorer = self.scorer()
         # bit-identical micro-batches to a single sparse_prefill where the numerics are batch-invariant
@@ -636,11 +638,11 @@ class Engine:
         self.last_trace = trace
         return sorted(kept), scored.scores, pre
 
-    def _drafter(self, params: RunParams, prompt: Prompt, *, scored: bool = False, seq: int = 0):
+    def drafter_for(self, params: RunParams, prompt: Prompt, *, scored: bool = False, seq: int = 0):
         """The run's drafter (drafters.py); `model` drafts on the scorer's speculator context and, when
         this run scored, continues from the KV state scoring left there; `mtp` / `eagle3` on their
         own contexts, fed with the target's hidden states (drafters_hidden.py)."""
-        from .drafters import make_drafter
+        from .decode.drafters import make_drafter
 
         hidden, unavailable = {}, {}
         if self.slots > 1:  # their contexts hold one sequence and read rows of the target's own batches
@@ -669,8 +671,8 @@ class Engine:
         draft on one another's KV. `scored`: the job's prompt when it was just scored; the window
         scoring left in the scorer's context is then copied into the slot's (a host copy of the
         speculator's KV of one window, instead of prefilling the prompt again)."""
-        from .drafters import DraftCache, is_window_view
-        from .spec_cache import restore_seq, save_seq
+        from .decode.drafters import DraftCache, is_window_view
+        from .cache.speculator import restore_seq, save_seq
 
         scorer = self.scorer()
         if self.slots == 1:

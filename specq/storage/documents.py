@@ -17,6 +17,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from .errors import InputTooLarge
+from .limits import max_input_bytes
 from .models import Document, Job, JobInput, JOB_TERMINAL, utcnow
 
 
@@ -37,8 +38,6 @@ def put_document(session: Session, *, tenant: str, text: str, filename: str | No
     """Store `text` for `tenant`, or find the tenant's document with the same text: (row, created).
 
     Raises InputTooLarge over `limit_bytes` (default SPECQ_MAX_INPUT_BYTES, as for job documents)."""
-    from .jobs import max_input_bytes
-
     limit = limit_bytes if limit_bytes is not None else max_input_bytes()
     size = len(text.encode("utf-8"))
     if size > limit:

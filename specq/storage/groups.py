@@ -1,7 +1,7 @@
 """Group claims (#17 item 4): a worker that claimed a job asking about a stored document also claims
 the queued jobs of the same tenant and `document_id`, up to its free slots, so their questions share
 the document's work in its one engine loop (the first prefills the document, the others restore it
-from the target's prompt cache: engine/serving.py `_prefix_owner`).
+from the target's prompt cache: engine/serving/loop.py `_prefix_owner`).
 
 Each job of the group is claimed by `jobs.mark_running`'s conditional UPDATE (`status = 'queued'`),
 so two workers grouping at once get disjoint groups and no job runs twice; each claim is an attempt of

@@ -25,7 +25,6 @@ fenced.
 
 from __future__ import annotations
 
-import os
 import secrets
 from collections.abc import Iterable, Mapping
 from datetime import timedelta
@@ -38,28 +37,13 @@ from ..contracts import PRIORITY_INTERACTIVE, Fenced
 from . import stale
 from .db import write_transaction
 from .errors import InputTooLarge
+from .limits import DEFAULT_MAX_INPUT_BYTES, max_input_bytes  # noqa: F401  (re-exported: callers read jobs.max_input_bytes())
 from .models import Document, Job, JobInput, new_token, utcnow
 
-#: default cap on a document's UTF-8 size; SPECQ_MAX_INPUT_BYTES overrides it
-DEFAULT_MAX_INPUT_BYTES = 8 * 1024 * 1024
 #: error messages longer than this are cut
 MAX_ERROR_CHARS = 4000
 #: a running job whose heartbeat is older than this may be claimed again (its worker is gone)
 DEFAULT_STALE_AFTER_S = 600.0
-
-
-def max_input_bytes() -> int:
-    """The document size limit in bytes: SPECQ_MAX_INPUT_BYTES, default 8 MiB."""
-    raw = os.environ.get("SPECQ_MAX_INPUT_BYTES", "").strip()
-    if not raw:
-        return DEFAULT_MAX_INPUT_BYTES
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ValueError(f"SPECQ_MAX_INPUT_BYTES must be a whole number of bytes, not {raw!r}") from None
-    if value <= 0:
-        raise ValueError("SPECQ_MAX_INPUT_BYTES must be > 0")
-    return value
 
 
 def new_job_id() -> str:

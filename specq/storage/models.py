@@ -414,7 +414,7 @@ class ApiKey(Base):
 
 
 class EvidenceRecord(Base):
-    """One quality-evidence row written through POST /v1/evidence (engine/evidence.py validated it; the
+    """One quality-evidence row written through POST /v1/evidence (engine/policy/evidence.py validated it; the
     shipped rows live in the package, not here). Key fields as columns; `revision` grows with every write
     (the table's max is what workers compare at claim time to reload without a restart)."""
 
@@ -423,7 +423,7 @@ class EvidenceRecord(Base):
 
     id: Mapped[str] = mapped_column(String(40), primary_key=True)
     revision: Mapped[int] = mapped_column(Integer)
-    # the EvidenceKey (engine/evidence_key.py)
+    # the EvidenceKey (engine/policy/evidence_key.py)
     target_sha256: Mapped[str] = mapped_column(String(64))
     speculator_sha256: Mapped[str] = mapped_column(String(64))
     backend: Mapped[str] = mapped_column(String(16))

@@ -13,7 +13,7 @@ import logging
 
 from sqlalchemy.orm import Session
 
-from ..engine.evidence import merge, row_from_dict, shipped_rows
+from ..engine.policy.evidence import merge, row_from_dict, shipped_rows
 from ..storage import evidence as store
 
 log = logging.getLogger("specq.worker")

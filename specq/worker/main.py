@@ -4,7 +4,7 @@ Order matters: CUDA_VISIBLE_DEVICES is set before anything imports llama.cpp; th
 (and warmed up) before the worker takes its first message, so a job never waits on a model load.
 With one serving slot the Celery solo pool runs jobs in this very process; with SPECQ_SLOTS > 1 (the
 default on a GPU: 8) the threads pool runs that many tasks at once, each submitting its job to the
-one engine loop (specq.engine.serving). SPECQ_CONCURRENCY > 1 is the older alternative: a prefork
+one engine loop (specq.engine.serving.loop). SPECQ_CONCURRENCY > 1 is the older alternative: a prefork
 pool whose children each load their own copy of the models after the fork (one slot each).
 SIGTERM drains (WorkerRuntime.drain) before Celery's warm shutdown ends.
 """
@@ -28,14 +28,16 @@ def setup_logging(level: str = "INFO") -> None:
     )
 
 
-def run_worker(settings: ServiceSettings, *, queue: str | None = None, loglevel: str = "INFO", seams=None) -> None:
+def run_worker(settings: ServiceSettings, *, queue: str | None = None, loglevel: str = "INFO", seams=None,
+               select_override=None) -> None:
     """Start a worker in the foreground (returns when it is stopped). `seams`: the engine loop's test
-    seams (engine/loop_seams.py), from a test's launcher (tests/seamed_worker.py); None in production."""
+    seams (engine/serving/seams.py), from a test's launcher (tests/seamed_worker.py); `select_override`:
+    the engine's (benchmarks only: `specq bench worker`). Both None in production."""
     setup_logging(loglevel)
     visible = settings.visible_devices()  # --gpu N (and --speculator-gpu M: "N,M")
     if visible is not None:
         os.environ["CUDA_VISIBLE_DEVICES"] = visible
-    from ..engine import llama  # noqa: F401  llama.cpp before numpy, after CUDA_VISIBLE_DEVICES
+    from ..engine.llama import binding as llama  # noqa: F401  llama.cpp before numpy, after CUDA_VISIBLE_DEVICES
 
     from ..storage.ready import ensure_schema
     from .app import create_worker_app, set_runtime
@@ -46,9 +48,9 @@ def run_worker(settings: ServiceSettings, *, queue: str | None = None, loglevel:
     app = create_worker_app(settings, queue=queue)
     from celery import signals
 
-    from ..engine.llama import backend_name
+    from ..engine.llama.binding import backend_name
 
-    rt = WorkerRuntime(settings, seams=seams)
+    rt = WorkerRuntime(settings, seams=seams, select_override=select_override)
     rt.queue = queue
     set_runtime(rt)
     prefork = settings.concurrency > 1

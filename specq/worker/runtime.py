@@ -9,7 +9,7 @@ A job's life in the worker (`WorkerRuntime.execute`):
 2. Run the engine; the answer's text is published as it is decoded (`stream.DeltaPublisher`) for
    event streams and the OpenAI routes' `stream=true`. A watcher thread writes progress and a heartbeat every `progress_interval`
    seconds (and at each phase change) and polls the store for a cancel request. The job runs under a
-   `Stop` (engine/stop.py) with the deadline `time_limit` from its start: a cancel request seen by the
+   `Stop` (engine/llama/stop.py) with the deadline `time_limit` from its start: a cancel request seen by the
    watcher trips it, which ends even a running llama_decode (within a graph node on the CPU; between
    bounded calls elsewhere), and the deadline is read in C the same way. The engine then raises
    `RunCancelled` or `JobTimeLimit` (as does the progress callback, between phases and tokens).
@@ -24,7 +24,7 @@ A job's life in the worker (`WorkerRuntime.execute`):
 
 With serving slots (SPECQ_SLOTS > 1, Celery's threads pool) several deliveries run this at once in
 one process: each task thread claims its job, then submits it to the one engine loop
-(`specq.engine.serving.ServingEngine`) and waits on its handle, forwarding a cancel request or the
+(`specq.engine.serving.loop.ServingEngine`) and waits on its handle, forwarding a cancel request or the
 time limit to it; every per-job store write (progress, heartbeat, result, failure) stays in the
 job's own thread, through the same storage functions. A message naming a job live in this process
 never claims it again (`claims.claim_next(live=...)`). SIGTERM drains (`drain`): no job takes a
@@ -45,7 +45,7 @@ With SPECQ_GROUP_HOLD > 0 a delivery that finds fewer slots free than the next j
 queued questions (up to the slots), while others are busy, waits up to that long for them to free
 before it claims, so the questions start together as one group (`_group_wants`). Each job of a group
 claim tells the engine loop how many were claimed together (`submit(group_hint=N)`): mode auto's rule
-1a (engine/auto.py) may run them as one group-sparse prefill before every member has reached the loop.
+1a (engine/policy/auto.py) may run them as one group-sparse prefill before every member has reached the loop.
 
 Each worker process also runs the reconciler (`specq.reconciler`) in a thread: jobs whose worker died
 go back to the queue from there.
@@ -72,7 +72,7 @@ from typing import Any, Callable
 
 from ..contracts import Drained, EngineError, Fenced, InputError, JobTimeLimit, ModelError, RunCancelled
 from ..engine.options import RunParams
-from ..engine.stop import Stop
+from ..engine.llama.stop import Stop
 from ..settings import ServiceSettings
 from ..storage import claims, db, groups, jobs, results
 from ..storage.retry import retry_transient
@@ -183,11 +183,14 @@ class _Watcher(threading.Thread):
 class WorkerRuntime:
     """The models of one worker process and the job loop body."""
 
-    def __init__(self, settings: ServiceSettings | None = None, engine: Any = None, seams: Any = None) -> None:
-        """`seams`: the engine loop's test seams (engine/loop_seams.py), from a test's launcher only."""
+    def __init__(self, settings: ServiceSettings | None = None, engine: Any = None, seams: Any = None, *,
+                 select_override: Callable | None = None) -> None:
+        """`seams`: the engine loop's test seams (engine/serving/seams.py), from a test's launcher only."""
         self.settings = settings or ServiceSettings.from_env()
         self.engine = engine
         self.seams = seams
+        #: handed to the Engine load() builds: a benchmark's selection emulation (`specq bench worker`), else None
+        self.select_override = select_override
         self.name = worker_name()
         self.jobs_done = 0
         #: the queue this worker consumes (`specq worker --queue`), reported in its heartbeat
@@ -237,14 +240,14 @@ class WorkerRuntime:
         """Load the models (and warm them up); call after CUDA_VISIBLE_DEVICES is set and after any fork."""
         if self.engine is not None:
             return
-        from ..engine.llama import backend_name
+        from ..engine.llama.binding import backend_name
         from ..engine.pipeline import Engine
-        from ..engine.serving import ServingEngine
+        from ..engine.serving.loop import ServingEngine
 
         t0 = time.perf_counter()
         slots = self.settings.resolved_slots(backend_name())
         opts = self.settings.engine_options(slots)
-        self.engine = Engine(opts)
+        self.engine = Engine(opts, select_override=self.select_override)
         with db.session() as s:  # mode auto's evidence: shipped + the store's (worker/evidence.py)
             self.evidence.refresh(s, self.engine)
         # one slot: the single-job pipeline in the task's thread (its Stop cuts a running llama_decode,

@@ -1,7 +1,7 @@
 """The worker's side of event streams: a running job's answer text, published as it is decoded.
 
 `DeltaPublisher` is fed the text that became final (the engine's `on_text`, already in whole UTF-8
-characters with stop strings held back: specq.engine.textstream) and publishes it at most once every
+characters with stop strings held back: specq.engine.decode.textstream) and publishes it at most once every
 `interval` (~50 ms) per job, from a thread of its own, so the engine never waits on Redis or the
 store. `finish()` publishes what is left with `final` set. Where it goes (`make_channel`):
 
@@ -31,7 +31,7 @@ import threading
 import time
 from typing import Callable, Protocol
 
-from ..contracts import Fenced
+from ..contracts import Fenced, redis_keys
 from ..settings import ServiceSettings
 
 log = logging.getLogger("specq.worker")
@@ -40,12 +40,6 @@ log = logging.getLogger("specq.worker")
 PUBLISH_INTERVAL = 0.05
 #: Redis keys of a job's stream live this long after its last publish
 REDIS_TTL_S = 3600
-
-
-def redis_keys(job_id: str) -> tuple[str, str, str]:
-    """(channel, text key, attempt key) of a job's stream on Redis."""
-    base = f"specq:job:{job_id}"
-    return f"{base}:events", f"{base}:text", f"{base}:attempt"
 
 
 class Channel(Protocol):

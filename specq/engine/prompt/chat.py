@@ -1,0 +1,119 @@
+"""Prompts of chat and completion jobs (the OpenAI routes), and which of their tokens scoring may drop.
+
+A chat is rendered with the target's chat template by llama.cpp's built-in renderer
+(`llama_chat_apply_template`, what llama-server uses without `--jinja`). Each message's content is
+tokenized as plain text (never as special tokens: a user cannot forge `<|im_start|>`), the template's
+own text with special tokens, as `build_prompt` does for native jobs.
+
+What SpecPrefill may drop ("the document" of `Prompt`): from the first non-system message's content to
+the end of the last user message, less that message's protected tail — its last paragraph (after the
+last blank line), at most DEFAULT_PROTECT_TAIL tokens, or its last `protect_tail` tokens when given.
+Always kept: the template head (BOS, system messages, the first turn's opener), the template text
+between messages (`Prompt.pinned`), the protected tail and everything after it. So the common request
+— one user message holding a document and then a question — is scored like a native job.
+
+A raw completion prompt (`/v1/completions`) is tokenized as llama-server does (special tokens parsed,
+BOS added when the model wants one); its protected tail is likewise its last paragraph.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from ...contracts import InputError
+from ..llama.binding import Model
+from ..options import DEFAULT_PROTECT_TAIL
+from .build import Prompt
+
+#: stands for message i's content while the template renders (invisible separators never in templates)
+_MARK = "\u2063SPECQ\u2063MSG{}\u2063"
+
+
+def _pieces(model: Model, messages: Sequence[tuple[str, str]]) -> list[str]:
+    """The template's text around the contents: len(messages) + 1 pieces (content i between piece i and
+    i + 1). Without a usable template: the contents separated by blank lines."""
+    marks = [_MARK.format(i) for i in range(len(messages))]
+    rendered = model.apply_chat_template([(role, mark) for (role, _), mark in zip(messages, marks)],
+                                         add_assistant=True)
+    if rendered is not None and all(rendered.count(m) == 1 for m in marks):
+        pieces, rest = [], rendered
+        for mark in marks:
+            before, rest = rest.split(mark)
+            pieces.append(before)
+        return pieces + [rest]
+    return [""] + ["\n\n"] * (len(messages) - 1) + ["\n"] if messages else [""]
+
+
+def protected_count(model: Model, content: str, tokens: Sequence[int], protect_tail: int) -> int:
+    """How many of `content`'s last tokens are protected: `protect_tail`, or with -1 its last paragraph
+    (the tokens from the one holding the paragraph's first character on), at most DEFAULT_PROTECT_TAIL."""
+    n = len(tokens)
+    if protect_tail >= 0:
+        return min(protect_tail, n)
+    body = content.rstrip()
+    cut = body.rfind("\n\n")
+    start_byte = len(body[: cut + 2].encode("utf-8")) if cut >= 0 else 0
+    # counted from the end, where the last paragraph is: a walk from the start reads every token's bytes
+    # (0.5 s of GIL-held Python for a 128K-token document, per job, beside the serving loop)
+    from_end = len(content.encode("utf-8")) - start_byte
+    seen, first = 0, n
+    if from_end > 0:
+        for i in range(n - 1, -1, -1):
+            seen += len(model.token_bytes(tokens[i]))
+            if seen >= from_end or n - i > DEFAULT_PROTECT_TAIL:
+                first = i
+                break
+        else:
+            first = 0
+    return min(n - first, DEFAULT_PROTECT_TAIL) if first < n else min(n, 1)
+
+
+def build_chat_prompt(model: Model, messages: Sequence[tuple[str, str]], protect_tail: int = -1) -> Prompt:
+    """The prompt of a chat: `messages` are (role, content) with role system, user or assistant."""
+    if not messages:
+        raise InputError("messages must not be empty")
+    pieces = _pieces(model, messages)
+    contents = [model.tokenize(c, add_special=False, parse_special=False) for _, c in messages]
+    first = next((i for i, (role, _) in enumerate(messages) if role != "system"), len(messages))
+    last_user = max((i for i, (role, _) in enumerate(messages) if role == "user"), default=-1)
+    tokens: list[int] = []
+    doc_start = doc_end = -1
+    pinned: list[int] = []
+    for i, piece in enumerate(pieces):
+        part = model.tokenize(piece, add_special=(i == 0), parse_special=True) if (piece or (i == 0 and model.add_bos)) else []
+        if doc_start >= 0 and doc_end < 0:
+            pinned.extend(range(len(tokens), len(tokens) + len(part)))  # template text inside the document
+        tokens += part
+        if i == len(messages):
+            break
+        if i == first and first <= last_user:
+            doc_start = len(tokens)
+        tokens += contents[i]
+        if i == last_user and doc_start >= 0:
+            doc_end = len(tokens) - protected_count(model, messages[i][1], contents[i], protect_tail)
+    if doc_start < 0 or doc_end <= doc_start:
+        doc_start = doc_end = len(tokens) if doc_start < 0 else doc_start
+        pinned = []
+    return _with_tail(Prompt(tokens=tokens, doc_start=doc_start, doc_end=doc_end,
+                             pinned=tuple(i for i in pinned if doc_start <= i < doc_end)))
+
+
+def build_raw_prompt(model: Model, text: str, protect_tail: int = -1) -> Prompt:
+    """The prompt of a completion: `text` as is (special tokens parsed, BOS when the model adds one)."""
+    tokens = model.tokenize(text, add_special=True, parse_special=True)
+    head = 1 if model.add_bos and tokens and len(tokens) > 1 else 0
+    body = tokens[head:]
+    protect = protected_count(model, text, body, protect_tail)
+    return _with_tail(Prompt(tokens=tokens, doc_start=head, doc_end=len(tokens) - protect))
+
+
+def _with_tail(prompt: Prompt) -> Prompt:
+    """The last prompt token is always prefilled: it must lie outside the document."""
+    if prompt.n and prompt.doc_end >= prompt.n:
+        end = prompt.n - 1
+        return Prompt(tokens=prompt.tokens, doc_start=min(prompt.doc_start, end), doc_end=end,
+                      pinned=tuple(i for i in prompt.pinned if i < end))
+    return prompt
+
+
+__all__ = ["build_chat_prompt", "build_raw_prompt", "protected_count"]
