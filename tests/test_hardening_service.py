@@ -386,3 +386,20 @@ def test_the_job_list_reads_a_page_off_its_index(backend, tmp_path):
             assert "TEMP B-TREE" not in plan and "Sort" not in plan, plan  # no sort of the whole table
             page = jobs.list_jobs(s, limit=50)
             assert [j.id for j in page] == [f"job_{i:024x}" for i in range(19_999, 19_949, -1)]
+
+
+@pytest.mark.parametrize("backend", ["sqlite", pytest.param("postgresql", marks=pytest.mark.services)])
+def test_migration_0007_goes_down_and_up(backend, tmp_path):
+    from alembic import command
+    from sqlalchemy import inspect
+
+    with empty_store(backend, tmp_path) as url:
+        assert db.upgrade(url) == db.head_revision() and db.head_revision() >= "0007"
+        assert "ix_jobs_created_at_id" in {i["name"] for i in inspect(db.get_engine(url)).get_indexes("jobs")}
+        cfg = db.alembic_config(url)
+        with db.get_engine(url).begin() as conn:
+            cfg.attributes["connection"] = conn
+            command.downgrade(cfg, "0006")
+        assert "ix_jobs_created_at_id" not in {i["name"] for i in inspect(db.get_engine(url)).get_indexes("jobs")}
+        assert db.upgrade(url, "0007") == "0007"
+        assert "ix_jobs_created_at_id" in {i["name"] for i in inspect(db.get_engine(url)).get_indexes("jobs")}
