@@ -18,8 +18,9 @@
                                       "status", "error": {"message"}}
     GET  /v1/batches/{id}/stats       count, per-phase p50/p95/mean, mean kept ratio (SQL)
     POST /v1/batches/{id}/cancel      cancelling -> cancelled; finished results stay
-    DELETE /v1/batches/{id}/data      a finished batch, its jobs and all their data deleted (409 while
-                                      it runs)
+    DELETE /v1/batches/{id}/data      a finished batch, its jobs and all their data deleted, with its
+                                      files (output, errors, the input this create stored; 409 while it
+                                      runs)
 
 Bodies are validated by the models of `specq.api.schemas` (`BatchLine` per JSONL line,
 `BatchFormFields` for the form) before anything is stored. CSV cells that a spreadsheet would run as
