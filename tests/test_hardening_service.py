@@ -403,3 +403,19 @@ def test_migration_0007_goes_down_and_up(backend, tmp_path):
         assert "ix_jobs_created_at_id" not in {i["name"] for i in inspect(db.get_engine(url)).get_indexes("jobs")}
         assert db.upgrade(url, "0007") == "0007"
         assert "ix_jobs_created_at_id" in {i["name"] for i in inspect(db.get_engine(url)).get_indexes("jobs")}
+
+
+def test_settings_read_ascii_numbers_and_check_served_names():
+    from specq.settings import ServiceSettings, SettingsError
+
+    for env in ({"SPECQ_TIME_LIMIT": "٣"}, {"SPECQ_MAX_QUEUED_JOBS": "٣"}, {"SPECQ_SPECULATOR_GPU": "٣"},
+                {"SPECQ_SPECULATOR_GPU": "1", "SPECQ_GPU": "²"}, {"SPECQ_RETENTION": "٣d"},
+                {"SPECQ_SERVED_MODEL_NAME": "ok,bad\x01name"}, {"SPECQ_SERVED_MODEL_NAME": "x" * 256}):
+        with pytest.raises(SettingsError):
+            ServiceSettings.from_env(env)
+    s = ServiceSettings.from_env({"SPECQ_TIME_LIMIT": "30", "SPECQ_SPECULATOR_GPU": "1", "SPECQ_GPU": "0",
+                                  "SPECQ_RETENTION": "3d", "SPECQ_SERVED_MODEL_NAME": " a , b,a "})
+    assert s.time_limit == 30 and s.retention_s == 3 * 86400 and s.served_model_name == "a , b,a"  # the environment is stripped
+    from specq.served_models import parse_aliases
+
+    assert parse_aliases(s.served_model_name) == ("a", "b")
