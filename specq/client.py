@@ -21,6 +21,7 @@ from urllib.parse import quote
 
 import httpx
 
+from .ascii_numbers import ascii_int
 from .contracts import BATCH_TERMINAL, JOB_TERMINAL
 from .settings import DEFAULT_API_HOST, DEFAULT_API_PORT
 
@@ -340,8 +341,11 @@ def retry_after(r: httpx.Response) -> float | None:
     raw = r.headers.get("retry-after", "").strip()
     if not raw:
         return None
-    if raw.isdigit():
-        return float(raw)
+    seconds = ascii_int(raw, max_digits=9)  # a proxy's `Retry-After: ²` is no number (int('²') raises)
+    if seconds is not None:
+        return float(seconds)
+    if not raw.isascii():
+        return None
     try:
         when = parsedate_to_datetime(raw)
     except (TypeError, ValueError, IndexError):

@@ -28,7 +28,9 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+from .ascii_numbers import ascii_int
 from .config import specq_home
+from .served_models import parse_aliases
 
 #: the broker used when SPECQ_BROKER_URL is not set: kombu's SQLAlchemy transport on a SQLite file
 EMBEDDED_BROKER_FILE = "broker.sqlite"
@@ -209,6 +211,12 @@ class ServiceSettings:
     max_request_bytes: int = 0
     #: largest page of GET /v1/jobs
     max_list_limit: int = 500
+    #: other names the OpenAI routes accept for the configured target (SPECQ_TARGET), like vLLM's
+    #: ``--served-model-name`` (`specq up --served-model-name`): comma-separated, each 1-255 characters.
+    #: Each is listed in GET /v1/models and accepted wherever a request names a model (chat,
+    #: completions, batch lines), besides the target's id and its `.gguf` file name; any other name is
+    #: 404 model_not_found (specq/served_models.py). A request's `model` is echoed as it was sent
+    served_model_name: str = ""
     #: largest batch upload (POST /v1/batches: a JSONL file, or several documents), bytes
     max_batch_bytes: int = 256 * 1024 * 1024
     #: most requests (JSONL lines or files) in one batch
@@ -271,7 +279,8 @@ class ServiceSettings:
             (0 <= self.group_hold <= 60, "SPECQ_GROUP_HOLD must be in [0, 60] seconds (0 = claim at once)"),
             (self.auto_group_min_tokens is None or self.auto_group_min_tokens >= -1,
              "SPECQ_AUTO_GROUP_MIN_TOKENS must be >= -1 (0 = the backend's measured length, -1 = never)"),
-            (self.speculator_gpu == "" or (self.speculator_gpu.isdigit() and (self.gpu == "" or self.gpu.isdigit())),
+            (self.speculator_gpu == "" or (ascii_int(self.speculator_gpu) is not None
+                                           and (self.gpu == "" or ascii_int(self.gpu) is not None)),
              "SPECQ_SPECULATOR_GPU must be one GPU index (and SPECQ_GPU, with it, one index too)"),
             (self.progress_interval > 0, "SPECQ_PROGRESS_INTERVAL must be > 0"),
             (self.stale_after > self.progress_interval * 4, "SPECQ_STALE_AFTER must be well above SPECQ_PROGRESS_INTERVAL"),
@@ -300,6 +309,10 @@ class ServiceSettings:
         for ok, message in checks:
             if not ok:
                 raise SettingsError(message)
+        try:
+            parse_aliases(self.served_model_name)
+        except ValueError as e:
+            raise SettingsError(f"SPECQ_SERVED_MODEL_NAME: {e}") from None
         self.retention_s  # noqa: B018  (parses SPECQ_RETENTION, raising SettingsError)
 
     # --- derived values -------------------------------------------------------------------------------
@@ -312,6 +325,8 @@ class ServiceSettings:
         units = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
         number, unit = (raw[:-1], raw[-1]) if raw[-1] in units else (raw, "s")
         try:
+            if not number.isascii():  # float('٣') is 3.0: ASCII digits only
+                raise ValueError
             value = float(number) * units[unit]
         except ValueError:
             value = -1.0
@@ -417,6 +432,8 @@ class ServiceSettings:
 def _parse(var: str, type_name: Any, raw: str) -> Any:
     t = str(type_name).replace(" ", "")
     try:
+        if t.startswith(("int", "float")) and not raw.isascii():  # int('٣') is 3: ASCII digits only
+            raise ValueError
         if t.startswith("bool"):
             low = raw.lower()
             if low in ("1", "true", "yes", "on"):

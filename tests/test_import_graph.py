@@ -26,6 +26,8 @@ LAYERS: dict[str, tuple[str, ...]] = {
     "specq.contracts": (),
     "specq.config": (),
     "specq.openai_format": (),
+    "specq.ascii_numbers": (),  # numbers from outside text, ASCII digits only
+    "specq.served_models": (),  # the model names a deployment answers to
     # the engine, bottom up (specq/engine/__init__.py)
     "specq.engine.options": ("specq.contracts",),
     "specq.engine.result": ("specq.contracts",),
@@ -60,7 +62,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
     "specq.__main__": ("specq.cli",),
 }
 #: units every module may import: the names every layer shares
-GROUND = ("specq", "specq.contracts", "specq.config", "specq.openai_format")
+GROUND = ("specq", "specq.contracts", "specq.config", "specq.openai_format", "specq.ascii_numbers", "specq.served_models")
 #: the only modules that may import specq.testing (production code never does)
 TESTING_IMPORTERS = ("specq.testing", "specq.bench", "specq.cli.bench")
 

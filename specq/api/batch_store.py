@@ -7,9 +7,10 @@ import json
 import logging
 from typing import Any
 
+from ..ascii_numbers import ascii_int
 from ..settings import ServiceSettings
 from ..storage import batches, db, jobs, lifecycle
-from ..storage.quotas import QuotaExceeded, reserve_queued
+from ..storage.quotas import FileQuotaExceeded, QuotaExceeded, reserve_file_bytes, reserve_queued
 from . import schemas as S
 from .errors import ApiError
 
@@ -34,9 +35,9 @@ MAX_WINDOW_S = 30 * 86400
 def parse_window(raw: str, param: str = "completion_window") -> float:
     """Seconds of a completion window (`24h`; specq also takes other durations from 1s to 30d); 400 otherwise."""
     text = raw.strip().lower()
-    number, unit = text[:-1], text[-1:]
-    if unit in WINDOW_UNITS and number.isdigit() and 0 < int(number) * WINDOW_UNITS[unit] <= MAX_WINDOW_S:
-        return float(int(number) * WINDOW_UNITS[unit])
+    number, unit = ascii_int(text[:-1], max_digits=9), text[-1:]  # ASCII digits only ('²s', '٣s' are refused)
+    if unit in WINDOW_UNITS and number is not None and 0 < number * WINDOW_UNITS[unit] <= MAX_WINDOW_S:
+        return float(number * WINDOW_UNITS[unit])
     raise ApiError(400, f"completion_window must be a duration like 24h (1s to 30d), not {raw[:40]!r}",
                    "invalid_request_error", param=param)
 
@@ -46,13 +47,13 @@ def store_batch(settings: ServiceSettings, tenant: str, requests: list, errors: 
                 params: dict[str, Any], metadata: dict[str, str] | None, input_data: bytes | None = None,
                 input_file_id: str | None = None) -> dict[str, Any]:
     """Store a parsed batch: `failed` with its errors, or `in_progress` with one queued job per request
-    (all in one transaction), then send them to the broker. With `input_data` the input is stored as a
-    file first (the native create). Nothing stays half-stored: on any error the batch, its jobs and
-    that file are deleted."""
+    (all in one transaction), then send them to the broker. With `input_data` (the native create) the
+    input is stored as a file of the batch (purpose `batch`, counted against the tenant's file quota:
+    413 over it; deleted with the batch's data); a batch that fails validation stores none. Nothing
+    stays half-stored: on any error the batch, its jobs and that file are deleted."""
     from datetime import timedelta
 
     from ..broker import enqueue_job
-    from ..storage import files
     from ..storage.models import utcnow
 
     limit = jobs.max_input_bytes()
@@ -61,27 +62,34 @@ def store_batch(settings: ServiceSettings, tenant: str, requests: list, errors: 
         raise ApiError(422, over[0]["message"], "invalid_params")
     with db.session() as s:
         if not errors:
-            try:  # refuse before creating the batch; checked again under the lock when the jobs go in
+            try:  # refuse before creating the batch; checked again under the locks when the rows go in
                 reserve_queued(s, tenant, len(requests), settings.max_queued_jobs)
                 s.rollback()
+                if input_data is not None:
+                    reserve_file_bytes(s, tenant, len(input_data), settings.max_file_storage_bytes)
+                    s.rollback()
             except QuotaExceeded as e:
                 raise ApiError(429, str(e), "too_many_requests") from None
-        stored_file = None
-        if input_data is not None:
-            stored_file = files.create_file(s, tenant=tenant, purpose="batch", filename=(input_filename or "input.jsonl")[:255],
-                                            data=input_data).id
+            except FileQuotaExceeded as e:
+                raise ApiError(413, str(e), "too_large") from None
         batch = None
         try:
             now = utcnow()
             batch = batches.create_batch(
                 s, tenant=tenant, endpoint=endpoint, completion_window=completion_window,
-                input_filename=input_filename, params=params, metadata=metadata,
-                input_file_id=input_file_id or stored_file,
+                input_filename=input_filename, params=params, metadata=metadata, input_file_id=input_file_id,
                 expires_at=now + timedelta(seconds=window_s) if window_s else None)
             if errors:
                 batches.set_batch_status(s, batch.id, "failed", errors={"object": "list", "data": errors})
                 log.info("batch %s failed validation: %s", batch.id, errors[0]["message"])
                 return _response(s, batch.id)
+            if input_data is not None:
+                try:  # under the tenant's file lock, in the transaction that stores the file
+                    reserve_file_bytes(s, tenant, len(input_data), settings.max_file_storage_bytes)
+                except FileQuotaExceeded as e:
+                    raise ApiError(413, str(e), "too_large") from None
+                batches.attach_input_file(s, batch.id, filename=(input_filename or "input.jsonl")[:255],
+                                          data=input_data)
             try:
                 reserve_queued(s, tenant, len(requests), settings.max_queued_jobs)  # add_requests commits it
                 ids = batches.add_requests(s, batch.id, requests, tenant=tenant, max_attempts=settings.max_attempts,
@@ -96,9 +104,7 @@ def store_batch(settings: ServiceSettings, tenant: str, requests: list, errors: 
             # nothing may stay half-stored: the batch (and any of its jobs) goes, the caller gets the error
             s.rollback()
             if batch is not None:
-                lifecycle.discard_batch(s, batch.id)
-            if stored_file is not None:
-                files.delete_file(s, stored_file)
+                lifecycle.discard_batch(s, batch.id)  # with the input file stored for it
             raise
         for i, job_id in enumerate(ids):
             try:

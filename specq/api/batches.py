@@ -18,8 +18,9 @@
                                       "status", "error": {"message"}}
     GET  /v1/batches/{id}/stats       count, per-phase p50/p95/mean, mean kept ratio (SQL)
     POST /v1/batches/{id}/cancel      cancelling -> cancelled; finished results stay
-    DELETE /v1/batches/{id}/data      a finished batch, its jobs and all their data deleted (409 while
-                                      it runs)
+    DELETE /v1/batches/{id}/data      a finished batch, its jobs and all their data deleted, with its
+                                      files (output, errors, the input this create stored; 409 while it
+                                      runs)
 
 Bodies are validated by the models of `specq.api.schemas` (`BatchLine` per JSONL line,
 `BatchFormFields` for the form) before anything is stored. CSV cells that a spreadsheet would run as
@@ -514,21 +515,29 @@ def csv_cell(value: Any) -> Any:
     return value
 
 
+def csv_line(cells: list[Any]) -> str:
+    """One CSV row ending in `\\n`, every cell holding a CR or LF quoted.
+
+    Python's writer quotes only the characters of its own line terminator: with `\\n` a cell holding
+    a bare CR (`x\\r=1+1`) went out unquoted, and a spreadsheet starts a new row (and a formula)
+    there. The row is written with `\\r\\n` (so both are quoted inside cells) and ends in `\\n`."""
+    buf = io.StringIO()
+    csv.writer(buf, lineterminator="\r\n").writerow(cells)
+    return buf.getvalue()[:-2] + "\n"
+
+
 def _csv_lines(batch_id: str) -> Iterator[bytes]:
     with db.session() as s:
         phases = stats.batch_phases(s, batch_id)
-    buf = io.StringIO()
-    w = csv.writer(buf, lineterminator="\n")
-    w.writerow(CSV_COLUMNS + [f"{p}_ms" for p in phases])
-    yield buf.getvalue().encode()
+    yield csv_line(CSV_COLUMNS + [f"{p}_ms" for p in phases]).encode()
     for page, found in _pages(batch_id, ("succeeded",)):
-        buf = io.StringIO()
-        w = csv.writer(buf, lineterminator="\n")
+        lines = []
         for job, filename in page:
             result = found.get(job.id)
             if result is not None:
-                w.writerow(csv_row(job.id, job.custom_id, job.status, filename, job.queue_wait_ms, result, phases))
-        yield buf.getvalue().encode()
+                lines.append(csv_line(csv_row(job.id, job.custom_id, job.status, filename, job.queue_wait_ms,
+                                              result, phases)))
+        yield "".join(lines).encode()
 
 
-__all__ = ["batches_router", "CSV_COLUMNS", "csv_row", "csv_cell", "MAX_ERRORS"]
+__all__ = ["batches_router", "CSV_COLUMNS", "csv_row", "csv_cell", "csv_line", "MAX_ERRORS"]

@@ -9,6 +9,7 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
+from ..ascii_numbers import ascii_int
 from ..settings import ServiceSettings
 from ..storage import db, jobs
 from ..storage.keys import Caller
@@ -31,7 +32,8 @@ def visible(job_id: str, scope: str | None) -> bool:
 def last_event_id(request: Request) -> int:
     """Characters of the answer the client has (`Last-Event-ID` of a reconnecting EventSource)."""
     raw = request.headers.get("last-event-id", "").strip()
-    return int(raw) if raw.isdigit() and len(raw) < 12 else 0
+    n = ascii_int(raw, max_digits=11)  # '²'.isdigit() is true, int('²') raises: ASCII digits only
+    return 0 if n is None else n
 
 
 def events_router(settings: ServiceSettings, caller_of: Callable[..., Caller]) -> APIRouter:

@@ -7,8 +7,9 @@
     GET    /v1/files/{id}/content    its bytes (output/error files of batches: JSONL)
     DELETE /v1/files/{id}            {id, object: file, deleted: true}
 
-Limits: one file is at most SPECQ_MAX_BATCH_BYTES (413), a tenant's files together at most
-SPECQ_MAX_FILE_STORAGE_BYTES (413); names as other names (255 characters). Each file belongs to the
+Limits: one file is at most SPECQ_MAX_BATCH_BYTES (413), a tenant's files together (with the inputs
+its native batch creates stored) at most SPECQ_MAX_FILE_STORAGE_BYTES (413; counted and inserted
+under a per-tenant lock, storage.quotas); names as other names (255 characters). Each file belongs to the
 tenant that uploaded it (another tenant's id is a 404). Batches' output and error files are listed
 with purpose `batch_output` and deleted with their batch.
 """
@@ -25,6 +26,7 @@ from starlette.datastructures import UploadFile
 from ..settings import ServiceSettings
 from ..storage import db, files
 from ..storage.keys import Caller
+from ..storage.quotas import FileQuotaExceeded, reserve_file_bytes
 from . import openai_schemas as O
 from . import schemas as S
 from .errors import ApiError, responses
@@ -135,11 +137,10 @@ async def _read_upload(request: Request, settings: ServiceSettings) -> tuple[str
 
 def _store(settings: ServiceSettings, tenant: str, name: str, data: bytes, purpose: str):
     with db.session() as s:
-        used = files.tenant_bytes(s, tenant)
-        if used + len(data) > settings.max_file_storage_bytes:
-            raise ApiError(413, f"this tenant's files would hold {used + len(data)} bytes, over the limit of "
-                                f"{settings.max_file_storage_bytes} (SPECQ_MAX_FILE_STORAGE_BYTES): delete some "
-                                "(DELETE /v1/files/{id})", "too_large")
+        try:  # counted under the tenant's lock, the file inserted in the same transaction
+            reserve_file_bytes(s, tenant, len(data), settings.max_file_storage_bytes)
+        except FileQuotaExceeded as e:
+            raise ApiError(413, str(e), "too_large") from None
         return files.create_file(s, tenant=tenant, purpose=purpose, filename=name, data=data)
 
 

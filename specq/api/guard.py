@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from urllib.parse import urlsplit
 
+from ..ascii_numbers import ascii_int
 from ..settings import ServiceSettings
 from .errors import ApiError, error_response
 
@@ -164,9 +165,8 @@ class BodyLimit:
         var = "SPECQ_MAX_BATCH_BYTES" if batch else "SPECQ_MAX_REQUEST_BYTES"
         for name, value in scope.get("headers", []):
             if name == b"content-length":
-                try:
-                    size = int(value)
-                except ValueError:
+                size = ascii_int(value.strip(), max_digits=19)  # int() would take b'+5' and b'1_0'
+                if size is None:
                     return await error_response(400, "bad Content-Length header", "invalid_request")(scope, receive, send)
                 if size > limit:
                     resp = error_response(413, f"request body is {size} bytes, over the limit of {limit} bytes "

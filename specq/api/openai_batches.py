@@ -21,6 +21,7 @@ from . import openai_schemas as O
 from .batch_store import MAX_ERRORS, parse_window, store_batch
 from .errors import ApiError
 from .openai_requests import INVALID, chat_spec, check_params, completion_spec, parse
+from .schemas import storable
 
 #: the body model and the job builder of each endpoint
 ENDPOINTS = {"/v1/chat/completions": (O.ChatCompletionRequest, chat_spec),
@@ -88,6 +89,10 @@ def _line(n: int, raw: bytes, endpoint: str, body_model, to_spec, catalog, limit
     cid = line.get("custom_id")
     if not isinstance(cid, str) or not 1 <= len(cid) <= 255 or "\x00" in cid:
         raise _LineError("custom_id is required (a string of 1-255 characters)", "missing_custom_id", "custom_id")
+    try:
+        storable(cid)  # JSON can spell a lone surrogate ("\ud800"): the store cannot hold it (was a 500)
+    except ValueError as e:
+        raise _LineError(f"custom_id {e}", "invalid_custom_id", "custom_id") from None
     if cid in seen:
         raise _LineError(f"custom_id {cid[:100]!r} already used on line {seen[cid]}", "duplicate_custom_id", "custom_id")
     if line.get("method") != "POST":

@@ -3,19 +3,21 @@
 A model's id is its target's file name without `.gguf` (a registry name such as
 `qwen2.5-coder-1.5b-instruct-q4_k_m`, or `target` for `/path/target.gguf`). The list holds the target
 of every live worker consuming this API's queue (from their heartbeats, specq.monitor) with its
-speculator, context and backend, and the target this API is configured with (SPECQ_TARGET, else the
-default) even before a worker runs, so requests can be queued for it. A request naming another
-model is a 404 `model_not_found`. Heartbeats are read at most every CACHE_S seconds.
+speculator, context and backend, the target this API is configured with (SPECQ_TARGET, else the
+default) even before a worker runs, so requests can be queued for it, and each served-model alias
+of that target (SPECQ_SERVED_MODEL_NAME) as a model of its own. Which names a request may use is
+defined once, in specq/served_models.py; any other is a 404 `model_not_found`. Heartbeats are read
+at most every CACHE_S seconds.
 """
 
 from __future__ import annotations
 
 import time
-from pathlib import Path
 from typing import Any, Callable
 
 from fastapi import APIRouter, Depends
 
+from ..served_models import model_id, parse_aliases, resolve
 from ..settings import ServiceSettings
 from ..storage.keys import Caller
 from . import openai_schemas as O
@@ -25,16 +27,19 @@ from .errors import ApiError, responses
 CACHE_S = 2.0
 
 
-def model_id(name: str) -> str:
-    base = Path(name).name
-    return base[:-5] if base.endswith(".gguf") else base
-
-
 class ModelCatalog:
     def __init__(self, settings: ServiceSettings) -> None:
         self.settings = settings
         self._at = 0.0
         self._models: list[dict[str, Any]] = []
+        #: alias -> the configured target's id
+        self.aliases = {name: self.configured_id for name in parse_aliases(settings.served_model_name)}
+
+    @property
+    def configured_id(self) -> str:
+        from ..engine.options import EngineOptions
+
+        return model_id(self.settings.target or EngineOptions().target)
 
     def models(self) -> list[dict[str, Any]]:
         if time.monotonic() - self._at > CACHE_S:
@@ -61,20 +66,31 @@ class ModelCatalog:
                                        "workers": 0})
             m["workers"] += 1
             m["created"] = min(m["created"], int(b.get("started_at") or m["created"]))
-        configured = model_id(self.settings.target or EngineOptions().target)
+        configured = self.configured_id
         if configured not in found:
             found[configured] = {"id": configured, "object": "model", "created": 0, "owned_by": "specq",
                                  "speculator": model_id(self.settings.speculator or EngineOptions().speculator),
                                  "context": self.settings.n_ctx or None, "backend": None, "workers": 0}
-        return sorted(found.values(), key=lambda m: m["id"])
+        served = sorted(found.values(), key=lambda m: m["id"])
+        aliases = [{**found[configured], "id": alias} for alias in self.aliases if alias not in found]
+        return served + aliases
 
     def check(self, name: str) -> str:
-        """`name` if this service serves it; a 404 model_not_found otherwise."""
-        ids = [m["id"] for m in self.models()]
-        if name in ids or model_id(name) in ids:
-            return model_id(name)
-        raise ApiError(404, f"The model `{name[:200]}` does not exist: this service serves {', '.join(ids)} "
+        """The id of the served model `name` names (specq/served_models.py); 404 model_not_found otherwise."""
+        models = self.models()
+        served = [m["id"] for m in models if m["id"] not in self.aliases]
+        found = resolve(name, served, self.aliases)
+        if found is not None:
+            return found
+        names = ", ".join(m["id"] for m in models)
+        raise ApiError(404, f"The model `{name[:200]}` does not exist: this service serves {names} "
                             "(GET /v1/models)", "invalid_request_error", param="model", code="model_not_found")
+
+    def entry(self, name: str) -> dict[str, Any]:
+        """The /v1/models entry of `name` (a served id or alias); 404 model_not_found otherwise."""
+        self.check(name)
+        models = {m["id"]: m for m in self.models()}
+        return models.get(name) or models[resolve(name, list(models), self.aliases)]
 
 
 def models_router(catalog: ModelCatalog, caller_of: Callable[..., Caller]) -> APIRouter:
@@ -88,10 +104,9 @@ def models_router(catalog: ModelCatalog, caller_of: Callable[..., Caller]) -> AP
     @router.get("/v1/models/{model}", summary="One model", operation_id="getModel", response_model=O.ModelObject,
                 responses=responses(401, 404))
     def get_model(model: str, caller: Caller = Depends(caller_of)) -> dict[str, Any]:
-        mid = catalog.check(model)
-        return next(m for m in catalog.models() if m["id"] == mid)
+        return catalog.entry(model)
 
     return router
 
 
-__all__ = ["ModelCatalog", "models_router", "model_id"]
+__all__ = ["ModelCatalog", "models_router"]

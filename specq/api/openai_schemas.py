@@ -14,12 +14,13 @@ from typing import Annotated, Any, Literal
 from pydantic import Field
 
 from ..engine.options import MAX_STOP_BYTES, MAX_STOP_STRINGS
+from ..served_models import MAX_MODEL_CHARS as SERVED_MODEL_CHARS
 from .schemas import MAX_METADATA_PAIRS, Metadata, Request, Response, RunParamsIn, Text
 
 #: the most messages in one chat request
 MAX_MESSAGES = 2048
-#: the longest model name
-MAX_MODEL_CHARS = 256
+#: the longest model name: what the store's jobs.model column holds (256 was a 500 on PostgreSQL)
+MAX_MODEL_CHARS = SERVED_MODEL_CHARS
 Model = Text(MAX_MODEL_CHARS, min_length=1, description="a model id from GET /v1/models")
 Stop = Annotated[str, Field(min_length=1, max_length=MAX_STOP_BYTES)]
 Small = Annotated[str, Field(max_length=256)]

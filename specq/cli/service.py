@@ -69,9 +69,10 @@ def api_cmd(
     host: str = typer.Option(None, help="Address to listen on (default 127.0.0.1). [env SPECQ_API_HOST]"),
     port: int = typer.Option(None, help="Port (default 8178). [env SPECQ_API_PORT]"),
     loglevel: str = typer.Option("info", help="uvicorn log level."),
+    served_model_name: str = typer.Option(None, help="Other names the OpenAI routes accept for the target, comma-separated (vLLM's --served-model-name); listed in /v1/models. [env SPECQ_SERVED_MODEL_NAME]"),
 ) -> None:
     """Run the REST API (no models are loaded here; jobs go to the broker for `specq worker`)."""
-    settings = service_settings(api_host=host, api_port=port)
+    settings = service_settings(api_host=host, api_port=port, served_model_name=served_model_name)
     service_ready_db(upgrade=False)
     if settings.auth == "none" and settings.api_host not in ("127.0.0.1", "localhost", "::1"):
         typer.echo(f"specq api: warning: no API keys (SPECQ_AUTH=none) on {settings.api_host}: anyone who reaches "
@@ -91,6 +92,7 @@ def up_cmd(
     speculator: str = typer.Option(None, help="Speculator model: registry name or GGUF path. [env SPECQ_SPECULATOR]"),
     n_gpu_layers: int = typer.Option(None, help="Layers offloaded to the GPU (-1 = all). [env SPECQ_N_GPU_LAYERS]"),
     n_ctx: int = typer.Option(None, help="Target context size. [env SPECQ_N_CTX]"),
+    served_model_name: str = typer.Option(None, help="Other names the OpenAI routes accept for the target, comma-separated (vLLM's --served-model-name); listed in /v1/models. [env SPECQ_SERVED_MODEL_NAME]"),
     loglevel: str = typer.Option("INFO", help="Worker log level."),
     detach: bool = typer.Option(False, "--detach", "-d", help="Start in the background (log: $SPECQ_HOME/up.log), return once the API it started answers (exit 1 with the log's reason if it fails); stop with `specq down`."),
 ) -> None:
@@ -113,7 +115,7 @@ def up_cmd(
     from ..storage import db
 
     settings = service_settings(api_host=host, api_port=port, gpu=gpu, target=target, speculator=speculator,
-                                 n_gpu_layers=n_gpu_layers, n_ctx=n_ctx)
+                                 n_gpu_layers=n_gpu_layers, n_ctx=n_ctx, served_model_name=served_model_name)
     if detach:
         _up_detached(settings, sys.argv[1:])
         return
@@ -122,7 +124,7 @@ def up_cmd(
     # names the API this `up` starts: /healthz answers it, so another API already on the port is not taken for ours
     instance = settings.instance_id or secrets.token_hex(8)
     env["SPECQ_INSTANCE_ID"] = instance
-    for name in ("api_host", "api_port", "gpu", "target", "speculator", "n_gpu_layers", "n_ctx"):
+    for name in ("api_host", "api_port", "gpu", "target", "speculator", "n_gpu_layers", "n_ctx", "served_model_name"):
         value = getattr(settings, name)
         if value not in (None, ""):
             env[f"SPECQ_{name.upper()}"] = str(value)

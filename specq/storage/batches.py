@@ -126,14 +126,17 @@ def list_batches(
     offset: int = 0,
     after: str | None = None,
 ) -> list[Batch]:
-    """Batches, newest first; with `after` (a batch id), only those listed after it (OpenAI's cursor)."""
+    """Batches, newest first; with `after` (a batch id), only those listed after it (OpenAI's cursor).
+    The cursor is looked up with the page's tenant filter: another tenant's batch id is an unknown
+    cursor (the first page)."""
     q = select(Batch)
     if tenant is not None:
         q = q.where(Batch.tenant == tenant)
     if status is not None:
         q = q.where(Batch.status.in_([status] if isinstance(status, str) else list(status)))
     if after is not None:
-        mark = session.execute(select(Batch.created_at, Batch.id).where(Batch.id == after)).one_or_none()
+        mark = session.execute(_batch_query(batch_id=after, tenant=tenant).with_only_columns(
+            Batch.created_at, Batch.id)).one_or_none()
         if mark is not None:
             q = q.where(or_(Batch.created_at < mark[0], and_(Batch.created_at == mark[0], Batch.id < mark[1])))
     q = q.order_by(Batch.created_at.desc(), Batch.id.desc()).limit(max(0, limit)).offset(max(0, offset))
@@ -229,16 +232,14 @@ def add_requests(
     in request order. Jobs get created_at one microsecond apart, so ordering by created_at keeps the
     line order. Raises InputTooLarge (nothing stored) for a document over the limit, and
     sqlalchemy.exc.IntegrityError for a custom_id repeated within the batch."""
-    from .jobs import UnknownDocument, max_input_bytes, new_job_id
-    from .models import Document
+    from .jobs import UnknownDocument, lock_documents, max_input_bytes, new_job_id
 
     limit = limit_bytes if limit_bytes is not None else max_input_bytes()
     base = utcnow()
     ids: list[str] = []
     try:
-        wanted = {r.document_id for r in requests if r.document_id}
-        sizes = dict(session.execute(select(Document.id, Document.size_bytes).where(
-            Document.id.in_(wanted), Document.tenant == tenant)).all()) if wanted else {}
+        # read under a share lock: a document deleted meanwhile is UnknownDocument, not an IntegrityError
+        sizes = lock_documents(session, {r.document_id for r in requests if r.document_id}, tenant)
         rows_jobs, rows_inputs = [], []
         for i, r in enumerate(requests):
             if r.document_id:
@@ -272,6 +273,25 @@ def add_requests(
         session.rollback()
         raise
     return ids
+
+
+def attach_input_file(session: Session, batch_id: str, *, filename: str, data: bytes) -> str:
+    """Store `data` as the batch's input file (purpose `batch`, the batch's tenant, `batch_id` set so it
+    is deleted with the batch's data) and set the batch's input_file_id, in the session's transaction,
+    and commit. The native create calls it under the tenant's file lock (quotas.reserve_file_bytes)."""
+    from .files import CHUNK_BYTES, add_file
+
+    try:
+        tenant = session.scalar(select(Batch.tenant).where(Batch.id == batch_id))
+        row = add_file(session, tenant=tenant, purpose="batch", filename=filename, batch_id=batch_id,
+                       chunks=(data[i:i + CHUNK_BYTES] for i in range(0, max(len(data), 1), CHUNK_BYTES)))
+        session.execute(update(Batch).where(Batch.id == batch_id).values(input_file_id=row.id)
+                        .execution_options(synchronize_session=False))
+        session.commit()
+    except BaseException:
+        session.rollback()
+        raise
+    return row.id
 
 
 def _locked_batch(session: Session, batch_id: str, tenant: str | None = None) -> Batch | None:
@@ -440,6 +460,7 @@ __all__ = [
     "refresh_request_counts",
     "BatchRequest",
     "add_requests",
+    "attach_input_file",
     "advance_batch",
     "cancel_batch",
     "expire_due",

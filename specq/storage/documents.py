@@ -16,6 +16,7 @@ from sqlalchemy import and_, func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from .db import write_transaction
 from .errors import InputTooLarge
 from .limits import max_input_bytes
 from .models import Document, Job, JobInput, JOB_TERMINAL, utcnow
@@ -103,6 +104,9 @@ def delete_document(session: Session, document_id: str, tenant: str | None = Non
     """Delete the document (None: no such document of `tenant`). Raises DocumentInUse while a queued
     or running job asks about it; finished jobs keep their rows with document_id NULL (text empty)."""
     try:
+        # a writer from the start (SQLite: BEGIN IMMEDIATE): a deferred read that then writes fails with
+        # "database is locked" when another writer committed in between (it cannot wait for the lock)
+        write_transaction(session)
         q = select(Document).where(Document.id == document_id)
         if tenant is not None:
             q = q.where(Document.tenant == tenant)

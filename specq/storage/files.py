@@ -90,7 +90,8 @@ def get_file(session: Session, file_id: str, tenant: str | None = None) -> File 
 def list_files(session: Session, *, tenant: str | None = None, purpose: str | None = None, limit: int = 20,
                after: str | None = None, order: str = "desc") -> tuple[list[File], bool]:
     """A page of files ordered by (created_at, id) (`order` desc: newest first), starting after the file
-    `after`; and whether more follow."""
+    `after`; and whether more follow. The cursor is looked up with the same tenant filter as the page:
+    another tenant's file id is an unknown cursor (the first page), not a position in time."""
     q = select(File)
     if tenant is not None:
         q = q.where(File.tenant == tenant)
@@ -98,7 +99,10 @@ def list_files(session: Session, *, tenant: str | None = None, purpose: str | No
         q = q.where(File.purpose == purpose)
     desc = order != "asc"
     if after is not None:
-        mark = session.execute(select(File.created_at, File.id).where(File.id == after)).one_or_none()
+        cursor = select(File.created_at, File.id).where(File.id == after)
+        if tenant is not None:
+            cursor = cursor.where(File.tenant == tenant)
+        mark = session.execute(cursor).one_or_none()
         if mark is not None:
             at, fid = mark
             q = q.where(or_(File.created_at < at, and_(File.created_at == at, File.id < fid)) if desc
@@ -138,11 +142,13 @@ def delete_file(session: Session, file_id: str, tenant: str | None = None) -> bo
     return n == 1
 
 
-def tenant_bytes(session: Session, tenant: str) -> int:
-    """Bytes of the files the tenant uploaded (batches' output files not counted)."""
+def tenant_bytes(session: Session, tenant: str, *, commit: bool = True) -> int:
+    """Bytes of the files the tenant uploaded or a native batch create stored as its input (batches'
+    output files not counted). `commit=False`: read in the caller's transaction (quotas.reserve_file_bytes)."""
     n = session.scalar(select(func.coalesce(func.sum(File.bytes), 0))
                        .where(and_(File.tenant == tenant, File.purpose != "batch_output"))) or 0
-    session.commit()
+    if commit:
+        session.commit()
     return int(n)
 
 

@@ -99,19 +99,25 @@ def create_job(
     sqlalchemy.exc.IntegrityError for an unknown batch_id or a custom_id repeated within a batch.
     `document_id`: the job asks about that stored document (storage.documents) of the same tenant
     instead of `text` (which must then be ""); UnknownDocument if the tenant has no such document.
+    The document is read under a share lock in the transaction that inserts the job (`lock_documents`),
+    so a concurrent delete either comes first (UnknownDocument) or waits and finds the job (409).
     """
     limit = limit_bytes if limit_bytes is not None else max_input_bytes()
     size = len(text.encode("utf-8"))
     if document_id is not None:
-        from .documents import get_document
-
         if text:
             raise ValueError("give text or document_id, not both")
-        doc = get_document(session, document_id, tenant=tenant)
-        if doc is None:
+        try:
+            sizes = lock_documents(session, {document_id}, tenant)
+        except BaseException:
+            session.rollback()
+            raise
+        if document_id not in sizes:
+            session.rollback()
             raise UnknownDocument(document_id)
-        size = doc.size_bytes
+        size = sizes[document_id]
     if size > limit:
+        session.rollback()
         raise InputTooLarge(size, limit)
     if messages is not None:
         chat_size = sum(len(m.get("content", "").encode("utf-8")) for m in messages)
@@ -186,6 +192,21 @@ def get_input(session: Session, job_id: str, tenant: str | None = None) -> JobIn
     return row
 
 
+def lock_documents(session: Session, document_ids: Iterable[str], tenant: str) -> dict[str, int]:
+    """{id: size_bytes} of those of `document_ids` that `tenant` has, read in a write transaction
+    (begun here if none is open; SQLite: BEGIN IMMEDIATE) under a share lock (PostgreSQL: FOR KEY
+    SHARE) that `documents.delete_document`'s FOR UPDATE waits for. The caller inserts the jobs that
+    name them in the same transaction: checked-then-deleted documents were an IntegrityError (500)
+    on PostgreSQL, and a deferred SQLite read-then-write a "database is locked" (docs/reliability.md)."""
+    wanted = set(document_ids)
+    if not wanted:
+        return {}
+    write_transaction(session)
+    q = (select(Document.id, Document.size_bytes).where(Document.id.in_(wanted), Document.tenant == tenant)
+         .with_for_update(read=True, key_share=True))
+    return {doc_id: int(size) for doc_id, size in session.execute(q)}
+
+
 class UnknownDocument(LookupError):
     """A job named a document_id its tenant does not have."""
 
@@ -215,11 +236,19 @@ def list_jobs(
     offset: int = 0,
 ) -> list[Job]:
     """Jobs, newest first, filtered by status (one or several), tenant and batch."""
-    q = _filtered(select(Job), status, tenant, batch_id)
-    q = q.order_by(Job.created_at.desc(), Job.id.desc()).limit(max(0, limit)).offset(max(0, offset))
+    q = list_query(status=status, tenant=tenant, batch_id=batch_id, limit=limit, offset=offset)
     jobs = list(session.scalars(q.execution_options(populate_existing=True)))
     session.commit()
     return jobs
+
+
+def list_query(*, status: str | Iterable[str] | None = None, tenant: str | None = None,
+               batch_id: str | None = None, limit: int = 50, offset: int = 0):
+    """The SELECT of `list_jobs`: ordered by (created_at, id) descending, the order of the jobs index
+    ix_jobs_created_at_id, so an unfiltered page is read off that index instead of sorting every job
+    (tests/test_hardening_service.py::test_the_job_list_reads_a_page_off_its_index)."""
+    q = _filtered(select(Job), status, tenant, batch_id)
+    return q.order_by(Job.created_at.desc(), Job.id.desc()).limit(max(0, limit)).offset(max(0, offset))
 
 
 def count_jobs(
@@ -454,6 +483,9 @@ __all__ = [
     "get_job",
     "get_input",
     "list_jobs",
+    "lock_documents",
+    "UnknownDocument",
+    "list_query",
     "count_jobs",
     "mark_running",
     "new_token",

@@ -2,7 +2,8 @@
 ago than SPECQ_RETENTION.
 
 Deleting a job deletes its row, its document and question (job_inputs), its result and its phase
-timings, in one transaction; afterwards the job is a 404 like any unknown id. Only finished jobs
+timings, in one transaction (a batch: also its files — output, errors, and the input a native create
+stored for it); afterwards the job is a 404 like any unknown id. Only finished jobs
 (succeeded, failed, cancelled) and finished batches (completed, failed, expired, cancelled) are
 deleted: a queued or running job is cancelled first. A job of a batch is deleted with its batch (so
 a batch's counts, results and stats stay whole), never alone.
@@ -22,7 +23,7 @@ from sqlalchemy.orm import Session
 
 from ..contracts import BATCH_TERMINAL, JOB_TERMINAL
 from .db import write_transaction
-from .models import Batch, Job, JobInput, PhaseTiming, Result
+from .models import Batch, File, FileChunk, Job, JobInput, PhaseTiming, Result
 
 #: jobs (or batches) deleted per transaction by the retention sweep
 PAGE = 200
@@ -38,6 +39,15 @@ def _delete_jobs(session: Session, job_ids) -> int:
     for table in (PhaseTiming, Result, JobInput):
         session.execute(delete(table).where(table.job_id.in_(job_ids)).execution_options(synchronize_session=False))
     return session.execute(delete(Job).where(Job.id.in_(job_ids)).execution_options(synchronize_session=False)).rowcount
+
+
+def _delete_batch_files(session: Session, batch_id: str) -> None:
+    """Delete the batch's files: its output and error files and the input a native create stored for
+    it (the caller commits). Explicit, like _delete_jobs; an uploaded input file (OpenAI's create) has
+    no batch_id and stays, as on OpenAI."""
+    ids = select(File.id).where(File.batch_id == batch_id)
+    session.execute(delete(FileChunk).where(FileChunk.file_id.in_(ids)).execution_options(synchronize_session=False))
+    session.execute(delete(File).where(File.batch_id == batch_id).execution_options(synchronize_session=False))
 
 
 def delete_job(session: Session, job_id: str, tenant: str | None = None) -> bool:
@@ -82,6 +92,7 @@ def delete_batch(session: Session, batch_id: str, tenant: str | None = None) -> 
             raise NotFinished(f"batch {batch_id} is {status}: cancel it first (POST /v1/batches/{batch_id}/cancel), "
                               "then delete its data once it is cancelled")
         n = _delete_jobs(session, select(Job.id).where(Job.batch_id == batch_id))
+        _delete_batch_files(session, batch_id)
         session.execute(delete(Batch).where(Batch.id == batch_id).execution_options(synchronize_session=False))
         session.commit()
     except BaseException:
@@ -96,6 +107,7 @@ def discard_batch(session: Session, batch_id: str) -> None:
     try:
         write_transaction(session)
         _delete_jobs(session, select(Job.id).where(Job.batch_id == batch_id))
+        _delete_batch_files(session, batch_id)
         session.execute(delete(Batch).where(Batch.id == batch_id).execution_options(synchronize_session=False))
         session.commit()
     except BaseException:

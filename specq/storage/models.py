@@ -187,6 +187,8 @@ class Job(Base):
         CheckConstraint(f"status IN ({_in(JOB_STATUSES)})", name="status"),
         UniqueConstraint("batch_id", "custom_id"),
         Index(None, "tenant", "created_at"),
+        #: the order of the unfiltered job list (GET /v1/jobs, newest first): a page is read off it
+        Index(None, "created_at", "id"),
         Index(None, "status", "created_at"),
         Index(None, "batch_id", "status"),
         Index(None, "status", "queue", "priority", "tenant", "created_at"),

@@ -1,9 +1,10 @@
-"""Per-tenant limits checked inside the write transaction that adds jobs.
+"""Per-tenant limits checked inside the write transaction that adds jobs or files.
 
-`reserve_queued` counts the tenant's unfinished (queued or running) jobs under a per-tenant lock
-(PostgreSQL: a transaction-level advisory lock; SQLite: the write lock of BEGIN IMMEDIATE), so two
-API processes submitting at once cannot both slip under the limit. The caller inserts its jobs in
-the same transaction, which releases the lock when it commits.
+`reserve_queued` counts the tenant's unfinished (queued or running) jobs, `reserve_file_bytes` the
+bytes of its files, each under a per-tenant lock (PostgreSQL: a transaction-level advisory lock, one
+key space per limit; SQLite: the write lock of BEGIN IMMEDIATE), so two requests at once (in one API
+process or several) cannot both slip under the limit. The caller inserts its jobs or its file in the
+same transaction, which releases the lock when it commits.
 """
 
 from __future__ import annotations
@@ -21,9 +22,16 @@ class QuotaExceeded(Exception):
     """Adding the jobs would put the tenant over its limit; the message says by how much."""
 
 
-def _lock_key(tenant: str) -> int:
-    # a signed 64-bit number per tenant, in a space of our own (the "specq-quota:" salt)
-    return int.from_bytes(hashlib.sha256(f"specq-quota:{tenant}".encode()).digest()[:8], "big", signed=True)
+def _lock_key(tenant: str, space: str = "specq-quota") -> int:
+    # a signed 64-bit number per tenant, in a space of our own (the salt: one per limit)
+    return int.from_bytes(hashlib.sha256(f"{space}:{tenant}".encode()).digest()[:8], "big", signed=True)
+
+
+def _lock_tenant(session: Session, tenant: str, space: str) -> None:
+    """Begin a write transaction and hold the tenant's lock of `space` until it ends."""
+    write_transaction(session)
+    if session.get_bind().dialect.name == "postgresql":
+        session.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": _lock_key(tenant, space)})
 
 
 def unfinished_jobs(session: Session, tenant: str) -> int:
@@ -39,9 +47,7 @@ def reserve_queued(session: Session, tenant: str, adding: int, limit: int) -> No
     transaction stays open: insert the jobs in it."""
     if limit <= 0:
         return
-    write_transaction(session)
-    if session.get_bind().dialect.name == "postgresql":
-        session.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": _lock_key(tenant)})
+    _lock_tenant(session, tenant, "specq-quota")
     current = unfinished_jobs(session, tenant)
     if current + adding > limit:
         session.rollback()
@@ -50,4 +56,22 @@ def reserve_queued(session: Session, tenant: str, adding: int, limit: int) -> No
                             f"{limit} (SPECQ_MAX_QUEUED_JOBS): wait for some to finish")
 
 
-__all__ = ["QuotaExceeded", "reserve_queued", "unfinished_jobs"]
+def reserve_file_bytes(session: Session, tenant: str, adding: int, limit: int) -> None:
+    """Begin a write transaction, lock the tenant's files, and raise FileQuotaExceeded (rolled back) if
+    `adding` more bytes would put its files over `limit` (SPECQ_MAX_FILE_STORAGE_BYTES; batches'
+    output files are not counted). On success the transaction stays open: insert the file in it."""
+    from .files import tenant_bytes
+
+    _lock_tenant(session, tenant, "specq-files")
+    used = tenant_bytes(session, tenant, commit=False)
+    if used + adding > limit:
+        session.rollback()
+        raise FileQuotaExceeded(f"this tenant's files would hold {used + adding} bytes, over the limit of {limit} "
+                                "(SPECQ_MAX_FILE_STORAGE_BYTES): delete some (DELETE /v1/files/{id})")
+
+
+class FileQuotaExceeded(Exception):
+    """Storing the file would put the tenant's files over SPECQ_MAX_FILE_STORAGE_BYTES."""
+
+
+__all__ = ["QuotaExceeded", "FileQuotaExceeded", "reserve_queued", "reserve_file_bytes", "unfinished_jobs"]
