@@ -70,11 +70,16 @@ class ModelCatalog:
 
     def check(self, name: str) -> str:
         """`name` if this service serves it; a 404 model_not_found otherwise."""
-        ids = [m["id"] for m in self.models()]
-        if name in ids or model_id(name) in ids:
-            return model_id(name)
-        raise ApiError(404, f"The model `{name[:200]}` does not exist: this service serves {', '.join(ids)} "
-                            "(GET /v1/models)", "invalid_request_error", param="model", code="model_not_found")
+        return check_model(name, [m["id"] for m in self.models()])
+
+
+def check_model(name: str, ids: list[str]) -> str:
+    """The id `name` asks for if it is one of `ids` (the served models); a 404 model_not_found
+    otherwise. `specq run-batch` checks its lines' `model` with it too."""
+    if name in ids or model_id(name) in ids:
+        return model_id(name)
+    raise ApiError(404, f"The model `{name[:200]}` does not exist: this service serves {', '.join(ids)} "
+                        "(GET /v1/models)", "invalid_request_error", param="model", code="model_not_found")
 
 
 def models_router(catalog: ModelCatalog, caller_of: Callable[..., Caller]) -> APIRouter:
@@ -94,4 +99,4 @@ def models_router(catalog: ModelCatalog, caller_of: Callable[..., Caller]) -> AP
     return router
 
 
-__all__ = ["ModelCatalog", "models_router", "model_id"]
+__all__ = ["ModelCatalog", "models_router", "model_id", "check_model"]

@@ -20,7 +20,7 @@ import numpy as np
 
 from . import auto, emulated_selection, invariance, quality_evidence
 from .decode import generate
-from ..contracts import EngineError, InputError, ModelError
+from ..contracts import ContextLengthExceeded, EngineError, InputError, ModelError
 from .kept_spans import selection_record
 from .options import EngineOptions, RunParams
 from .prefill import PrefillResult, sparse_prefill
@@ -233,10 +233,7 @@ class Engine:
         else:
             prompt = build_prompt(self.target, document, params.question, params.system)
         if prompt.n + params.max_tokens > self.n_ctx:
-            raise InputError(
-                f"prompt is {prompt.n} tokens; with max_tokens {params.max_tokens} it exceeds the target's "
-                f"context of {self.n_ctx} tokens"
-            )
+            raise ContextLengthExceeded(prompt.n, params.max_tokens, self.n_ctx)
         return prompt
 
     def prepare(self, document: str, params: RunParams, *, messages: list[tuple[str, str]] | None = None,
