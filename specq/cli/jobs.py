@@ -95,8 +95,14 @@ def jobs_cmd(
 
 
 @app.command("cancel")
-def cancel_cmd(job_id: str = typer.Argument(..., help="A job id (job_…).")) -> None:
+def cancel_cmd(
+    job_id: str = typer.Argument(..., help="A job id (job_…)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the job object as JSON (what POST /v1/jobs/{id}/cancel answers)."),
+) -> None:
     """Cancel a queued job now, or a running job at its next phase, window or token."""
     job = api_call(lambda c: c.cancel(job_id))
+    if as_json:
+        print_json(job)
+        return
     state = "cancelled" if job["status"] == "cancelled" else "cancel requested (it stops at its next step)"
     typer.echo(safe(f"{job['id']}: {state}"))

@@ -9,16 +9,17 @@ import typer
 from .app import app
 from .common import (STDIN_NAME, api_call, fail, finish_job, is_stdin, load_document, read_input, shown_name,
                      stream_answer, wait_batch_with_progress, wait_with_progress)
-from .output import print_json, safe
+from .output import print_json, safe, stdout_is_terminal
+from .render import print_results_table
 
 
 @app.command("submit")
 def submit_cmd(
     files: list[Path] = typer.Argument(None, help="Documents or code files (text: UTF-8, or UTF-16/32 with a BOM); several make a batch; - reads one from stdin."),
-    question: str = typer.Option(None, "-q", "--question", help="The question asked about FILE."),
+    question: str = typer.Option(None, "-q", "--question", help="The question asked about FILE (required with FILEs; a --jsonl line may carry its own)."),
     questions: Path = typer.Option(None, "--questions", help="A text file of questions, one a line: FILE is stored once "
                                    "(POST /v1/documents) and asked each of them, as one batch of one job per question "
-                                   "(- = stdin)."),
+                                   "(- = stdin); each request's custom_id is `qN: the question`."),
     jsonl: Path = typer.Option(None, "--jsonl", help="A batch as JSONL: one {custom_id, text or document_id, question, params} per line (- = stdin)."),
     batch_name: str = typer.Option(None, "--batch", help="Submit as a batch with this name (`specq results NAME`)."),
     mode: str = typer.Option(None, help="auto (the default: docs/engine.md), baseline or specprefill."),
@@ -46,12 +47,13 @@ def submit_cmd(
     ngram: int = typer.Option(None, help="N-gram size for the ngram drafter."),
     wait: bool = typer.Option(False, "--wait", "-w", help="Wait for the answer: progress, then the answer as it is "
                               "decoded, then the phase table."),
-    as_json: bool = typer.Option(False, "--json", help="Print the new job (batch) object as JSON instead of its id; with --wait the run result object (the finished batch)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the new job (batch) object as JSON instead of its id; with --wait the run result object with the job's id as `job_id` (the finished batch)."),
 ) -> None:
     """Submit FILE + QUESTION as a job to the specq API (SPECQ_API_URL); print its id, or with --wait its answer.
 
     Several FILEs, --jsonl or --batch submit a batch (one job per file or line): its id is printed;
-    --wait shows the batch's progress; then `specq results BATCH --format csv`. FILE `-` is stdin
+    --wait shows the batch's progress, then on a terminal its answers (`specq results BATCH` prints
+    them again; --format csv or jsonl). FILE `-` is stdin
     (the job's file name is "stdin"): `git diff | specq submit - -q "Any bugs?" --wait`.
 
     Options not given take the server's defaults (those of `specq run`). Model options (target, speculator,
@@ -68,6 +70,9 @@ def submit_cmd(
     files = list(files or [])
     if questions is not None:
         return submit_questions(files, questions, question, jsonl, params, batch_name, wait, as_json)  # below
+    if jsonl is None and files and not (question or "").strip():  # a question is the job (a JSONL line has its own)
+        raise fail('give the question about FILE with -q QUESTION (e.g. -q "Any bugs?"), or --questions '
+                   'FILE for several')
     if jsonl is not None or batch_name is not None or len(files) > 1:
         return submit_batch(files, jsonl, question, params, batch_name, wait, as_json)  # below
     if not files:
@@ -86,6 +91,7 @@ def submit_cmd(
                 typer.echo(job["id"])
             typer.echo(f"queued: `specq status {job['id']}` or `specq result {job['id']} --wait`", err=True)
             return
+        typer.echo(f"job {job['id']}", err=True)  # to find it again (`specq status`) while the answer comes
         try:
             if as_json:
                 done, printed = wait_with_progress(c, job["id"]), False
@@ -93,7 +99,7 @@ def submit_cmd(
                 done, printed = stream_answer(c, job["id"])
         except KeyboardInterrupt:
             raise fail(f"stopped waiting; job {job['id']} keeps running (`specq status {job['id']}`)") from None
-        finish_job(done, as_json, printed)
+        finish_job(done, as_json, printed, with_id=True)
 
     api_call(go)
 
@@ -117,8 +123,19 @@ def questions_jsonl(document_id: str, qs: list[str]) -> bytes:
     """The batch of `--questions`: one line per question about one stored document."""
     import json
 
-    return b"".join((json.dumps({"custom_id": f"q{i}", "document_id": document_id, "question": q},
+    return b"".join((json.dumps({"custom_id": question_id(i, q), "document_id": document_id, "question": q},
                                 ensure_ascii=False) + "\n").encode() for i, q in enumerate(qs, 1))
+
+
+#: the longest custom_id the API takes
+MAX_CUSTOM_ID = 255
+
+
+def question_id(i: int, question: str) -> str:
+    """The custom_id of question `i`: its number and its text (cut to the API's 255 characters), so
+    every view of the results (`specq results`, JSONL, CSV, the page) says which question each answers."""
+    cid = f"q{i}: {' '.join(question.split())}"
+    return cid if len(cid) <= MAX_CUSTOM_ID else cid[: MAX_CUSTOM_ID - 1] + "…"
 
 
 def submit_questions(files: list[Path], questions: Path, question, jsonl, params: dict, name, wait: bool,
@@ -196,8 +213,10 @@ def submit_batch(files: list[Path], jsonl: Path | None, question, params: dict, 
         counts = done["request_counts"]
         if as_json:
             print_json(done)
+        elif stdout_is_terminal() and counts["completed"]:  # piped, stdout stays the batch id alone
+            print_results_table(c.batch_export(done["id"], "results"))
         typer.echo(f"batch {done['id']} {done['status']}: {counts['completed']}/{counts['total']} completed, "
-                   f"{counts['failed']} failed; `specq results {done['id']} --format csv`", err=True)
+                   f"{counts['failed']} failed; answers: `specq results {done['id']}` (--format csv or jsonl)", err=True)
         if done["status"] != "completed" or counts["failed"]:
             raise typer.Exit(1)
 
