@@ -132,15 +132,24 @@ class _Events:
     def __init__(self, events) -> None:
         self.events, self.pending = events, None
 
+    async def _step(self) -> tuple[str, Any] | None:
+        try:
+            return await self.events.__anext__()
+        except StopAsyncIteration:
+            return None
+
     async def next(self, timeout: float | None) -> tuple[str, Any] | None:
         """The next event; None after `timeout` seconds without one; StopAsyncIteration at the end."""
         if self.pending is None:
-            self.pending = asyncio.ensure_future(self.events.__anext__())
+            self.pending = asyncio.ensure_future(self._step())
         finished, _ = await asyncio.wait({self.pending}, timeout=timeout)
         if not finished:
             return None
         task, self.pending = self.pending, None
-        return task.result()
+        event = task.result()
+        if event is None:
+            raise StopAsyncIteration
+        return event
 
     async def close(self) -> None:
         if self.pending is not None:
