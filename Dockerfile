@@ -96,7 +96,7 @@ WORKDIR /app
 COPY pyproject.toml README.md alembic.ini ./
 COPY patches ./patches
 COPY scripts/build-llama.sh ./scripts/build-llama.sh
-# our patched llama-cpp-python, for the CPU (no -DGGML_CUDA=on)
+# our patched llama-cpp-python, for the CPU (no CUDA flag: the script then builds the .cpu flavour)
 RUN CMAKE_ARGS="${CPU_CMAKE_ARGS}" PYTHON=/opt/venv/bin/python SPECQ_HOME=/tmp/specq-build \
     bash scripts/build-llama.sh \
  && python -c "import importlib.metadata as m; v = m.version('llama-cpp-python'); print(v); assert v.endswith('.cpu'), v"

@@ -246,6 +246,18 @@ def test_a_prompt_over_the_context_is_context_length_exceeded_streamed_or_not(st
     assert chunks[0].choices[0].delta.role == "assistant" and chunks[-1].choices[0].finish_reason
 
 
+def test_a_batch_line_over_the_context_has_that_code_in_the_error_file(stack):
+    client = sdk(stack)
+    line = {"custom_id": "long", "method": "POST", "url": "/v1/chat/completions",
+            "body": {"model": "target", "max_tokens": 4, "messages": [{"role": "user", "content": TOO_LONG}]}}
+    fid = client.files.create(file=("long.jsonl", json.dumps(line).encode()), purpose="batch").id
+    b = wait_batch(client, client.batches.create(input_file_id=fid, endpoint="/v1/chat/completions",
+                                                 completion_window="24h").id)
+    assert b.request_counts.failed == 1 and b.error_file_id
+    (err,) = [json.loads(x) for x in client.files.content(b.error_file_id).text.splitlines()]
+    assert err["custom_id"] == "long" and err["error"]["code"] == "context_length_exceeded", err
+
+
 def test_langchain_sees_the_context_overflow(stack):
     """LangChain's ChatOpenAI on the same 400: the typed error its callers catch for an overflow."""
     langchain_openai = pytest.importorskip("langchain_openai")
