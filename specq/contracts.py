@@ -51,8 +51,8 @@ class ContextLengthExceeded(InputError):
     CONTEXT_LENGTH_MARK, so a failed job's stored one-line error says which failure it was."""
 
     def __init__(self, prompt_tokens: int, max_tokens: int, n_ctx: int) -> None:
-        super().__init__(f"prompt is {prompt_tokens} tokens; with max_tokens {max_tokens} it {CONTEXT_LENGTH_MARK} "
-                         f"of {n_ctx} tokens (the model's maximum context length here)")
+        super().__init__(f"prompt is too long: {prompt_tokens} tokens; with max_tokens {max_tokens} it "
+                         f"{CONTEXT_LENGTH_MARK} of {n_ctx} tokens (the model's maximum context length here)")
 
 
 #: the words every ContextLengthExceeded message holds (`is_context_length_error`)

@@ -120,7 +120,10 @@ def _failed(spec: JobSpec, job_id: str, done: dict[str, Any], headers: dict[str,
     """The 400 of a job that did not succeed: `context_length_exceeded` when its prompt did not fit."""
     error = done.get("error") or done["status"]
     if done["status"] == "failed" and is_context_length_error(error):
-        return ApiError(400, f"job {job_id} failed: {error}", INVALID, code="context_length_exceeded",
+        # the code in the message too: clients on openai 2+/3 see only the message in str(error), and
+        # LangChain and LiteLLM look for these words there
+        return ApiError(400, f"job {job_id} failed: {error} (context_length_exceeded)", INVALID,
+                        code="context_length_exceeded",
                         param="messages" if spec.kind == "chat" else "prompt", headers=headers)
     return ApiError(400, f"job {job_id} {done['status']}: {error}", INVALID, code="job_failed", headers=headers)
 
