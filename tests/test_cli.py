@@ -205,6 +205,7 @@ def test_keys_list_piped_gives_whole_ids_that_revoke_takes(store):
     as_json = json.loads(_cli("keys", "list", "--json").stdout)
     assert [r[0] for r in rows] == [k["id"] for k in as_json["data"]]
     assert [r[3] for r in rows] == [k["prefix"] for k in as_json["data"]]
+    assert all(re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC", r[5]) for r in rows), rows  # date and zone
     assert _cli("keys", "revoke", rows[0][0]).exit_code == 0
     assert _cli("keys", "revoke", rows[1][3]).exit_code == 0  # by the listed prefix, too
     assert _cli("keys", "list").stdout == ""
@@ -441,6 +442,9 @@ def test_submit_without_a_question_is_refused_and_wait_names_the_job(stack, clie
     named = re.search(r"^job (job_\w+)$", r.stderr.decode(), re.M)
     assert named, r.stderr
     assert client.get(f"/v1/jobs/{named.group(1)}").json()["status"] == "succeeded"
+    status = _sh(stack, "status", named.group(1)).stdout.decode()  # its times with a date and the zone
+    for key in ("created", "started", "finished"):
+        assert re.search(rf"^  {key} +\d{{4}}-\d\d-\d\d \d\d:\d\d:\d\d UTC$", status, re.M), status
     r = _sh(stack, "submit", "a.py", "-q", "q", "--max-tokens", "2", "--wait", "--json", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)

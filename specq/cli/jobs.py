@@ -6,7 +6,7 @@ import typer
 
 from .app import app
 from .common import api_call, fail, finish_job, wait_with_progress
-from .output import Column, num, print_json, print_table, safe, stdout_is_terminal
+from .output import Column, num, print_json, print_table, safe, stdout_is_terminal, when
 
 
 def _ms(value) -> str:
@@ -22,7 +22,7 @@ def _print_job(job: dict) -> None:
     lines.append(f"  attempts   {job.get('attempts')}/{job.get('max_attempts')}")
     for key in ("created_at", "started_at", "finished_at"):
         if job.get(key):
-            lines.append(f"  {key[:-3]:<10} {job[key]}")
+            lines.append(f"  {key[:-3]:<10} {when(job[key])}")
     if job.get("queue_wait_ms") is not None:
         lines.append(f"  queue wait {_ms(job['queue_wait_ms'])}")
     inp = job.get("input") or {}
