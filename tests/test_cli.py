@@ -535,3 +535,30 @@ def test_logs_show_the_api_request_lines_and_the_worker(stack, client):
     finally:
         p.terminate()
         p.wait(timeout=10)
+
+
+def test_up_detach_logs_and_down_json(tiny_models, tmp_path):
+    """`up --detach` writes its API's and worker's logs for `specq logs`; `down --json` says it stopped it."""
+    from service_helpers import base_env, free_port
+
+    port = free_port()
+    env = dict(base_env(tmp_path, tiny_models, SPECQ_API_PORT=str(port)), SPECQ_API_URL=f"http://127.0.0.1:{port}")
+
+    def sh(*args):
+        return subprocess.run(specq_cmd(*args), env=env, cwd=REPO, capture_output=True, text=True, timeout=180)
+
+    up = sh("up", "--detach")
+    try:
+        assert up.returncode == 0, up.stderr + (tmp_path / "up.log").read_text(errors="replace")[-3000:]
+        assert httpx.get(f"http://127.0.0.1:{port}/health", timeout=10).status_code in (200, 503)
+        deadline = time.monotonic() + 20
+        while '"GET /health HTTP/1.1"' not in sh("logs", "api").stdout:
+            assert time.monotonic() < deadline, sh("logs", "api", "-n", "100").stdout
+            time.sleep(0.3)
+        assert (tmp_path / "logs" / "worker.log").exists()
+    finally:
+        down = sh("down", "--json")
+    assert down.returncode == 0, down.stderr
+    out = json.loads(down.stdout)
+    assert out["stopped"] is True and isinstance(out["pid"], int) and out["detail"].startswith("stopped")
+    assert json.loads(sh("down", "--json").stdout)["stopped"] is False
