@@ -70,9 +70,6 @@ def submit_cmd(
     files = list(files or [])
     if questions is not None:
         return submit_questions(files, questions, question, jsonl, params, batch_name, wait, as_json)  # below
-    if jsonl is None and files and not (question or "").strip():  # a question is the job (a JSONL line has its own)
-        raise fail('give the question about FILE with -q QUESTION (e.g. -q "Any bugs?"), or --questions '
-                   'FILE for several')
     if jsonl is not None or batch_name is not None or len(files) > 1:
         return submit_batch(files, jsonl, question, params, batch_name, wait, as_json)  # below
     if not files:
@@ -81,6 +78,7 @@ def submit_cmd(
         filename, data, _ = load_document(files[0])
     except InputError as e:
         raise fail(str(e)) from None
+    require_question(question)
 
     def go(c):
         job = c.submit_bytes(filename, data, question=question, params=params)
@@ -102,6 +100,13 @@ def submit_cmd(
         finish_job(done, as_json, printed, with_id=True)
 
     api_call(go)
+
+
+def require_question(question: str | None) -> None:
+    """FILEs need -q: without it the job would ask an empty question."""
+    if not (question or "").strip():
+        raise fail('give the question about FILE with -q QUESTION (e.g. -q "Any bugs?"), or --questions FILE '
+                   'for several')
 
 
 def read_questions(path: Path) -> list[str]:
@@ -183,6 +188,8 @@ def submit_batch(files: list[Path], jsonl: Path | None, question, params: dict, 
         docs = [load_document(f) for f in files]
     except InputError as e:
         raise fail(str(e)) from None
+    if jsonl is None:  # FILEs: the question is the job (a JSONL line carries its own)
+        require_question(question)
     metadata = {"name": name} if name else None
 
     def go(c):
