@@ -1,15 +1,24 @@
 # syntax=docker/dockerfile:1
-# specq images, one Dockerfile, three targets (compose.yaml builds them):
+# specq images, one Dockerfile, these targets (compose.yaml builds them):
 #
-#   api     python:3.11-slim: specq without llama.cpp (the API process never imports it); also runs
-#           the one-shot `specq db upgrade` and `specq models pull`
-#   worker  a CUDA runtime image with our patched llama-cpp-python built for CUDA by
-#           scripts/build-llama.sh (CMAKE_ARGS=-DGGML_CUDA=on), on Python 3.12 in /opt/venv
+#   api         python:3.11-slim: specq without llama.cpp (the API process never imports it); also runs
+#               the one-shot `specq db upgrade` and `specq models pull`
+#   worker      a CUDA runtime image with our patched llama-cpp-python built for CUDA by
+#               scripts/build-llama.sh (CMAKE_ARGS=-DGGML_CUDA=on), on Python 3.12 in /opt/venv
+#   worker-cpu  python:3.11-slim with our patched llama-cpp-python built for the CPU (no NVIDIA needed;
+#               `docker compose --profile cpu up`)
 #
 #   docker build --target api -t specq-api .
 #   docker build --target worker --build-arg CUDA_ARCHITECTURES=90 -t specq-worker .   # 90 = H100/H200
+#   docker build --target worker-cpu -t specq-worker-cpu .
 #
 # CUDA_ARCHITECTURES: 80 (A100), 86 (A10/RTX 30), 89 (L4/L40/RTX 40), 90 (H100/H200); several: "80;90".
+# CPU_CMAKE_ARGS: the CPU build's llama.cpp flags. Empty (the default) builds for the CPU of the machine
+# that builds the image (-march=native: what `docker compose up --build` on the serving host wants);
+# for an image that runs elsewhere, e.g. "-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON".
+#
+# Every image runs as the unprivileged user `specq` (uid 10001), which owns /var/lib/specq (SPECQ_HOME:
+# the models volume); a volume created from the image takes that owner.
 
 ARG CUDA_VERSION=12.6.3
 ARG UBUNTU_VERSION=24.04
@@ -26,7 +35,10 @@ print('\n'.join(x for x in d['project']['dependencies'] if not x.startswith('lla
  && pip install -r /tmp/req.txt
 COPY specq ./specq
 COPY migrations ./migrations
-RUN pip install --no-deps . && mkdir -p /var/lib/specq
+RUN pip install --no-deps . \
+ && useradd --system --uid 10001 --user-group --home-dir /var/lib/specq --shell /usr/sbin/nologin specq \
+ && mkdir -p /var/lib/specq && chown specq:specq /var/lib/specq
+USER specq
 EXPOSE 8178
 CMD ["specq", "api", "--host", "0.0.0.0"]
 
@@ -65,7 +77,45 @@ COPY --from=worker-build /app /app
 ENV PATH=/opt/venv/bin:$PATH PYTHONUNBUFFERED=1 SPECQ_HOME=/var/lib/specq SPECQ_MIGRATIONS_DIR=/app/migrations \
     NVIDIA_VISIBLE_DEVICES=all NVIDIA_DRIVER_CAPABILITIES=compute,utility
 WORKDIR /app
-RUN mkdir -p /var/lib/specq
+RUN useradd --system --uid 10001 --user-group --home-dir /var/lib/specq --shell /usr/sbin/nologin specq \
+ && mkdir -p /var/lib/specq && chown specq:specq /var/lib/specq
+USER specq
 # Celery's warm shutdown on SIGTERM: the running job finishes (compose gives it stop_grace_period)
+STOPSIGNAL SIGTERM
+CMD ["specq", "worker"]
+
+# ---------------------------------------------------------------------------------- worker-cpu: build
+FROM python:3.11-slim-bookworm AS worker-cpu-build
+ARG CPU_CMAKE_ARGS=""
+RUN apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
+      build-essential cmake git patch ca-certificates \
+ && rm -rf /var/lib/apt/lists/*
+RUN python -m venv /opt/venv
+ENV PATH=/opt/venv/bin:$PATH PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+WORKDIR /app
+COPY pyproject.toml README.md alembic.ini ./
+COPY patches ./patches
+COPY scripts/build-llama.sh ./scripts/build-llama.sh
+# our patched llama-cpp-python, for the CPU (no CUDA flag: the script then builds the .cpu flavour)
+RUN CMAKE_ARGS="${CPU_CMAKE_ARGS}" PYTHON=/opt/venv/bin/python SPECQ_HOME=/tmp/specq-build \
+    bash scripts/build-llama.sh \
+ && python -c "import importlib.metadata as m; v = m.version('llama-cpp-python'); print(v); assert v.endswith('.cpu'), v"
+COPY specq ./specq
+COPY migrations ./migrations
+RUN pip install .
+
+# ---------------------------------------------------------------------------------------- worker-cpu
+FROM python:3.11-slim-bookworm AS worker-cpu
+RUN apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
+      libgomp1 ca-certificates \
+ && rm -rf /var/lib/apt/lists/*
+COPY --from=worker-cpu-build /opt/venv /opt/venv
+COPY --from=worker-cpu-build /app /app
+ENV PATH=/opt/venv/bin:$PATH PYTHONUNBUFFERED=1 SPECQ_HOME=/var/lib/specq SPECQ_MIGRATIONS_DIR=/app/migrations \
+    SPECQ_N_GPU_LAYERS=0
+WORKDIR /app
+RUN useradd --system --uid 10001 --user-group --home-dir /var/lib/specq --shell /usr/sbin/nologin specq \
+ && mkdir -p /var/lib/specq && chown specq:specq /var/lib/specq
+USER specq
 STOPSIGNAL SIGTERM
 CMD ["specq", "worker"]

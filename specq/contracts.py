@@ -55,6 +55,25 @@ class InputError(EngineError):
     """The input itself is bad (empty, binary, too long for the context, bad option): retrying won't help."""
 
 
+class ContextLengthExceeded(InputError):
+    """The prompt, with max_tokens, does not fit the target's context (OpenAI's error code
+    `context_length_exceeded`, which LiteLLM and LangChain look for). Its message always holds
+    CONTEXT_LENGTH_MARK, so a failed job's stored one-line error says which failure it was."""
+
+    def __init__(self, prompt_tokens: int, max_tokens: int, n_ctx: int) -> None:
+        super().__init__(f"prompt is too long: {prompt_tokens} tokens; with max_tokens {max_tokens} it "
+                         f"{CONTEXT_LENGTH_MARK} of {n_ctx} tokens (the model's maximum context length here)")
+
+
+#: the words every ContextLengthExceeded message holds (`is_context_length_error`)
+CONTEXT_LENGTH_MARK = "exceeds the target's context"
+
+
+def is_context_length_error(message: str | None) -> bool:
+    """Whether a job's stored error is a ContextLengthExceeded's."""
+    return bool(message) and CONTEXT_LENGTH_MARK in message
+
+
 class ModelError(EngineError):
     """A model file is missing, unreadable, or does not fit with its partner."""
 
@@ -90,6 +109,6 @@ class Drained(RunCancelled):
 __all__ = [
     "Drained",
     "CORE_PHASES", "SCORE_PHASES", "CACHE_PHASES", "JOB_KINDS", "PRIORITY_INTERACTIVE", "PRIORITY_BATCH", "JOB_STATUSES", "JOB_TERMINAL", "BATCH_STATUSES", "BATCH_TERMINAL",
-    "EngineError", "InputError", "ModelError", "DecodeError", "RunCancelled", "JobTimeLimit", "Fenced",
-    "redis_keys",
+    "EngineError", "InputError", "ContextLengthExceeded", "CONTEXT_LENGTH_MARK", "is_context_length_error", "ModelError",
+    "DecodeError", "RunCancelled", "JobTimeLimit", "Fenced", "redis_keys",
 ]

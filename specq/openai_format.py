@@ -89,8 +89,14 @@ def output_line(job_id: str, custom_id: str | None, kind: str, model: str | None
 
 
 def error_line(job_id: str, custom_id: str | None, status: str, message: str | None) -> dict[str, Any]:
-    """A line of a batch's error file: a failed or cancelled request."""
-    code = "cancelled" if status == "cancelled" else "job_failed"
+    """A line of a batch's error file: a failed or cancelled request (a prompt over the context:
+    code `context_length_exceeded`, as the chat route answers it)."""
+    from .contracts import is_context_length_error
+
+    if status == "cancelled":
+        code = "cancelled"
+    else:
+        code = "context_length_exceeded" if is_context_length_error(message) else "job_failed"
     return {"id": batch_line_id(job_id), "custom_id": custom_id, "response": None,
             "error": {"code": code, "message": message or status}}
 

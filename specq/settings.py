@@ -238,6 +238,11 @@ class ServiceSettings:
     #: most responses streaming at once per API process (batch exports, event streams); one more
     #: answers 503 with Retry-After, so streams never take every connection. 0 = half of max_connections
     max_streams: int = 0
+    #: seconds the OpenAI routes hold a `stream: true` response's headers at most, waiting for the
+    #: worker to tokenize the prompt: a prompt over the context then answers a plain 400
+    #: (`context_length_exceeded`) instead of an error inside a started stream. A job still queued
+    #: after this starts its stream anyway (0 = never hold; docs/openai.md)
+    stream_hold: float = 300.0
     #: how long finished jobs and batches are kept: after this (``30d``, ``12h``, ``90m``, or seconds),
     #: a finished job's document, question, result and timings, and the job itself, are deleted; a
     #: finished batch goes with all its jobs. Empty or 0 = keep forever (the default). The API
@@ -304,6 +309,7 @@ class ServiceSettings:
             (self.receipt_timeout > 0, "SPECQ_RECEIPT_TIMEOUT must be > 0 seconds"),
             (self.max_connections >= 16, "SPECQ_MAX_CONNECTIONS must be >= 16"),
             (0 <= self.max_streams < self.max_connections, "SPECQ_MAX_STREAMS must be >= 0 and below SPECQ_MAX_CONNECTIONS"),
+            (self.stream_hold >= 0, "SPECQ_STREAM_HOLD must be >= 0 seconds (0 = never hold)"),
             (1 <= self.max_list_limit <= 10_000, "SPECQ_MAX_LIST_LIMIT must be in [1, 10000]"),
         ]
         for ok, message in checks:

@@ -10,7 +10,7 @@ embedded default (SQLite) and on PostgreSQL + Redis:
 7. without keys, a foreign `Host` or a cross-origin browser request is refused, nothing stored;
 8. 1,000 slow clients do not stop a normal request from answering;
 9. `params` of the wrong type is a 422; 405 carries `Allow`; HEAD works wherever GET does;
-10. /healthz is liveness only; /readyz and /v1/workers read the workers' heartbeats;
+10. /healthz is liveness only; /readyz (and /health, llama-server's and vLLM's) and /v1/workers read the workers' heartbeats;
 plus the data lifecycle (DELETE …/data, SPECQ_RETENTION) and, with hypothesis, that whatever the API
 accepts can be listed and read back, and whatever it refuses with a 4xx leaves no row.
 (CSV neutralisation: tests/test_batches_e2e.py and test_csv_cells_that_look_like_formulas below.)
@@ -331,6 +331,7 @@ def test_readyz_says_unavailable_when_the_store_goes_away_and_healthz_does_not(t
         st_.cli("db", "upgrade", check=True)
         with running(st_, ("api", "api")), httpx.Client(base_url=st_.url, timeout=30) as c:
             assert c.get("/readyz").json()["status"] == "ready"
+            assert c.get("/health").status_code == 200 and c.get("/health").json()["status"] == "ok"
             import psycopg
 
             from service_helpers import PG_ADMIN_URL
@@ -341,6 +342,10 @@ def test_readyz_says_unavailable_when_the_store_goes_away_and_healthz_does_not(t
             assert r.status_code == 503 and r.headers["retry-after"] == "10", r.text
             assert r.json()["database"].startswith("unreachable") and r.json()["status"] == "unavailable"
             assert c.get("/healthz").status_code == 200
+            # /health, as llama-server and vLLM serve it, follows readiness: 503 naming what is not ready
+            r = c.get("/health")
+            assert r.status_code == 503 and r.headers["retry-after"] == "10", r.text
+            assert r.json()["error"]["type"] == "unavailable_error" and "database unreachable" in r.json()["error"]["message"]
             # a route that needs the store says so with 503 + Retry-After (clients retry), not a 500
             for method, path, body in (("GET", "/v1/jobs", None), ("POST", "/v1/jobs", {"text": DOC, "question": "q"})):
                 r = c.request(method, path, json=body)

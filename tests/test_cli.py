@@ -73,7 +73,7 @@ def test_help_of_every_command_prints_every_help_text_as_written():
 
 def test_every_list_command_has_json():
     lists = {("jobs",), ("batches",), ("keys", "list"), ("models", "list"), ("status",), ("batch",), ("stats",),
-             ("result",), ("run",)}
+             ("result",), ("run",), ("cancel",), ("cancel-batch",), ("down",)}
     found = {path for path, cmd in _commands() if any("--json" in getattr(p, "opts", ()) for p in cmd.params)}
     assert lists <= found, lists - found
     models = json.loads(_cli("models", "list", "--json").stdout)
@@ -205,6 +205,7 @@ def test_keys_list_piped_gives_whole_ids_that_revoke_takes(store):
     as_json = json.loads(_cli("keys", "list", "--json").stdout)
     assert [r[0] for r in rows] == [k["id"] for k in as_json["data"]]
     assert [r[3] for r in rows] == [k["prefix"] for k in as_json["data"]]
+    assert all(re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC", r[5]) for r in rows), rows  # date and zone
     assert _cli("keys", "revoke", rows[0][0]).exit_code == 0
     assert _cli("keys", "revoke", rows[1][3]).exit_code == 0  # by the listed prefix, too
     assert _cli("keys", "list").stdout == ""
@@ -417,3 +418,147 @@ def test_429_retry_after_is_waited_for(stack, client):
     finally:
         server.shutdown()
         server.server_close()
+
+
+# --- what llama-server / vLLM users look for, and CLI details (issue 45, items 7 and 8) ------------------
+
+def test_version_and_shell_completion():
+    r = _cli("--version")
+    assert r.exit_code == 0 and r.stdout.strip() == f"specq {__import__('specq').__version__}"
+    shown = _cli("--help", env={"COLUMNS": "120"}).stdout
+    assert "--install-completion" in shown and "--show-completion" in shown and "--version" in shown
+    script = subprocess.run(specq_cmd("--show-completion", "bash"), capture_output=True, text=True, timeout=60,
+                            env={**os.environ, "_TYPER_COMPLETE_TEST_DISABLE_SHELL_DETECTION": "1"})
+    assert script.returncode == 0 and "_SPECQ_COMPLETE" in script.stdout, script.stdout + script.stderr
+
+
+def test_submit_without_a_question_is_refused_and_wait_names_the_job(stack, client, tmp_path):
+    (tmp_path / "a.py").write_text(DOC)
+    for args in (["submit", "a.py"], ["submit", "a.py", "-q", "  "], ["submit", "a.py", "a.py", "--batch", "x"]):
+        r = _sh(stack, *args, cwd=tmp_path)
+        assert r.returncode == 1 and "-q QUESTION" in r.stderr.decode(), (args, r.stderr)
+    r = _sh(stack, "submit", "a.py", "-q", "What does add return?", "--max-tokens", "2", "--wait", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    named = re.search(r"^job (job_\w+)$", r.stderr.decode(), re.M)
+    assert named, r.stderr
+    assert client.get(f"/v1/jobs/{named.group(1)}").json()["status"] == "succeeded"
+    status = _sh(stack, "status", named.group(1)).stdout.decode()  # its times with a date and the zone
+    for key in ("created", "started", "finished"):
+        assert re.search(rf"^  {key} +\d{{4}}-\d\d-\d\d \d\d:\d\d:\d\d UTC$", status, re.M), status
+    r = _sh(stack, "submit", "a.py", "-q", "q", "--max-tokens", "2", "--wait", "--json", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    job = client.get(f"/v1/jobs/{out['job_id']}").json()
+    assert {k: v for k, v in out.items() if k != "job_id"} == job["result"]
+
+
+def test_batch_wait_prints_the_answers_on_a_terminal(stack, client, tmp_path):
+    (tmp_path / "a.py").write_text(DOC)
+    (tmp_path / "b.py").write_text("x = 1\n")
+    out = SGR.sub("", _on_terminal(stack, "submit", "a.py", "b.py", "-q", "q", "--max-tokens", "2", "--wait",
+                                   cwd=tmp_path)).replace("\r\n", "\n")
+    batch_id = re.search(r"batch_\w+", out).group(0)
+    assert "custom_id" in out and "answer" in out and "a.py" in out and "b.py" in out, out
+    assert f"answers: `specq results {batch_id}`" in out.replace("\n", ""), out
+    piped = _sh(stack, "submit", "a.py", "-q", "q", "--max-tokens", "2", "--batch", "p", "--wait", cwd=tmp_path)
+    assert piped.returncode == 0 and re.fullmatch(r"batch_\w+\n", piped.stdout.decode()), piped.stdout
+    assert "answers: `specq results" in piped.stderr.decode()
+
+
+def test_piped_stats_has_a_header_and_phases_in_pipeline_order(stack, client, tmp_path):
+    (tmp_path / "a.py").write_text(DOC)
+    r = _sh(stack, "submit", "a.py", "-q", "q", "--max-tokens", "2", "--batch", "stats-order", "--wait", cwd=tmp_path)
+    batch_id = r.stdout.decode().strip()
+    piped = _sh(stack, "stats", batch_id)
+    assert piped.returncode == 0, piped.stderr
+    lines = piped.stdout.decode().splitlines()
+    assert lines[0] == "phase\tcount\tp50 ms\tp95 ms\tmean ms\tmax ms"
+    phases = [line.split("\t")[0] for line in lines[1:]]
+    order = ["tokenize", "cache_restore", "score", "speculator_prefill", "lookahead", "score_math", "select",
+             "sparse_prefill", "ttft", "decode", "total"]
+    known = [p for p in phases if p in order]
+    assert known == sorted(known, key=order.index) and phases[-1] == "total", phases
+    assert {"tokenize", "decode", "total"} <= set(phases)
+    assert batch_id in piped.stderr.decode()  # the summary goes to stderr: stdout is the table alone
+
+
+def test_cancel_cancel_batch_and_down_take_json(stack, client, tmp_path):
+    # a long job holds the worker, so the next ones are still queued when they are cancelled
+    blocker = client.post("/v1/jobs", json={"text": DOC, "question": "q",
+                                            "params": {"max_tokens": 1500, "ignore_eos": True}}).json()
+    job = client.post("/v1/jobs", json={"text": DOC, "question": "q", "params": {"max_tokens": 2}}).json()
+    batch = client.post("/v1/batches", files=[("file", ("a.py", DOC.encode()))],
+                        data={"question": "q", "params": json.dumps({"max_tokens": 2})}).json()
+    r = _sh(stack, "cancel", job["id"], "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["id"] == job["id"] and json.loads(r.stdout)["object"] == "job"
+    assert client.get(f"/v1/jobs/{job['id']}").json()["status"] == "cancelled"
+    r = _sh(stack, "cancel-batch", batch["id"], "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["id"] == batch["id"] and json.loads(r.stdout)["status"] in ("cancelling", "cancelled")
+    assert _sh(stack, "cancel", blocker["id"], "--json").returncode == 0
+    home = tmp_path / "nothing-up"
+    r = _sh(stack, "down", "--json", SPECQ_HOME=str(home))
+    assert r.returncode == 0 and json.loads(r.stdout) == {"stopped": False, "pid": None,
+                                                          "detail": "nothing started with `specq up --detach`"}
+
+
+def test_logs_show_the_api_request_lines_and_the_worker(stack, client):
+    marker = f"/v1/jobs/job_{'a' * 20}{time.monotonic_ns() % 10000:04d}"
+    assert client.get(marker).status_code == 404
+    deadline = time.monotonic() + 10
+    while True:
+        r = _sh(stack, "logs", "api", "-n", "2000")
+        assert r.returncode == 0, r.stderr
+        if f'"GET {marker} HTTP/1.1" 404' in r.stdout.decode():
+            break
+        assert time.monotonic() < deadline, r.stdout.decode()[-2000:]
+        time.sleep(0.2)
+    worker = _sh(stack, "logs", "worker", "-n", "2000").stdout.decode()
+    assert "celery" in worker.lower() or "worker" in worker.lower(), worker[-2000:]
+    both = _sh(stack, "logs", "-n", "5").stdout.decode().splitlines()
+    assert both and all(line.startswith(("api   | ", "worker| ")) for line in both), both
+    assert _sh(stack, "logs", "nope").returncode == 1
+    # -f: a new request's line arrives while it follows
+    env = dict(stack.env, SPECQ_API_URL=stack.url)
+    p = subprocess.Popen(specq_cmd("logs", "api", "-f", "-n", "0"), env=env, cwd=REPO, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE)
+    try:
+        time.sleep(2)
+        second = marker + "x"
+        client.get(second)
+        line = b""
+        deadline = time.monotonic() + 20
+        while second.encode() not in line:
+            assert time.monotonic() < deadline
+            line = p.stdout.readline()
+    finally:
+        p.terminate()
+        p.wait(timeout=10)
+
+
+def test_up_detach_logs_and_down_json(tiny_models, tmp_path):
+    """`up --detach` writes its API's and worker's logs for `specq logs`; `down --json` says it stopped it."""
+    from service_helpers import base_env, free_port
+
+    port = free_port()
+    env = dict(base_env(tmp_path, tiny_models, SPECQ_API_PORT=str(port)), SPECQ_API_URL=f"http://127.0.0.1:{port}")
+
+    def sh(*args):
+        return subprocess.run(specq_cmd(*args), env=env, cwd=REPO, capture_output=True, text=True, timeout=180)
+
+    up = sh("up", "--detach")
+    try:
+        assert up.returncode == 0, up.stderr + (tmp_path / "up.log").read_text(errors="replace")[-3000:]
+        assert httpx.get(f"http://127.0.0.1:{port}/health", timeout=10).status_code in (200, 503)
+        deadline = time.monotonic() + 20
+        while '"GET /health HTTP/1.1"' not in sh("logs", "api").stdout:
+            assert time.monotonic() < deadline, sh("logs", "api", "-n", "100").stdout
+            time.sleep(0.3)
+        assert (tmp_path / "logs" / "worker.log").exists()
+    finally:
+        down = sh("down", "--json")
+    assert down.returncode == 0, down.stderr
+    out = json.loads(down.stdout)
+    assert out["stopped"] is True and isinstance(out["pid"], int) and out["detail"].startswith("stopped")
+    assert json.loads(sh("down", "--json").stdout)["stopped"] is False

@@ -121,6 +121,56 @@ def test_deployment_rules():
     assert "one worker per GPU" in (REPO / "docs" / "deploy.md").read_text()
 
 
+def _started(services: dict, profiles: list[str]) -> set[str]:
+    """The services `docker compose up` starts with these profiles on (the Compose spec's rule: a
+    service without `profiles` always, one with them when one of its profiles is on)."""
+    return {name for name, svc in services.items() if not svc.get("profiles") or set(svc["profiles"]) & set(profiles)}
+
+
+def _env_file() -> dict[str, str]:
+    lines = (REPO / ".env").read_text().splitlines()
+    return dict(line.split("=", 1) for line in lines if line.strip() and not line.startswith("#"))
+
+
+def test_cpu_profile_runs_without_nvidia_and_the_default_stays_the_gpu():
+    """`docker compose up` (COMPOSE_PROFILES=gpu from .env) starts the GPU worker; `docker compose
+    --profile cpu up` (the flag replaces COMPOSE_PROFILES, in v1 and v2) starts the CPU worker
+    instead, and nothing it starts reserves an NVIDIA device or uses a CUDA image."""
+    s = _compose()["services"]
+    default = _started(s, _env_file()["COMPOSE_PROFILES"].split(","))
+    assert default == {"redis", "postgres", "migrate", "models", "api", "worker"}
+    cpu = _started(s, ["cpu"])
+    assert cpu == {"redis", "postgres", "migrate", "models", "api", "worker-cpu"}
+    for name in cpu:
+        assert "deploy" not in s[name] and "nvidia" not in json.dumps(s[name]), name
+    w = s["worker-cpu"]
+    assert w["build"]["target"] == "worker-cpu" and w["environment"]["SPECQ_N_GPU_LAYERS"] == "0"
+    assert w["command"] == s["worker"]["command"] and w["volumes"] == s["worker"]["volumes"]
+    assert w["depends_on"] == s["worker"]["depends_on"] and _seconds(w["stop_grace_period"]) >= 300
+    dockerfile = (REPO / "Dockerfile").read_text()
+    build = dockerfile.split("AS worker-cpu-build", 1)[1].split("\nFROM ", 1)[0]
+    assert "scripts/build-llama.sh" in build and "GGML_CUDA" not in build and "endswith('.cpu')" in build
+    assert re.search(r"^FROM python:\S+ AS worker-cpu$", dockerfile, re.M)
+    exe = shutil.which("docker-compose")
+    if exe is not None:  # Debian's docker-compose 1.29 reads the profile and accepts the file with it
+        r = subprocess.run([exe, "-f", str(COMPOSE), "--profile", "cpu", "config"], capture_output=True, text=True,
+                           timeout=120, env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")}, cwd=REPO)
+        assert r.returncode == 0, r.stderr
+        assert yaml.safe_load(r.stdout)["services"]["worker-cpu"]["profiles"] == ["cpu"]
+
+
+def test_every_image_runs_as_a_non_root_user():
+    """Each stage compose runs (api, worker, worker-cpu) ends as USER specq (uid 10001), which owns
+    SPECQ_HOME (the models volume takes the owner of the image's directory)."""
+    dockerfile = (REPO / "Dockerfile").read_text()
+    stages = dict(re.findall(r"^FROM \S+ AS (\S+)\n(.*?)(?=^FROM |\Z)", dockerfile, re.M | re.S))
+    for name in ("api", "worker", "worker-cpu"):
+        users = re.findall(r"^USER (\S+)$", stages[name], re.M)
+        assert users and users[-1] == "specq", name
+        assert "--uid 10001" in stages[name] and "chown specq:specq /var/lib/specq" in stages[name], name
+    assert not re.search(r"^\s+user:\s*[\"']?(root|0)\b", COMPOSE.read_text(), re.M)
+
+
 def _argv(command: list[str]) -> list[str]:
     assert command[0] == "specq", command
     return command[1:]

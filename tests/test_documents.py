@@ -199,6 +199,9 @@ def test_submit_questions_makes_one_job_per_question_on_one_document(api, tmp_pa
         inputs = [a.get(f"/v1/jobs/{j['id']}").json()["input"] for j in listed]
         assert len({i["document_id"] for i in inputs}) == 1 and None not in {i["document_id"] for i in inputs}
         assert sorted(i["question"] for i in inputs) == ["Is there a bug?", "Name the arguments.", "What does add do?"]
+        # each request's custom_id carries its question, so every view of the results says which it answers
+        assert sorted(j["custom_id"] for j in listed) == ["q1: What does add do?", "q2: Is there a bug?",
+                                                          "q3: Name the arguments."]
         assert listed[0]["params"]["max_tokens"] == 4
     # the same file again: the document is reused
     run = subprocess.run(specq_cmd("submit", "--questions", str(qs), str(doc_file)), env=env, cwd=REPO,

@@ -214,8 +214,9 @@ def test_prompt_tokens_vs_context(tiny_models, context_stack, over):
         job = wait_job(c, r.json()["id"])
     if over:
         assert job["status"] == "failed" and job["attempts"] == 1, job
-        assert job["error"] == (f"prompt is {n_ctx - max_tokens + 1} tokens; with max_tokens {max_tokens} it exceeds "
-                                f"the target's context of {n_ctx} tokens")
+        assert job["error"] == (f"prompt is too long: {n_ctx - max_tokens + 1} tokens; with max_tokens {max_tokens} it "
+                                f"exceeds the target's context of {n_ctx} tokens (the model's maximum context length "
+                                "here)")
     else:
         assert job["status"] == "succeeded", job
         assert job["result"]["usage"]["prompt_tokens"] == n_ctx - max_tokens

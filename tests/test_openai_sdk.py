@@ -211,6 +211,100 @@ def test_errors_are_the_sdks_typed_exceptions(stack):
         openai.OpenAI(base_url=f"{stack.url}/v1", api_key="sk-specq-wrong", max_retries=0).models.list()
 
 
+#: a prompt far over the workers' context (SPECQ_N_CTX=4096; about one token per byte)
+TOO_LONG = "Zeile über Köln und 東京.\n" * 800
+
+
+def test_a_prompt_over_the_context_is_context_length_exceeded_streamed_or_not(stack):
+    """400 `context_length_exceeded` (what LiteLLM and LangChain look for), param messages / prompt;
+    with stream: true the same 400 before any stream (the headers wait for the worker's tokenizer)."""
+    client = sdk(stack)
+    msg = [{"role": "user", "content": TOO_LONG}]
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model="target", messages=msg, max_tokens=16)
+    assert e.value.code == "context_length_exceeded" and e.value.param == "messages", e.value.body
+    assert e.value.type == "invalid_request_error" and "maximum context length" in e.value.message
+    assert "4096" in e.value.message
+    job_id = e.value.response.headers["X-Specq-Job-Id"]
+    assert job(stack, job_id)["status"] == "failed"
+    # streamed: the SDK raises at create(), before any chunk (an error inside a 200 stream would only
+    # come out of the iteration, as an APIError without the status)
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model="target", messages=msg, max_tokens=16, stream=True)
+    assert e.value.status_code == 400 and e.value.code == "context_length_exceeded", e.value.body
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model="target", prompt=TOO_LONG, max_tokens=16, stream=True)
+    assert e.value.code == "context_length_exceeded" and e.value.param == "prompt", e.value.body
+    # raw HTTP: the status line itself is the 400, not a 200 with an error event
+    with rest(stack) as c, c.stream("POST", "/v1/chat/completions", json={"model": "target", "messages": msg,
+                                                                         "stream": True}) as r:
+        assert r.status_code == 400 and r.headers["content-type"].startswith("application/json")
+        assert json.loads(r.read())["error"]["code"] == "context_length_exceeded"
+    # a prompt that fits still streams
+    chunks = list(client.chat.completions.create(model="target", messages=[{"role": "user", "content": "Hallo"}],
+                                                 max_tokens=3, stream=True))
+    assert chunks[0].choices[0].delta.role == "assistant" and chunks[-1].choices[0].finish_reason
+
+
+def test_a_batch_line_over_the_context_has_that_code_in_the_error_file(stack):
+    client = sdk(stack)
+    line = {"custom_id": "long", "method": "POST", "url": "/v1/chat/completions",
+            "body": {"model": "target", "max_tokens": 4, "messages": [{"role": "user", "content": TOO_LONG}]}}
+    fid = client.files.create(file=("long.jsonl", json.dumps(line).encode()), purpose="batch").id
+    b = wait_batch(client, client.batches.create(input_file_id=fid, endpoint="/v1/chat/completions",
+                                                 completion_window="24h").id)
+    assert b.request_counts.failed == 1 and b.error_file_id
+    (err,) = [json.loads(x) for x in client.files.content(b.error_file_id).text.splitlines()]
+    assert err["custom_id"] == "long" and err["error"]["code"] == "context_length_exceeded", err
+
+
+def test_langchain_sees_the_context_overflow(stack):
+    """LangChain's ChatOpenAI on the same 400: the typed error its callers catch for an overflow."""
+    langchain_openai = pytest.importorskip("langchain_openai")
+    llm = langchain_openai.ChatOpenAI(base_url=f"{stack.url}/v1", api_key=stack.keys["team-a"], model="target",
+                                      max_retries=0, max_tokens=16)
+    with pytest.raises(Exception) as e:
+        llm.invoke(TOO_LONG)
+    assert isinstance(e.value, openai.BadRequestError) and e.value.code == "context_length_exceeded"
+    overflow = getattr(pytest.importorskip("langchain_core.exceptions"), "ContextOverflowError", None)
+    if overflow is not None:  # langchain-core >= 1.1 names it
+        assert isinstance(e.value, overflow), type(e.value).__mro__
+    with pytest.raises(Exception) as e:  # streamed (LangChain's .stream() sends stream: true)
+        list(llm.stream(TOO_LONG))
+    assert isinstance(e.value, openai.BadRequestError) and e.value.code == "context_length_exceeded"
+    assert llm.invoke("Hallo").content is not None  # and a prompt that fits works
+
+
+def test_openai_routes_specq_does_not_serve_say_so(stack):
+    """Embeddings, the Responses API and other OpenAI paths: an OpenAI-shaped 404 naming what is not
+    served (the SDK's NotFoundError carries the message), not a bare Not Found."""
+    client = sdk(stack)
+    with pytest.raises(openai.NotFoundError) as e:
+        client.embeddings.create(model="target", input="x")
+    assert e.value.code == "unsupported_endpoint" and "does not serve embeddings" in e.value.message
+    assert "/v1/chat/completions" in e.value.message
+    with pytest.raises(openai.NotFoundError) as e:
+        client.responses.create(model="target", input="x")
+    assert e.value.code == "unsupported_endpoint" and "Responses API" in e.value.message
+    with rest(stack) as c:
+        for method, path in (("POST", "/v1/moderations"), ("POST", "/v1/images/generations"),
+                             ("GET", "/v1/fine_tuning/jobs"), ("POST", "/v1/audio/speech")):
+            r = c.request(method, path, json={})
+            body = r.json()["error"]
+            assert r.status_code == 404 and body["code"] == "unsupported_endpoint", (path, body)
+            assert body["type"] == "invalid_request_error" and path in body["message"]
+        r = c.get("/v1/no-such-thing")
+        assert r.status_code == 404 and r.json()["error"]["code"] == "unknown_url"
+        # a route's own 404 is unchanged
+        r = c.get("/v1/jobs/job_" + "0" * 24)
+        assert r.status_code == 404 and r.json()["error"]["type"] == "not_found"
+
+
+def test_health_as_llama_server_and_vllm_serve_it(stack):
+    r = httpx.get(f"{stack.url}/health", timeout=10)  # no key: probes have none
+    assert r.status_code == 200 and r.json()["status"] == "ok"
+
+
 def test_files_then_batch_then_output_file(stack):
     client = sdk(stack)
     fid = batch_file(client, 3)

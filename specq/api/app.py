@@ -7,7 +7,9 @@
     /v1/models          specq.api.openai_models  the workers' models (OpenAI format)
     /v1/chat/completions, /v1/completions   specq.api.openai_chat  OpenAI's, streaming or not
     /v1/files…          specq.api.files     OpenAI's Files API (batch input, batch output files)
-    /healthz, /readyz   specq.api.health    liveness; can this API accept jobs
+    /healthz, /health, /readyz  specq.api.health  liveness (/health as llama-server and vLLM have it); can
+                                            this API accept jobs
+    any other path      specq.api.openai_unserved  an OpenAI-shaped 404 (/v1/embeddings, /v1/responses, …)
     /v1/workers         specq.api.health    the live workers (heartbeats)
     /v1/evidence        specq.api.evidence  mode auto's quality evidence rows (POST: admins)
     /metrics            specq.api.metrics   Prometheus text (admins only with keys on)
@@ -42,6 +44,7 @@ from . import schemas as S
 from .auth import admin_only, authenticator
 from .errors import ApiError, describe, error_response, http_error_response
 from .guard import BodyLimit, RequestGuard, StreamSlots
+from .openai_unserved import unserved_response
 
 log = logging.getLogger("specq.api")
 
@@ -76,6 +79,8 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
             allow = allowed_methods(app, request.scope)
             return error_response(405, f"{request.method} is not allowed on {request.url.path} (allowed: {allow})",
                                   "method_not_allowed", headers={"Allow": allow})
+        if exc.status_code == 404 and not isinstance(exc, ApiError):  # no route matched: not a route's own 404
+            return unserved_response(request.method, request.url.path)
         return http_error_response(exc)
 
     @app.exception_handler(RequestValidationError)

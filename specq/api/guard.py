@@ -8,7 +8,7 @@
     name in SPECQ_ALLOWED_HOSTS (400 otherwise; listening on 0.0.0.0 adds this machine's host name and
     addresses), and a request with an `Origin` header must come from
     the same origin (a page specq itself serves, e.g. /ui) or from a host in SPECQ_ALLOWED_HOSTS (403
-    otherwise; `Origin: null` is refused). /healthz and /readyz are exempt (probes use bare IPs).
+    otherwise; `Origin: null` is refused). /healthz, /health and /readyz are exempt (probes use bare IPs).
     With keys on, a key is needed anyway and browsers cannot attach one by themselves.
   - **NUL in the path or query string**: 400 (PostgreSQL cannot compare text with a NUL in it).
   - **HEAD** is answered wherever GET is: the GET route runs and its body is dropped.
@@ -30,7 +30,7 @@ from .errors import ApiError, error_response
 #: names of this machine every no-auth API accepts in Host
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
 #: paths exempt from the Host/Origin check: health probes (they say nothing about jobs)
-PROBE_PATHS = ("/healthz", "/readyz")
+PROBE_PATHS = ("/healthz", "/health", "/readyz")
 #: response media types that count as streams for StreamSlots
 STREAM_TYPES = (b"text/event-stream", b"application/jsonl", b"application/x-ndjson", b"text/csv")
 

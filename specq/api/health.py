@@ -7,6 +7,9 @@
                       `workers_ready` counts the workers of this API's queue (SPECQ_QUEUE) with a
                       fresh heartbeat that say they are ready (jobs are accepted with none: they
                       wait in the queue)
+    GET /health       as llama-server and vLLM serve it (what their users' probes and scripts call):
+                      200 `{"status": "ok"}` when /readyz would be 200, else 503 (type
+                      `unavailable_error`, llama-server's) naming what is not ready
     GET /v1/workers   the live workers from their heartbeats (`specq.monitor`): name, device,
                       backend, model, slots, busy, current jobs (admins only), heartbeat age
 
@@ -30,7 +33,7 @@ from .. import __version__ as _version
 from ..settings import ServiceSettings
 from ..storage.keys import Caller
 from . import schemas as S
-from .errors import responses
+from .errors import error_response, responses
 
 
 def _first_line(e: Exception) -> str:
@@ -141,6 +144,16 @@ def health_router(settings: ServiceSettings, caller_of: Callable[..., Caller]) -
         body = S.Ready(**body).model_dump(mode="json")
         return JSONResponse(status_code=200 if body["status"] == "ready" else 503, content=body,
                             headers={} if body["status"] == "ready" else {"Retry-After": "10"})
+
+    @router.get("/health", summary="Health as llama-server and vLLM serve it: 200 once this API can accept jobs",
+                operation_id="health", response_model=S.Health,
+                responses={503: {"model": S.ErrorBody, "description": "not ready (what is not, as /readyz says)"}})
+    async def health() -> JSONResponse:
+        body = await run_in_threadpool(readiness, settings)
+        if body["status"] == "ready":
+            return JSONResponse({"status": "ok", "version": _version})
+        what = "; ".join(f"{k} {body[k]}" for k in ("database", "migrations", "broker") if body.get(k) != "ok")
+        return error_response(503, f"not ready: {what or body['status']}", "unavailable_error")
 
     @router.get("/v1/workers", summary="Live workers: device, model, slots, busy, heartbeat age",
                 response_model=S.WorkerList, operation_id="listWorkers", responses=responses(401, 503))

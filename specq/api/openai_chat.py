@@ -7,10 +7,16 @@ follows the job (`job_stream.follow`):
 
 * `stream: true`: SSE in OpenAI's chunk format — a first chunk with the role and `specq.job_id`, one
   chunk per published delta, a last chunk with `finish_reason` and specq's timings, with
-  `stream_options.include_usage` a usage chunk (no choices), then `data: [DONE]`. A job that fails
-  sends `{"error": …}` as its last data (the SDKs raise it).
+  `stream_options.include_usage` a usage chunk (no choices), then `data: [DONE]`. The response's
+  headers are held until the worker has tokenized the prompt (this process has no tokenizer): a
+  prompt over the context, or any other failure before the job's first model phase, answers the
+  same 400 as without `stream` (below), not an error inside a 200 stream. The hold lasts at most
+  SPECQ_STREAM_HOLD seconds (a job long in the queue); a job that fails after its stream has
+  started sends `{"error": …}` as its last data (the SDKs raise it).
 * otherwise: the whole `chat.completion` / `text_completion` object once the job is done; `specq`
-  holds the job id and phase timings. A failed job answers 400 (`job_failed`) with its message.
+  holds the job id and phase timings. A failed job answers 400 with its message: code
+  `context_length_exceeded` (param `messages` / `prompt`) when the prompt and max_tokens do not fit
+  the target's context (what LiteLLM and LangChain look for), else `job_failed`.
 
 A client that disconnects before the answer is complete cancels its job.
 """
@@ -18,6 +24,7 @@ A client that disconnects before the answer is complete cancels its job.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 from typing import Any, Callable
@@ -27,6 +34,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from .. import openai_format as F
+from ..contracts import is_context_length_error
 from ..settings import ServiceSettings
 from ..storage import db, jobs
 from ..storage.keys import Caller
@@ -89,14 +97,103 @@ async def _answer(request: Request, settings: ServiceSettings, caller: Caller, s
     headers = {"X-Specq-Job-Id": job_id}
     stamp = await run_in_threadpool(_created_at, job_id)
     if spec.stream:
-        return StreamingResponse(_chunks(settings, spec, job_id, stamp), media_type="text/event-stream",
+        events = _Events(follow(settings, job_id))
+        try:
+            held = await _hold(request, settings, job_id, events)
+        except BaseException:
+            await events.close()
+            raise
+        done = next((data for name, data in held if name == "done"), None)
+        if done is not None and done["status"] != "succeeded":
+            await events.close()
+            raise _failed(spec, job_id, done, headers)
+        return StreamingResponse(_chunks(spec, job_id, stamp, events, held), media_type="text/event-stream",
                                  headers={**SSE_HEADERS, **headers})
     done = await _wait(request, settings, job_id)
     if done["status"] != "succeeded":
-        raise ApiError(400, f"job {job_id} {done['status']}: {done.get('error') or done['status']}", INVALID,
-                       code="job_failed", headers=headers)
+        raise _failed(spec, job_id, done, headers)
     result = await run_in_threadpool(_result, job_id)
     return JSONResponse(F.completion_object(job_id, spec.kind, spec.model, stamp, result), headers=headers)
+
+
+def _failed(spec: JobSpec, job_id: str, done: dict[str, Any], headers: dict[str, str]) -> ApiError:
+    """The 400 of a job that did not succeed: `context_length_exceeded` when its prompt did not fit."""
+    error = done.get("error") or done["status"]
+    if done["status"] == "failed" and is_context_length_error(error):
+        # the code in the message too: clients on openai 2+/3 see only the message in str(error), and
+        # LangChain and LiteLLM look for these words there
+        return ApiError(400, f"job {job_id} failed: {error} (context_length_exceeded)", INVALID,
+                        code="context_length_exceeded",
+                        param="messages" if spec.kind == "chat" else "prompt", headers=headers)
+    return ApiError(400, f"job {job_id} {done['status']}: {error}", INVALID, code="job_failed", headers=headers)
+
+
+class _Events:
+    """A job's `follow()` events, read one at a time with a timeout (the hold below checks its client
+    between reads); the stream then goes on reading the same iterator."""
+
+    def __init__(self, events) -> None:
+        self.events, self.pending = events, None
+
+    async def _step(self) -> tuple[str, Any] | None:
+        try:
+            return await self.events.__anext__()
+        except StopAsyncIteration:
+            return None
+
+    async def next(self, timeout: float | None) -> tuple[str, Any] | None:
+        """The next event; None after `timeout` seconds without one; StopAsyncIteration at the end."""
+        if self.pending is None:
+            self.pending = asyncio.ensure_future(self._step())
+        finished, _ = await asyncio.wait({self.pending}, timeout=timeout)
+        if not finished:
+            return None
+        task, self.pending = self.pending, None
+        event = task.result()
+        if event is None:
+            raise StopAsyncIteration
+        return event
+
+    async def close(self) -> None:
+        if self.pending is not None:
+            self.pending.cancel()
+            with contextlib.suppress(BaseException):
+                await self.pending
+            self.pending = None
+        with contextlib.suppress(Exception):
+            await self.events.aclose()
+
+
+#: phases during which the worker has not yet checked the prompt against the context
+_BEFORE_TOKENIZED = (None, "", "tokenize")
+
+
+async def _hold(request: Request, settings: ServiceSettings, job_id: str, events: _Events) -> list[tuple[str, Any]]:
+    """The job's events until its prompt is tokenized (a later phase, text, or the job's end) or
+    SPECQ_STREAM_HOLD seconds have passed; cancels the job if the client disconnects meanwhile."""
+    held: list[tuple[str, Any]] = []
+    deadline = asyncio.get_running_loop().time() + settings.stream_hold
+    try:
+        while True:
+            left = deadline - asyncio.get_running_loop().time()
+            if left <= 0:
+                return held
+            try:
+                event = await events.next(min(1.0, left))
+            except StopAsyncIteration:
+                return held
+            if event is None:
+                if await request.is_disconnected():
+                    raise asyncio.CancelledError
+                continue
+            held.append(event)
+            name, data = event
+            if name in ("delta", "reset", "done") or (name in ("phase", "progress")
+                                                       and data.get("phase") not in _BEFORE_TOKENIZED):
+                return held
+    except BaseException:
+        await run_in_threadpool(_cancel, job_id)
+        raise
 
 
 def _created_at(job_id: str) -> int:
@@ -147,13 +244,23 @@ def _data(obj: Any) -> bytes:
     return ("data: " + json.dumps(obj, ensure_ascii=False, allow_nan=False) + "\n\n").encode("utf-8")
 
 
-async def _chunks(settings: ServiceSettings, spec: JobSpec, job_id: str, created: int):
+async def _chunks(spec: JobSpec, job_id: str, created: int, events: _Events, held: list[tuple[str, Any]]):
     kind, model, usage = spec.kind, spec.model, spec.include_usage
     finished = False
+
+    async def all_events():
+        for event in held:
+            yield event
+        while True:
+            try:
+                yield await events.next(None)
+            except StopAsyncIteration:
+                return
+
     try:
         yield _data(F.chunk(job_id, kind, model, created, text="", role=True, with_usage=usage,
                             specq={"job_id": job_id}))
-        async for name, data in follow(settings, job_id):
+        async for name, data in all_events():
             if name == "keepalive":
                 yield b": keep-alive\n\n"
             elif name == "delta":
@@ -167,8 +274,9 @@ async def _chunks(settings: ServiceSettings, spec: JobSpec, job_id: str, created
             elif name == "done":
                 finished = True
                 if data["status"] != "succeeded":
-                    yield _data({"error": {"message": f"job {job_id} {data['status']}: {data.get('error') or ''}",
-                                           "type": INVALID, "param": None, "code": "job_failed"}})
+                    err = _failed(spec, job_id, data, {})
+                    yield _data({"error": {"message": err.detail, "type": INVALID, "param": err.param,
+                                           "code": err.code}})
                     return
                 result = await run_in_threadpool(_result, job_id)
                 yield _data(F.chunk(job_id, kind, model, created, finish_reason=data.get("finish_reason") or "stop",
@@ -179,6 +287,7 @@ async def _chunks(settings: ServiceSettings, spec: JobSpec, job_id: str, created
                 yield b"data: [DONE]\n\n"
                 return
     finally:
+        await events.close()
         if not finished:  # the client left before the answer was complete
             asyncio.get_running_loop().run_in_executor(None, _cancel, job_id)
 

@@ -79,12 +79,20 @@ class ModelCatalog:
         """The id of the served model `name` names (specq/served_models.py); 404 model_not_found otherwise."""
         models = self.models()
         served = [m["id"] for m in models if m["id"] not in self.aliases]
-        found = resolve(name, served, self.aliases)
-        if found is not None:
-            return found
-        names = ", ".join(m["id"] for m in models)
-        raise ApiError(404, f"The model `{name[:200]}` does not exist: this service serves {names} "
-                            "(GET /v1/models)", "invalid_request_error", param="model", code="model_not_found")
+        return check_model(name, served, self.aliases, listed=[m["id"] for m in models])
+
+
+def check_model(name: str, ids: list[str], aliases: dict[str, str] | None = None, *,
+                listed: list[str] | None = None) -> str:
+    """The served id `name` names among `ids` (the served models; `aliases`: alias -> id), matched by
+    specq/served_models.py; a 404 model_not_found naming what is served otherwise. `specq run-batch`
+    checks its lines' `model` with it too."""
+    found = resolve(name, ids, aliases)
+    if found is not None:
+        return found
+    names = ", ".join(listed if listed is not None else ids)
+    raise ApiError(404, f"The model `{name[:200]}` does not exist: this service serves {names} "
+                        "(GET /v1/models)", "invalid_request_error", param="model", code="model_not_found")
 
     def entry(self, name: str) -> dict[str, Any]:
         """The /v1/models entry of `name` (a served id or alias); 404 model_not_found otherwise."""
@@ -109,4 +117,4 @@ def models_router(catalog: ModelCatalog, caller_of: Callable[..., Caller]) -> AP
     return router
 
 
-__all__ = ["ModelCatalog", "models_router"]
+__all__ = ["ModelCatalog", "models_router", "check_model"]

@@ -6,7 +6,8 @@ import typer
 
 from .app import app
 from .common import api_call, fail
-from .output import Column, echo_data, num, print_json, print_table, safe
+from .render import print_results_table
+from .output import Column, echo_data, num, print_json, print_table, safe, stdout_is_terminal
 
 #: a batch's timestamps in the order a batch lives them
 _TIMES = ("created_at", "in_progress_at", "finalizing_at", "completed_at", "failed_at", "expired_at", "cancelling_at",
@@ -111,34 +112,12 @@ def results_cmd(
     if errors or fmt in ("jsonl", "csv"):
         echo_data(text)
     else:
-        _print_results_table(text)
+        print_results_table(text)
     c = b["request_counts"]
     if b["status"] not in ("completed", "failed", "cancelled", "expired"):
         typer.echo(f"batch {b['id']} is {b['status']}: {c['completed']}/{c['total']} completed so far", err=True)
     elif c["failed"] and not errors:
         typer.echo(f"{c['failed']} request(s) failed or were cancelled: `specq results {b['id']} --errors`", err=True)
-
-
-def _print_results_table(text: str) -> None:
-    import json
-
-    rows = []
-    for line in text.splitlines():
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except (ValueError, RecursionError):
-            raise fail("the API's results are not JSONL: is it a specq API?") from None
-        r = row.get("result") if isinstance(row, dict) else None
-        r = r if isinstance(r, dict) else {}
-        t, u = r.get("timings_ms") or {}, r.get("usage") or {}
-        answer = " ".join(str(r.get("text") or "").split())
-        rows.append((row.get("custom_id") if isinstance(row, dict) else "", answer[:200], u.get("prompt_tokens"),
-                     u.get("kept_tokens"), num(t.get("ttft")), num(t.get("decode")), num(t.get("total"))))
-    print_table(["custom_id", Column("answer", fold=True, max_width=60), Column("prompt", right=True),
-                 Column("kept", right=True), Column("ttft ms", right=True), Column("decode ms", right=True),
-                 Column("total ms", right=True)], rows)
 
 
 @app.command("stats")
@@ -148,28 +127,55 @@ def stats_cmd(
 ) -> None:
     """Per-phase p50/p95 of a batch's finished requests, mean kept ratio and throughput (computed in SQL).
 
-    Piped, the phase table is one tab-separated line per phase, no header: phase, count, p50, p95,
-    mean, max (ms).
+    Phases are listed in the order a job runs them (tokenize … decode, then total). Piped, the phase
+    table is tab-separated lines under a header line (phase, count, p50 ms, p95 ms, mean ms, max ms)
+    and the summary above it goes to stderr, so stdout is the table alone.
     """
     st = api_call(lambda c: c.batch_stats(c.resolve_batch(batch)["id"]))
     if as_json:
         print_json(st)
         return
+    terminal = stdout_is_terminal()
+
+    def say(line: str) -> None:
+        typer.echo(line, err=not terminal)
+
     c = st["request_counts"]
-    typer.echo(safe(f"{st['batch_id']}  {st['status']}  {c['completed']}/{c['total']} completed, {c['failed']} failed"))
+    say(safe(f"{st['batch_id']}  {st['status']}  {c['completed']}/{c['total']} completed, {c['failed']} failed"))
     if st.get("kept_ratio_mean") is not None:
-        typer.echo(f"  kept ratio (mean)   {num(st['kept_ratio_mean'], '.3f')}   "
-                   f"prompt tokens (mean) {num(st.get('prompt_tokens_mean'), '.1f')}")
+        say(f"  kept ratio (mean)   {num(st['kept_ratio_mean'], '.3f')}   "
+            f"prompt tokens (mean) {num(st.get('prompt_tokens_mean'), '.1f')}")
     if st.get("wall_s"):
-        typer.echo(f"  wall                {num(st['wall_s'], '.1f')} s   throughput {num(st.get('jobs_per_s'), '.2f')} jobs/s")
+        say(f"  wall                {num(st['wall_s'], '.1f')} s   throughput {num(st.get('jobs_per_s'), '.2f')} jobs/s")
+    phases = st.get("phases") or {}
     rows = [(phase, p.get("count"), num(p.get("p50")), num(p.get("p95")), num(p.get("mean")), num(p.get("max")))
-            for phase, p in (st.get("phases") or {}).items()]
-    print_table(["phase"] + [Column(h, right=True) for h in ("count", "p50 ms", "p95 ms", "mean ms", "max ms")], rows)
+            for phase, p in sorted(phases.items(), key=lambda kv: phase_rank(kv[0]))]
+    headers = ["phase", "count", "p50 ms", "p95 ms", "mean ms", "max ms"]
+    if not terminal:
+        typer.echo("\t".join(headers))
+    print_table([headers[0]] + [Column(h, right=True) for h in headers[1:]], rows, terminal=terminal)
+
+
+#: the phases in the order a job runs them (docs/result.md), `total` last; others go before `total`
+PHASE_ORDER = ("queue_wait", "tokenize", "cache_restore", "score", "speculator_prefill", "lookahead", "score_math",
+               "select", "group_prefill", "sparse_prefill", "ttft", "decode", "total")
+
+
+def phase_rank(phase: str) -> tuple[float, str]:
+    if phase in PHASE_ORDER:
+        return float(PHASE_ORDER.index(phase)), ""
+    return PHASE_ORDER.index("total") - 0.5, phase
 
 
 @app.command("cancel-batch")
-def cancel_batch_cmd(batch: str = typer.Argument(..., help="A batch id (batch_…) or name.")) -> None:
+def cancel_batch_cmd(
+    batch: str = typer.Argument(..., help="A batch id (batch_…) or name."),
+    as_json: bool = typer.Option(False, "--json", help="Print the batch object as JSON (what POST /v1/batches/{id}/cancel answers)."),
+) -> None:
     """Cancel a batch: queued requests at once, running ones at their next step; finished results stay."""
     b = api_call(lambda c: c.cancel_batch(c.resolve_batch(batch)["id"]))
+    if as_json:
+        print_json(b)
+        return
     c = b["request_counts"]
     typer.echo(safe(f"{b['id']}: {b['status']} ({c['completed']} completed results kept)"))

@@ -197,11 +197,12 @@ def stream_answer(client, job_id: str) -> tuple[dict, bool]:
     return job, whole
 
 
-def finish_job(job: dict, as_json: bool, printed: bool = False) -> None:
-    """Print a finished job's result (or fail with its error); `printed`: its text already was."""
+def finish_job(job: dict, as_json: bool, printed: bool = False, with_id: bool = False) -> None:
+    """Print a finished job's result (or fail with its error); `printed`: its text already was;
+    `with_id`: the JSON result holds the job's id as `job_id` (`submit --wait --json`)."""
     if job["status"] == "succeeded":
         if as_json:
-            print_json(job["result"])
+            print_json({"job_id": job["id"], **job["result"]} if with_id else job["result"])
         else:
             from .render import print_result
 

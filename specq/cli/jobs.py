@@ -6,7 +6,7 @@ import typer
 
 from .app import app
 from .common import api_call, fail, finish_job, wait_with_progress
-from .output import Column, num, print_json, print_table, safe, stdout_is_terminal
+from .output import Column, num, print_json, print_table, safe, stdout_is_terminal, when
 
 
 def _ms(value) -> str:
@@ -29,7 +29,7 @@ def _print_job(job: dict) -> None:
     lines.append(f"  attempts   {job.get('attempts')}/{job.get('max_attempts')}")
     for key in ("created_at", "started_at", "finished_at"):
         if job.get(key):
-            lines.append(f"  {key[:-3]:<10} {job[key]}")
+            lines.append(f"  {key[:-3]:<10} {when(job[key])}")
     if job.get("queue_wait_ms") is not None:
         lines.append(f"  queue wait {_ms(job['queue_wait_ms'])}")
     inp = job.get("input") or {}
@@ -110,8 +110,14 @@ def jobs_cmd(
 
 
 @app.command("cancel")
-def cancel_cmd(job_id: str = typer.Argument(..., help="A job id (job_…).")) -> None:
+def cancel_cmd(
+    job_id: str = typer.Argument(..., help="A job id (job_…)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the job object as JSON (what POST /v1/jobs/{id}/cancel answers)."),
+) -> None:
     """Cancel a queued job now, or a running job at its next phase, window or token."""
     job = api_call(lambda c: c.cancel(job_id))
+    if as_json:
+        print_json(job)
+        return
     state = "cancelled" if job["status"] == "cancelled" else "cancel requested (it stops at its next step)"
     typer.echo(safe(f"{job['id']}: {state}"))

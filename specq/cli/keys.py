@@ -6,7 +6,7 @@ import typer
 
 from .app import app
 from .common import fail, service_ready_db
-from .output import Column, print_list, print_table, safe, stdout_is_terminal
+from .output import Column, print_list, print_table, safe, stdout_is_terminal, when
 
 
 keys_app = typer.Typer(
@@ -59,7 +59,7 @@ def keys_list(
     more = "…" if stdout_is_terminal() else ""
     print_table(["id", "tenant", "admin", "key", Column("name", fold=True), "created", "revoked"],
                 [(d["id"], d["tenant"], "yes" if d["admin"] else "", d["prefix"] + more, d["name"] or "",
-                  d["created_at"], d["revoked_at"] or "") for d in rows])
+                  when(d["created_at"]), when(d["revoked_at"])) for d in rows])
 
 
 @keys_app.command("revoke")

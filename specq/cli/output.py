@@ -66,6 +66,25 @@ def num(value: Any, spec: str = ",.1f", unit: str = "") -> str:
     return format(value, spec) + unit
 
 
+def when(value: Any) -> str:
+    """A time the API gives (ISO 8601 UTC, or Unix seconds as OpenAI's objects have them) as
+    `YYYY-MM-DD HH:MM:SS UTC`: a date and the zone, whole seconds; "" when missing, anything
+    unreadable as it came."""
+    from datetime import datetime, timezone
+
+    if value is None or value == "":
+        return ""
+    try:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            t = datetime.fromtimestamp(value, timezone.utc)
+        else:
+            t = datetime.fromisoformat(str(value).replace("Z", "+00:00"))
+            t = t.astimezone(timezone.utc) if t.tzinfo else t.replace(tzinfo=timezone.utc)
+    except (ValueError, OverflowError, OSError):
+        return str(value)
+    return t.strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
 def stdout_is_terminal() -> bool:
     try:
         return sys.stdout.isatty()
@@ -139,4 +158,4 @@ def echo_data(text: str) -> None:
     sys.stdout.flush()
 
 
-__all__ = ["safe", "cell", "num", "Column", "print_table", "print_json", "print_list", "echo_data", "stdout_is_terminal"]
+__all__ = ["safe", "cell", "num", "when", "Column", "print_table", "print_json", "print_list", "echo_data", "stdout_is_terminal"]

@@ -82,3 +82,32 @@ def print_result(result: dict[str, Any], console: Console | None = None, *, text
     for w in result.get("warnings", []) or []:
         console.print(cell(f"warning: {w}", style="yellow"))
     console.print(phase_table(result))
+
+
+def print_results_table(text: str) -> None:
+    """A batch's results JSONL (GET /v1/batches/{id}/results) as a table: custom_id, answer, prompt,
+    kept, ttft, decode, total (`specq results`, `specq submit … --wait` on a terminal)."""
+    import json
+
+    import typer
+
+    from .output import Column, print_table
+
+    rows = []
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except (ValueError, RecursionError):
+            typer.echo("error: the API's results are not JSONL: is it a specq API?", err=True)
+            raise typer.Exit(1) from None
+        r = row.get("result") if isinstance(row, dict) else None
+        r = r if isinstance(r, dict) else {}
+        t, u = r.get("timings_ms") or {}, r.get("usage") or {}
+        answer = " ".join(str(r.get("text") or "").split())
+        rows.append((row.get("custom_id") if isinstance(row, dict) else "", answer[:200], u.get("prompt_tokens"),
+                     u.get("kept_tokens"), num(t.get("ttft")), num(t.get("decode")), num(t.get("total"))))
+    print_table(["custom_id", Column("answer", fold=True, max_width=60), Column("prompt", right=True),
+                 Column("kept", right=True), Column("ttft ms", right=True), Column("decode ms", right=True),
+                 Column("total ms", right=True)], rows)

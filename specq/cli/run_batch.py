@@ -6,8 +6,9 @@ Each input line is `{"custom_id", "method": "POST", "url": "/v1/chat/completions
 `tools`) and run on the local engine. Each output line, in input order, is
 `{"id", "custom_id", "response": {"status_code": 200, "request_id", "body": <chat.completion |
 text_completion>}, "error": null}`, or for a refused or failed request `{"id", "custom_id",
-"response": {"status_code": 400, "body": {"error"}}, "error": {"code", "message"}}`. The `model` of a
-body is echoed in its answer; the models that run are --target / --speculator.
+"response": {"status_code": 400, "body": {"error"}}, "error": {"code", "message"}}`. A body's `model`
+is checked as the API checks it: the target's id (its file name without `.gguf`, as GET /v1/models
+lists it), else the line fails with status 404 and code `model_not_found`.
 """
 
 from __future__ import annotations
@@ -72,8 +73,10 @@ def answer_line(engine, n: int, raw: bytes) -> dict:
     from .. import openai_format as F
     from ..api import openai_schemas as O
     from ..api.errors import ApiError
+    from ..api.openai_models import check_model
+    from ..served_models import model_id
     from ..api.openai_requests import chat_spec, check_params, completion_spec, parse
-    from ..contracts import EngineError
+    from ..contracts import ContextLengthExceeded, EngineError
 
     request_id = "job_" + secrets.token_hex(12)
     custom_id = None
@@ -93,17 +96,20 @@ def answer_line(engine, n: int, raw: bytes) -> dict:
             raise ApiError(400, f"line {n}: body must be a JSON object", param="body")
         model, to_spec = models[line["url"]]
         spec = to_spec(parse(model, json.dumps(line["body"]).encode(), "body"))
+        check_model(spec.model, [model_id(engine.options.target)])
         params = check_params(spec.params)
         messages = [(m["role"], m["content"]) for m in spec.messages] if spec.messages is not None else None
         result = engine.run(spec.text, params, messages=messages, raw=spec.kind == "completion").to_dict()
         return F.output_line(request_id, custom_id, spec.kind, spec.model, int(time.time()), result)
     except ApiError as e:
-        code, message = getattr(e, "code", None) or "invalid_request", str(e.detail)
+        code, message, status = getattr(e, "code", None) or "invalid_request", str(e.detail), e.status_code
+    except ContextLengthExceeded as e:
+        code, message, status = "context_length_exceeded", str(e), 400
     except EngineError as e:
-        code, message = "job_failed", str(e)
+        code, message, status = "job_failed", str(e), 400
     error = {"code": code, "message": message}
     return {"id": F.batch_line_id(request_id), "custom_id": custom_id,
-            "response": {"status_code": 400, "request_id": request_id, "body": {"error": {**error, "type": "invalid_request_error"}}},
+            "response": {"status_code": status, "request_id": request_id, "body": {"error": {**error, "type": "invalid_request_error"}}},
             "error": error}
 
 

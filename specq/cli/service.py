@@ -8,6 +8,7 @@ import typer
 
 from .app import app
 from .common import fail, service_ready_db, service_settings
+from .logfiles import log_dir, tee
 
 
 @app.command("worker")
@@ -68,7 +69,7 @@ def reconcile_cmd(
 def api_cmd(
     host: str = typer.Option(None, help="Address to listen on (default 127.0.0.1). [env SPECQ_API_HOST]"),
     port: int = typer.Option(None, help="Port (default 8178). [env SPECQ_API_PORT]"),
-    loglevel: str = typer.Option("info", help="uvicorn log level."),
+    loglevel: str = typer.Option("info", help="uvicorn log level; at info and debug one line per request (method, path, status)."),
     served_model_name: str = typer.Option(None, help="Other names the OpenAI routes accept for the target, comma-separated (vLLM's --served-model-name); listed in /v1/models. [env SPECQ_SERVED_MODEL_NAME]"),
 ) -> None:
     """Run the REST API (no models are loaded here; jobs go to the broker for `specq worker`)."""
@@ -80,7 +81,8 @@ def api_cmd(
     from ..api.app import create_app
     from ..api.server import serve
 
-    serve(create_app(settings), settings, log_level=loglevel.lower(), access_log=loglevel.lower() == "debug")
+    # one line per request (method, path, status) at info and debug, as llama-server and vLLM log them
+    serve(create_app(settings), settings, log_level=loglevel.lower(), access_log=loglevel.lower() in ("debug", "info"))
 
 
 @app.command("up")
@@ -133,14 +135,19 @@ def up_cmd(
                f", queue {settings.queue}", err=True)
     typer.echo(f"specq up: API at {settings.api_url} (docs {settings.api_url}/docs); submit with "
                f"`specq submit FILE -q QUESTION --wait`", err=True)
+    typer.echo(f"specq up: logs in {log_dir()} (`specq logs [api|worker] [-f]`)", err=True)
     from ..worker.watchdog import EXIT_CODE as WATCHDOG_EXIT
 
     ready = False
     cmd = [sys.executable, "-m", "specq"]
+    env["PYTHONUNBUFFERED"] = "1"  # their lines reach the log files as they are written
     procs = {
-        "api": subprocess.Popen(cmd + ["api", "--loglevel", "warning"], env=env),
-        "worker": subprocess.Popen(cmd + ["worker", "--loglevel", loglevel], env=env),
+        "api": subprocess.Popen(cmd + ["api", "--loglevel", "info"], env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT),
+        "worker": subprocess.Popen(cmd + ["worker", "--loglevel", loglevel], env=env, stdout=subprocess.PIPE,
+                                   stderr=subprocess.STDOUT),
     }
+    pumps = [tee(p.stdout, name) for name, p in procs.items()]
 
     stopping: set[str] = set()
 
@@ -161,7 +168,9 @@ def up_cmd(
                     # its engine thread was stuck (worker/watchdog.py): start it again; the reconciler
                     # runs its jobs again once their heartbeats are SPECQ_STALE_AFTER old
                     typer.echo(f"specq up: the worker's watchdog ended it (status {rc}); starting it again", err=True)
-                    procs[name] = subprocess.Popen(cmd + ["worker", "--loglevel", loglevel], env=env)
+                    procs[name] = subprocess.Popen(cmd + ["worker", "--loglevel", loglevel], env=env,
+                                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+                    pumps.append(tee(procs[name].stdout, name))
                     continue
                 if rc is not None:
                     if rc not in (0, -signal.SIGTERM, -signal.SIGINT):
@@ -191,6 +200,8 @@ def up_cmd(
         except subprocess.TimeoutExpired:
             p.kill()
             p.wait()
+    for t in pumps:
+        t.join(timeout=5)
     raise typer.Exit(code)
 
 
@@ -310,23 +321,31 @@ def _up_detached(settings, argv: list[str]) -> None:
 
 
 @app.command("down")
-def down_cmd() -> None:
+def down_cmd(
+    as_json: bool = typer.Option(False, "--json", help='Print what happened as JSON: {"stopped": true|false, "pid": N|null, "detail": "…"}.'),
+) -> None:
     """Stop a service started with `specq up --detach` (waits for the running job's phase to end, up to 60 s)."""
     import os
     import signal
     import time
 
+    def said(stopped: bool, pid: int | None, detail: str) -> None:
+        if as_json:
+            from .output import print_json
+
+            print_json({"stopped": stopped, "pid": pid, "detail": detail})
+        else:
+            typer.echo(f"specq down: {detail}", err=True)
+
     pidfile = _up_pidfile()
     if not pidfile.exists():
-        typer.echo("specq down: nothing started with `specq up --detach`", err=True)
-        return
+        return said(False, None, "nothing started with `specq up --detach`")
     try:
         pid = int(pidfile.read_text().strip())
         os.kill(pid, signal.SIGTERM)
     except (ValueError, ProcessLookupError):
         pidfile.unlink(missing_ok=True)
-        typer.echo("specq down: it had already stopped", err=True)
-        return
+        return said(False, None, "it had already stopped")
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         try:
@@ -337,5 +356,4 @@ def down_cmd() -> None:
     else:
         os.killpg(pid, signal.SIGKILL)
     pidfile.unlink(missing_ok=True)
-    typer.echo(f"specq down: stopped (pid {pid})", err=True)
-
+    said(True, pid, f"stopped (pid {pid})")

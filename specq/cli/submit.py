@@ -9,16 +9,17 @@ import typer
 from .app import app
 from .common import (STDIN_NAME, api_call, fail, finish_job, is_stdin, load_document, read_input, shown_name,
                      stream_answer, wait_batch_with_progress, wait_with_progress)
-from .output import print_json, safe
+from .output import print_json, safe, stdout_is_terminal
+from .render import print_results_table
 
 
 @app.command("submit")
 def submit_cmd(
     files: list[Path] = typer.Argument(None, help="Documents or code files (text: UTF-8, or UTF-16/32 with a BOM); several make a batch; - reads one from stdin."),
-    question: str = typer.Option(None, "-q", "--question", help="The question asked about FILE."),
+    question: str = typer.Option(None, "-q", "--question", help="The question asked about FILE (required with FILEs; a --jsonl line may carry its own)."),
     questions: Path = typer.Option(None, "--questions", help="A text file of questions, one a line: FILE is stored once "
                                    "(POST /v1/documents) and asked each of them, as one batch of one job per question "
-                                   "(- = stdin)."),
+                                   "(- = stdin); each request's custom_id is `qN: the question`."),
     jsonl: Path = typer.Option(None, "--jsonl", help="A batch as JSONL: one {custom_id, text or document_id, question, params} per line (- = stdin)."),
     batch_name: str = typer.Option(None, "--batch", help="Submit as a batch with this name (`specq results NAME`)."),
     mode: str = typer.Option(None, help="auto (the default: docs/engine.md), baseline or specprefill."),
@@ -46,12 +47,13 @@ def submit_cmd(
     ngram: int = typer.Option(None, help="N-gram size for the ngram drafter."),
     wait: bool = typer.Option(False, "--wait", "-w", help="Wait for the answer: progress (phase, i/n, time in it, "
                               "time left), then the answer as it is decoded, what ran and why, and the phase table."),
-    as_json: bool = typer.Option(False, "--json", help="Print the new job (batch) object as JSON instead of its id; with --wait the run result object (the finished batch)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the new job (batch) object as JSON instead of its id; with --wait the run result object with the job's id as `job_id` (the finished batch)."),
 ) -> None:
     """Submit FILE + QUESTION as a job to the specq API (`specq --url`, SPECQ_API_URL or the URL `specq up` recorded); print its id, or with --wait its answer.
 
     Several FILEs, --jsonl or --batch submit a batch (one job per file or line): its id is printed;
-    --wait shows the batch's progress; then `specq results BATCH --format csv`. FILE `-` is stdin
+    --wait shows the batch's progress, then on a terminal its answers (`specq results BATCH` prints
+    them again; --format csv or jsonl). FILE `-` is stdin
     (the job's file name is "stdin"): `git diff | specq submit - -q "Any bugs?" --wait`.
 
     Options not given take the server's defaults (those of `specq run`). Model options (target, speculator,
@@ -76,6 +78,7 @@ def submit_cmd(
         filename, data, _ = load_document(files[0])
     except InputError as e:
         raise fail(str(e)) from None
+    require_question(question)
 
     def go(c):
         job = c.submit_bytes(filename, data, question=question, params=params)
@@ -86,6 +89,7 @@ def submit_cmd(
                 typer.echo(job["id"])
             typer.echo(f"queued: `specq status {job['id']}` or `specq result {job['id']} --wait`", err=True)
             return
+        typer.echo(f"job {job['id']}", err=True)  # to find it again (`specq status`) while the answer comes
         try:
             if as_json:
                 done, printed = wait_with_progress(c, job["id"]), False
@@ -93,9 +97,16 @@ def submit_cmd(
                 done, printed = stream_answer(c, job["id"])
         except KeyboardInterrupt:
             raise fail(f"stopped waiting; job {job['id']} keeps running (`specq status {job['id']}`)") from None
-        finish_job(done, as_json, printed)
+        finish_job(done, as_json, printed, with_id=True)
 
     api_call(go)
+
+
+def require_question(question: str | None) -> None:
+    """FILEs need -q: without it the job would ask an empty question."""
+    if not (question or "").strip():
+        raise fail('give the question about FILE with -q QUESTION (e.g. -q "Any bugs?"), or --questions FILE '
+                   'for several')
 
 
 def read_questions(path: Path) -> list[str]:
@@ -117,8 +128,19 @@ def questions_jsonl(document_id: str, qs: list[str]) -> bytes:
     """The batch of `--questions`: one line per question about one stored document."""
     import json
 
-    return b"".join((json.dumps({"custom_id": f"q{i}", "document_id": document_id, "question": q},
+    return b"".join((json.dumps({"custom_id": question_id(i, q), "document_id": document_id, "question": q},
                                 ensure_ascii=False) + "\n").encode() for i, q in enumerate(qs, 1))
+
+
+#: the longest custom_id the API takes
+MAX_CUSTOM_ID = 255
+
+
+def question_id(i: int, question: str) -> str:
+    """The custom_id of question `i`: its number and its text (cut to the API's 255 characters), so
+    every view of the results (`specq results`, JSONL, CSV, the page) says which question each answers."""
+    cid = f"q{i}: {' '.join(question.split())}"
+    return cid if len(cid) <= MAX_CUSTOM_ID else cid[: MAX_CUSTOM_ID - 1] + "…"
 
 
 def submit_questions(files: list[Path], questions: Path, question, jsonl, params: dict, name, wait: bool,
@@ -166,6 +188,8 @@ def submit_batch(files: list[Path], jsonl: Path | None, question, params: dict, 
         docs = [load_document(f) for f in files]
     except InputError as e:
         raise fail(str(e)) from None
+    if jsonl is None:  # FILEs: the question is the job (a JSONL line carries its own)
+        require_question(question)
     metadata = {"name": name} if name else None
 
     def go(c):
@@ -196,8 +220,10 @@ def submit_batch(files: list[Path], jsonl: Path | None, question, params: dict, 
         counts = done["request_counts"]
         if as_json:
             print_json(done)
+        elif stdout_is_terminal() and counts["completed"]:  # piped, stdout stays the batch id alone
+            print_results_table(c.batch_export(done["id"], "results"))
         typer.echo(f"batch {done['id']} {done['status']}: {counts['completed']}/{counts['total']} completed, "
-                   f"{counts['failed']} failed; `specq results {done['id']} --format csv`", err=True)
+                   f"{counts['failed']} failed; answers: `specq results {done['id']}` (--format csv or jsonl)", err=True)
         if done["status"] != "completed" or counts["failed"]:
             raise typer.Exit(1)
 

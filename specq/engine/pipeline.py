@@ -23,7 +23,7 @@ from .policy import auto, evidence
 from .llama import invariance
 from .decode.loop import generate
 from .policy.evidence_key import EvidenceKey, effective_scoring, model_sha256
-from ..contracts import EngineError, InputError, ModelError
+from ..contracts import ContextLengthExceeded, EngineError, InputError, ModelError
 from .scoring.kept_spans import selection_record
 from .options import EngineOptions, RunParams
 from .decode.prefill import PrefillResult, sparse_prefill
@@ -244,10 +244,7 @@ class Engine:
         else:
             prompt = build_prompt(self.target, document, params.question, params.system)
         if prompt.n + params.max_tokens > self.n_ctx:
-            raise InputError(
-                f"prompt is {prompt.n} tokens; with max_tokens {params.max_tokens} it exceeds the target's "
-                f"context of {self.n_ctx} tokens"
-            )
+            raise ContextLengthExceeded(prompt.n, params.max_tokens, self.n_ctx)
         return prompt
 
     def prepare(self, document: str, params: RunParams, *, messages: list[tuple[str, str]] | None = None,
