@@ -73,6 +73,31 @@ def parse(model: type[BaseModel], raw: bytes, what: str = "request body") -> Any
                   loc or None) from None
 
 
+def count_parts(raw: bytes) -> int:
+    """How many content parts a chat request's messages hold (0 if the body is not such JSON: the
+    model's validation says what is wrong then). Counted before the model validates the body, so a
+    body of a million parts is refused in the time of one JSON parse, not of a million validations."""
+    import json
+
+    try:
+        body = json.loads(raw)
+    except (ValueError, RecursionError):
+        return 0
+    messages = body.get("messages") if isinstance(body, dict) else None
+    if not isinstance(messages, list):
+        return 0
+    return sum(len(m["content"]) for m in messages if isinstance(m, dict) and isinstance(m.get("content"), list))
+
+
+def parse_chat(raw: bytes) -> O.ChatCompletionRequest:
+    """`parse` for a chat request, with at most MAX_CONTENT_PARTS content parts (a 400 naming the limit)."""
+    n = count_parts(raw)
+    if n > O.MAX_CONTENT_PARTS:
+        raise bad(f"the messages hold {n} content parts, over the limit of {O.MAX_CONTENT_PARTS} per request; "
+                  "join the texts into fewer parts", "messages", "too_many_content_parts")
+    return parse(O.ChatCompletionRequest, raw)
+
+
 def _unsupported(param: str, what: str) -> ApiError:
     return bad(f"{param} is not supported by specq ({what})", param, "unsupported_parameter")
 
@@ -239,4 +264,4 @@ def completion_spec(req: O.CompletionRequest) -> JobSpec:
                              include_usage=bool(req.stream_options and req.stream_options.include_usage)))
 
 
-__all__ = ["JobSpec", "parse", "chat_spec", "completion_spec", "check_params", "bad", "INVALID"]
+__all__ = ["JobSpec", "parse", "parse_chat", "count_parts", "chat_spec", "completion_spec", "check_params", "bad", "INVALID"]
