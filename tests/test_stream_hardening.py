@@ -137,7 +137,7 @@ def test_many_streams_on_one_job_share_one_poller(feed_store):
     from specq.api.job_feed import STATUS_POLL_S, feeds_running
     from specq.api.job_stream import follow
     from specq.storage import db, jobs, results
-    from specq.engine.options import RunResult
+    from specq.engine.result import RunResult
     from specq.worker.stream import DeltaPublisher, make_channel
 
     with db.session() as s:
@@ -146,7 +146,7 @@ def test_many_streams_on_one_job_share_one_poller(feed_store):
     row_reads = []
 
     def count(conn, cursor, statement, *args):
-        if "FROM jobs" in statement and "jobs.id =" in statement:
+        if "FROM jobs" in statement and ("jobs.id IN" in statement or "jobs.id =" in statement):
             row_reads.append(time.monotonic())
 
     engine = db.get_engine()
@@ -198,10 +198,64 @@ def test_many_streams_on_one_job_share_one_poller(feed_store):
         assert seen[i][-1][0] == "delta"
 
 
+def test_idle_streams_on_many_jobs_cost_the_store_a_bounded_number_of_reads(feed_store):
+    """200 queued jobs, one stream each: their rows are read together (a few queries per interval, not
+    200), and no stream reads answer text while its job is queued."""
+    from sqlalchemy import event
+
+    from specq.api.job_feed import BATCH_S, STATUS_POLL_S, feeds_running
+    from specq.api.job_stream import follow
+    from specq.storage import db, jobs
+
+    with db.session() as s:
+        ids = [jobs.create_job(s, text="x = 1\n", params={}).id for _ in range(200)]
+    reads: list[tuple[float, str]] = []
+
+    def count(conn, cursor, statement, *args):
+        if "FROM jobs" in statement and ("jobs.id IN" in statement or "jobs.id =" in statement):
+            reads.append((time.monotonic(), "row"))
+        elif "FROM job_deltas" in statement:
+            reads.append((time.monotonic(), "text"))
+
+    engine = db.get_engine()
+    event.listen(engine, "before_cursor_execute", count)
+    statuses: dict[str, list] = {i: [] for i in ids}
+
+    async def one(job_id: str) -> None:
+        async for name, data in follow(feed_store, job_id):
+            statuses[job_id].append(data["status"] if name in ("status", "done") else name)
+
+    async def main() -> tuple[int, int, float]:
+        tasks = [asyncio.ensure_future(one(i)) for i in ids]
+        deadline = time.monotonic() + 30
+        while not all(statuses.values()) and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)  # every stream has its first event (status: queued)
+        await asyncio.sleep(0.5)
+        t0 = time.monotonic()
+        await asyncio.sleep(1.0)
+        t1 = time.monotonic()
+        window = [kind for t, kind in reads if t0 <= t < t1]
+        with db.session() as s:
+            for i in ids:
+                jobs.request_cancel(s, i)  # a queued job's cancel ends it at once: every stream gets `done`
+        await asyncio.wait_for(asyncio.gather(*tasks), 30)
+        await asyncio.sleep(STATUS_POLL_S * 2)
+        assert feeds_running() == 0
+        return window.count("row"), window.count("text"), t1 - t0
+
+    try:
+        rows, texts, seconds = asyncio.run(main())
+    finally:
+        event.remove(engine, "before_cursor_execute", count)
+    assert texts == 0, texts  # queued jobs: no text to read (each stream on its own: 20 reads a second)
+    assert rows <= seconds / BATCH_S + 4, rows  # each stream on its own: 200 / STATUS_POLL_S = 800 a second
+    assert all(s == ["queued", "cancelled", "cancelled"] for s in statuses.values()), statuses  # status, done
+
+
 def test_a_late_stream_gets_the_text_so_far(feed_store):
     """A stream that joins a running feed starts from the text the feed has, then follows it."""
     from specq.api.job_stream import follow
-    from specq.engine.options import RunResult
+    from specq.engine.result import RunResult
     from specq.storage import db, jobs, results
     from specq.worker.stream import DeltaPublisher, make_channel
 

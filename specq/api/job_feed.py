@@ -4,7 +4,11 @@ completions).
 A `JobFeed` reads the job's row every STATUS_POLL_S and its answer text from the worker's publisher
 (Redis pub/sub, or the store's `job_deltas` on the embedded default), and hands both to each subscribed
 stream's queue. So 300 streams on one job cost one row read per interval and one Redis subscription, not
-300 of each. A stream that subscribes late gets the latest row and the text so far first.
+300 of each. A stream that subscribes late gets the latest row and the text so far first. The feeds of
+different jobs read their rows through one `RowReader`, which puts the reads asked for within BATCH_S
+into one query; on the embedded default a feed reads `job_deltas` only while its job runs (a queued job
+has no text). So idle streams cost the store a bounded number of reads per second, however many there
+are (docs/reliability.md, "Streams").
 
 The feed runs in a task of its own, not in any response's task: a client that goes away only unsubscribes
 (no await, nothing to cancel), and the feed closes its source (the Redis connections) itself once its
@@ -33,6 +37,8 @@ log = logging.getLogger("specq.api")
 STATUS_POLL_S = 0.25
 #: seconds between reads of job_deltas on the embedded default
 DELTA_POLL_S = 0.05
+#: row reads asked for within this many seconds go to the store together (`RowReader`)
+BATCH_S = 0.03
 
 
 @dataclass
@@ -120,16 +126,51 @@ def open_source(settings: ServiceSettings, job_id: str):
     return StoreSource(job_id)
 
 
-def read_row(job_id: str) -> dict[str, Any] | None:
-    """What the streams show of the job's row (None: no such job), with its result once it succeeded."""
+def read_rows(job_ids: list[str]) -> dict[str, dict[str, Any]]:
+    """What the streams show of each job's row (a job that does not exist is left out), with its result
+    once it succeeded; one query per 500 jobs."""
+    out: dict[str, dict[str, Any]] = {}
     with db.session() as s:
-        job = jobs.get_job(s, job_id)
-        if job is None:
-            return None
-        d = {"status": job.status, "attempts": job.attempts, "error": job.error, "queue_wait_ms": job.queue_wait_ms,
-             "phase": job.progress_phase, "done": job.progress_done, "total": job.progress_total}
-        d["result"] = results.get_result(s, job_id) if job.status == "succeeded" else None
-        return d
+        for job_id, job in jobs.get_jobs(s, job_ids).items():
+            d = {"status": job.status, "attempts": job.attempts, "error": job.error,
+                 "queue_wait_ms": job.queue_wait_ms, "phase": job.progress_phase, "done": job.progress_done,
+                 "total": job.progress_total}
+            d["result"] = results.get_result(s, job_id) if job.status == "succeeded" else None
+            out[job_id] = d
+    return out
+
+
+class RowReader:
+    """Reads the rows that feeds ask for within BATCH_S of each other in one query: with a thousand jobs
+    followed, the store sees at most STATUS_POLL_S / BATCH_S reads per interval, not a thousand."""
+
+    def __init__(self) -> None:
+        self.pending: dict[str, list[asyncio.Future]] = {}
+        self.flusher: asyncio.Task | None = None
+
+    async def read(self, job_id: str) -> dict[str, Any] | None:
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        self.pending.setdefault(job_id, []).append(future)
+        if self.flusher is None:
+            self.flusher = loop.create_task(self._flush())
+        return await future
+
+    async def _flush(self) -> None:
+        await asyncio.sleep(BATCH_S)
+        batch, self.pending, self.flusher = self.pending, {}, None
+        try:
+            rows = await run_in_threadpool(read_rows, list(batch))
+        except Exception as e:
+            for futures in batch.values():
+                for f in futures:
+                    if not f.done():
+                        f.set_exception(e)
+            return
+        for job_id, futures in batch.items():
+            for f in futures:
+                if not f.done():
+                    f.set_result(rows.get(job_id))
 
 
 #: what a subscriber's queue holds: ("row", row or None = the job is gone), ("piece", Piece),
@@ -192,7 +233,7 @@ class JobFeed:
             next_poll = 0.0
             while self.queues:
                 if time.monotonic() >= next_poll:
-                    row = await run_in_threadpool(read_row, self.job_id)
+                    row = await _reader().read(self.job_id)
                     next_poll = time.monotonic() + STATUS_POLL_S
                     if row is None or row["status"] in JOB_TERMINAL:
                         if row is not None:
@@ -232,6 +273,19 @@ _feeds: dict[tuple, JobFeed] = {}
 _closing: set[asyncio.Future] = set()
 
 
+_readers: dict[asyncio.AbstractEventLoop, RowReader] = {}
+
+
+def _reader() -> RowReader:
+    loop = asyncio.get_running_loop()
+    reader = _readers.get(loop)
+    if reader is None:
+        for old in [k for k in _readers if k.is_closed()]:
+            del _readers[old]
+        reader = _readers[loop] = RowReader()
+    return reader
+
+
 def subscribe(settings: ServiceSettings, job_id: str) -> tuple[JobFeed, asyncio.Queue[Item]]:
     """The job's feed (started if no stream follows the job yet) and a new queue of it."""
     key = (asyncio.get_running_loop(), settings.resolved_broker_url, job_id)
@@ -249,5 +303,5 @@ def feeds_running() -> int:
     return len(_feeds)
 
 
-__all__ = ["JobFeed", "Piece", "StoreSource", "RedisSource", "open_source", "read_row", "subscribe", "feeds_running",
+__all__ = ["JobFeed", "Piece", "StoreSource", "RedisSource", "open_source", "read_rows", "RowReader", "subscribe", "feeds_running",
            "STATUS_POLL_S", "DELTA_POLL_S"]

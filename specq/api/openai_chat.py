@@ -37,7 +37,7 @@ from .events import SSE_HEADERS
 from .job_stream import follow
 from .jobs import store_and_enqueue
 from .openai_models import ModelCatalog
-from .openai_requests import INVALID, JobSpec, chat_spec, completion_spec, parse, parse_chat
+from .openai_requests import INVALID, JobSpec, chat_spec, check_shape, completion_spec, parse, parse_chat
 
 log = logging.getLogger("specq.api")
 
@@ -83,6 +83,7 @@ def _chat_spec(raw: bytes, catalog: ModelCatalog) -> JobSpec:
 
 
 def _completion_spec(raw: bytes, catalog: ModelCatalog) -> JobSpec:
+    check_shape(raw)
     req = parse(O.CompletionRequest, raw)
     catalog.check(req.model)
     return completion_spec(req)
