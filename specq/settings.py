@@ -219,6 +219,8 @@ class ServiceSettings:
     max_connections: int = 2048
     #: most responses streaming at once per API process (batch exports, event streams); one more
     #: answers 503 with Retry-After, so streams never take every connection. 0 = half of max_connections
+    #: (1,024 by default: measured to leave /healthz at tens of ms even with each stream on its own job,
+    #: docs/reliability.md "Streams and the event loop")
     max_streams: int = 0
     #: how long finished jobs and batches are kept: after this (``30d``, ``12h``, ``90m``, or seconds),
     #: a finished job's document, question, result and timings, and the job itself, are deleted; a
