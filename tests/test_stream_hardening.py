@@ -364,3 +364,19 @@ def test_an_8_mib_document_is_checked_off_the_event_loop(api):
     assert probes >= 3 and worst < 0.5, (worst, probes)
     with httpx.Client(base_url=api.url, timeout=30) as c:
         c.delete(f"/v1/jobs/{r.json()['id']}")
+
+
+def test_body_shape_counts_parts_exactly_and_sees_through_escapes():
+    """The pre-validation count: exact for parts (braces and commas inside strings do not count, an
+    escaped key is read as pydantic reads it), and it stops one over the limit."""
+    from specq.api.openai_requests import body_shape
+
+    tricky = {"type": "text", "text": 'a, {b} [c] "q" \\" }]'}
+    body = json.dumps({"model": "m", "messages": [{"role": "user", "content": [tricky] * 1000}] * 4}).encode()
+    assert body_shape(body, 4000, 10**9)[0] == 4000
+    assert body_shape(body, 3999, 10**9)[0] == 4000  # one over the limit: the scan stops there
+    escaped = (b'{"model":"m","\\u006dessages":[{"role":"user","content":[' + b",".join([b'{"type":"text"}'] * 50)
+               + b"]}]}")
+    assert body_shape(escaped, 10, 10**9)[0] == 11
+    assert body_shape(json.dumps({"messages": [{"content": "x, {" * 1000}]}).encode(), 10, 100) == (0, 3)
+    assert body_shape(json.dumps({"prediction": [1] * 500}).encode(), 10, 100)[1] == 101
