@@ -237,6 +237,8 @@ class ServiceSettings:
     max_connections: int = 2048
     #: most responses streaming at once per API process (batch exports, event streams); one more
     #: answers 503 with Retry-After, so streams never take every connection. 0 = half of max_connections
+    #: (1,024 by default: measured to leave /healthz at tens of ms even with each stream on its own job,
+    #: docs/reliability.md "Streams and the event loop")
     max_streams: int = 0
     #: seconds the OpenAI routes hold a `stream: true` response's headers at most, waiting for the
     #: worker to tokenize the prompt: a prompt over the context then answers a plain 400

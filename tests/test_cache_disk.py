@@ -6,6 +6,7 @@ nothing they should not."""
 
 from __future__ import annotations
 
+import pytest
 
 from specq.engine.cache.disk import DiskTier, file_name
 from specq.engine.options import EngineOptions, RunParams

@@ -58,17 +58,13 @@ def documents_router(settings: ServiceSettings, caller_of: Callable[..., Caller]
     async def create_document(request: Request, caller: Caller = Depends(caller_of)) -> JSONResponse:
         ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
         if ctype in JSON_TYPES:
-            try:
-                body = S.DocumentCreate.model_validate_json(await request.body())
-            except ValidationError as e:
-                raise from_validation(e) from None
-            text, filename = body.text, body.filename
+            text, filename = await run_in_threadpool(_parse_json, await request.body())
         elif ctype in FORM_TYPES:
             text, filename = await _read_form(request)
         else:
             raise ApiError(415, "send application/json {text, filename} or multipart/form-data with file",
                            "unsupported_media_type")
-        check_document(text)
+        await run_in_threadpool(check_document, text)  # megabytes of text: checked off the event loop
 
         def store() -> tuple[dict[str, Any], bool]:
             with db.session() as s:
@@ -121,6 +117,14 @@ def documents_router(settings: ServiceSettings, caller_of: Callable[..., Caller]
     return router
 
 
+def _parse_json(raw: bytes) -> tuple[str, str | None]:
+    try:
+        body = S.DocumentCreate.model_validate_json(raw)
+    except ValidationError as e:
+        raise from_validation(e) from None
+    return body.text, body.filename
+
+
 def _found(s, document_id: str, caller: Caller):
     row = documents.get_document(s, document_id, tenant=caller.scope)
     if row is None:
@@ -148,7 +152,7 @@ async def _read_form(request: Request) -> tuple[str, str | None]:
         if len(data) > limit:
             raise ApiError(413, str(InputTooLarge(len(data), limit)), "too_large")
         try:
-            return decode_document(data, name=filename), filename
+            return await run_in_threadpool(decode_document, data, name=filename), filename
         except InputError as e:
             raise ApiError(422, str(e), "invalid_input") from None
     finally:

@@ -5,7 +5,8 @@ worker's publisher (Redis pub/sub, or the store's `job_deltas` on the embedded d
 `status`, `phase`, `progress`, `delta`, `reset`, `done`, and ("keepalive", None) when nothing happened
 for KEEPALIVE_S. The joined deltas equal the stored result's text: what the publisher's messages miss
 (a subscriber that came late, a lost message, a job that finished before the stream opened) is sent
-from the stored result before `done`.
+from the stored result before `done`. The reading itself is the job's shared feed (`job_feed`): every
+stream of a job is fed by one poller.
 """
 
 from __future__ import annotations
@@ -14,110 +15,13 @@ import asyncio
 import json
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from typing import Any
 
-from starlette.concurrency import run_in_threadpool
+from ..contracts import JOB_TERMINAL
+from .job_feed import STATUS_POLL_S, Piece, subscribe
 
-from ..contracts import JOB_TERMINAL, redis_keys
-from ..settings import ServiceSettings
-from ..storage import db, deltas, jobs, results
-
-#: seconds between reads of the job's row (status, progress)
-STATUS_POLL_S = 0.25
-#: seconds between reads of job_deltas on the embedded default
-DELTA_POLL_S = 0.05
 #: a keep-alive comment after this many seconds without an event
 KEEPALIVE_S = 15.0
-
-
-@dataclass
-class Piece:
-    attempt: int
-    offset: int
-    text: str
-
-
-class StoreSource:
-    """Deltas from `job_deltas` rows (embedded default)."""
-
-    def __init__(self, job_id: str) -> None:
-        self.job_id, self._attempt, self._seq = job_id, 0, -1
-
-    async def start(self) -> list[Piece]:
-        return await self.next(0)
-
-    async def next(self, timeout: float) -> list[Piece]:
-        rows = await run_in_threadpool(self._read)
-        if not rows and timeout > 0:
-            await asyncio.sleep(min(timeout, DELTA_POLL_S))
-        return rows
-
-    def _read(self) -> list[Piece]:
-        with db.session() as s:
-            rows = deltas.read_after(s, self.job_id, self._attempt, self._seq)
-        if rows:
-            self._attempt, self._seq = rows[-1].attempt, rows[-1].seq
-        return [Piece(r.attempt, r.offset, r.text) for r in rows]
-
-    async def close(self) -> None:
-        pass
-
-
-class RedisSource:
-    """Deltas from the job's pub/sub channel; the text so far from its key, read after subscribing."""
-
-    def __init__(self, url: str, job_id: str) -> None:
-        import redis.asyncio as aioredis
-
-        self.redis = aioredis.Redis.from_url(url, socket_connect_timeout=3)
-        self.channel, self.text_key, self.attempt_key = redis_keys(job_id)
-        self.pubsub = self.redis.pubsub(ignore_subscribe_messages=True)
-
-    async def start(self) -> list[Piece]:
-        await self.pubsub.subscribe(self.channel)
-        text, attempt = await self.redis.mget(self.text_key, self.attempt_key)
-        if attempt is None:
-            return []
-        return [Piece(int(attempt), 0, (text or b"").decode("utf-8", "replace"))]
-
-    async def next(self, timeout: float) -> list[Piece]:
-        out = []
-        message = await self.pubsub.get_message(timeout=timeout)
-        while message is not None:
-            if message.get("type") == "message":
-                try:
-                    d = json.loads(message["data"])
-                    out.append(Piece(int(d["attempt"]), int(d["offset"]), str(d["text"])))
-                except (ValueError, KeyError, TypeError):
-                    pass
-            message = await self.pubsub.get_message(timeout=0)
-        return out
-
-    async def close(self) -> None:
-        try:
-            await self.pubsub.aclose()
-            await self.redis.aclose()
-        except Exception:
-            pass
-
-
-def open_source(settings: ServiceSettings, job_id: str):
-    url = settings.resolved_broker_url
-    if not settings.embedded_broker and url.startswith(("redis://", "rediss://", "unix://")):
-        return RedisSource(url, job_id)
-    return StoreSource(job_id)
-
-
-def _row(job_id: str) -> dict[str, Any] | None:
-    with db.session() as s:
-        job = jobs.get_job(s, job_id)
-        if job is None:
-            return None
-        d = {"status": job.status, "attempts": job.attempts, "error": job.error, "queue_wait_ms": job.queue_wait_ms,
-             "phase": job.progress_phase, "done": job.progress_done, "total": job.progress_total}
-        d["result"] = results.get_result(s, job_id) if job.status == "succeeded" else None
-        return d
 
 
 class _Text:
@@ -159,50 +63,53 @@ class _Text:
         return out + self.flush()
 
 
-async def follow(settings: ServiceSettings, job_id: str, start_offset: int = 0) -> AsyncIterator[tuple[str, Any]]:
+async def follow(settings, job_id: str, start_offset: int = 0) -> AsyncIterator[tuple[str, Any]]:
     """The job's events until it has finished (module doc). `start_offset`: characters of the answer the
     client already has (Last-Event-ID)."""
-    source = open_source(settings, job_id)
+    feed, queue = subscribe(settings, job_id)
     text = _Text(start_offset)
     seen: dict[str, Any] = {}
     last_event = time.monotonic()
     try:
-        pieces = await source.start()
-        next_poll = 0.0
         while True:
+            try:
+                wait = max(0.0, KEEPALIVE_S - (time.monotonic() - last_event))
+                items = [await asyncio.wait_for(queue.get(), wait)]
+            except asyncio.TimeoutError:
+                last_event = time.monotonic()
+                yield ("keepalive", None)
+                continue
+            while not queue.empty():
+                items.append(queue.get_nowait())
             out: list[tuple[str, Any]] = []
-            now = time.monotonic()
-            if now >= next_poll:
-                row = await run_in_threadpool(_row, job_id)
-                next_poll = time.monotonic() + STATUS_POLL_S
-                if row is None:
+            for kind, item in items:
+                if kind == "error":
+                    raise RuntimeError(f"following job {job_id} failed: {item}") from item
+                if kind == "piece":
+                    out += text.apply(item)
+                    continue
+                if item is None:  # the job is gone
+                    for event in out:
+                        yield event
                     return
-                out += _changes(seen, job_id, row)
-                if row["status"] in JOB_TERMINAL:
-                    for piece in pieces + await source.next(0):
-                        out += text.apply(piece)
-                    result = row["result"]
+                out += _changes(seen, job_id, item)
+                if item["status"] in JOB_TERMINAL:
+                    result = item["result"]
                     if result is not None:
-                        out += text.final(result.get("text") or "", row["attempts"])
-                    out.append(("done", {"status": row["status"], "error": row["error"],
+                        out += text.final(result.get("text") or "", item["attempts"])
+                    out.append(("done", {"status": item["status"], "error": item["error"],
                                          "finish_reason": (result or {}).get("finish_reason"),
                                          "usage": (result or {}).get("usage"),
                                          "timings_ms": (result or {}).get("timings_ms")}))
                     for event in out:
                         yield event
                     return
-            for piece in pieces:
-                out += text.apply(piece)
             for event in out:
                 yield event
             if out:
                 last_event = time.monotonic()
-            elif time.monotonic() - last_event >= KEEPALIVE_S:
-                last_event = time.monotonic()
-                yield ("keepalive", None)
-            pieces = await source.next(max(0.0, min(STATUS_POLL_S, next_poll - time.monotonic())))
     finally:
-        await source.close()
+        feed.unsubscribe(queue)
 
 
 def _changes(seen: dict[str, Any], job_id: str, row: dict[str, Any]) -> list[tuple[str, Any]]:
@@ -231,4 +138,4 @@ def sse(event: str, data: Any, id_: int | None = None) -> bytes:
     return (head + "data: " + json.dumps(data, ensure_ascii=False, allow_nan=False) + "\n\n").encode("utf-8")
 
 
-__all__ = ["follow", "sse", "open_source", "StoreSource", "RedisSource", "STATUS_POLL_S", "KEEPALIVE_S"]
+__all__ = ["follow", "sse", "Piece", "STATUS_POLL_S", "KEEPALIVE_S"]

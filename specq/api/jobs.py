@@ -205,6 +205,10 @@ def text_or_document(text: str | None, document_id: str | None, where: str = "")
 
 async def _read_json(request: Request) -> tuple[str, str | None, dict, str | None, str | None]:
     raw = await request.body()
+    return await run_in_threadpool(_parse_json, raw)  # megabytes of text: checked off the event loop
+
+
+def _parse_json(raw: bytes) -> tuple[str, str | None, dict, str | None, str | None]:
     try:
         body = S.JobCreate.model_validate_json(raw)
     except ValidationError as e:
@@ -287,7 +291,7 @@ async def _read_form(request: Request) -> tuple[str, str | None, dict, str | Non
             size = upload.size if upload.size is not None else len(data)
             raise ApiError(413, str(InputTooLarge(max(size, len(data)), limit)), "too_large")
         try:
-            text = decode_document(data, name=filename)
+            text = await run_in_threadpool(decode_document, data, name=filename)  # off the event loop
         except InputError as e:
             raise ApiError(422, str(e), "invalid_input") from None
         return text, question, params, filename

@@ -45,7 +45,7 @@ from .events import SSE_HEADERS
 from .job_stream import follow
 from .jobs import store_and_enqueue
 from .openai_models import ModelCatalog
-from .openai_requests import INVALID, JobSpec, chat_spec, completion_spec, parse
+from .openai_requests import INVALID, JobSpec, chat_spec, check_shape, completion_spec, parse, parse_chat
 
 log = logging.getLogger("specq.api")
 
@@ -67,20 +67,34 @@ def openai_router(settings: ServiceSettings, caller_of: Callable[..., Caller], c
                  openapi_extra=_body_doc(O.ChatCompletionRequest),
                  responses={200: {"content": STREAM_DOC}, **errors})
     async def chat(request: Request, caller: Caller = Depends(caller_of)):
-        req = parse(O.ChatCompletionRequest, await _json_body(request))
-        catalog.check(req.model)
-        return await _answer(request, settings, caller, chat_spec(req))
+        raw = await _json_body(request)
+        return await _answer(request, settings, caller, await run_in_threadpool(_chat_spec, raw, catalog))
 
     @router.post("/v1/completions", summary="A text completion of a raw prompt (OpenAI format)",
                  operation_id="createCompletion", response_model=O.ChatCompletion,
                  openapi_extra=_body_doc(O.CompletionRequest),
                  responses={200: {"content": STREAM_DOC}, **errors})
     async def completions(request: Request, caller: Caller = Depends(caller_of)):
-        req = parse(O.CompletionRequest, await _json_body(request))
-        catalog.check(req.model)
-        return await _answer(request, settings, caller, completion_spec(req))
+        raw = await _json_body(request)
+        return await _answer(request, settings, caller, await run_in_threadpool(_completion_spec, raw, catalog))
 
     return router
+
+
+# validation of megabyte bodies runs in a worker thread, never on the event loop
+
+
+def _chat_spec(raw: bytes, catalog: ModelCatalog) -> JobSpec:
+    req = parse_chat(raw)
+    catalog.check(req.model)
+    return chat_spec(req)
+
+
+def _completion_spec(raw: bytes, catalog: ModelCatalog) -> JobSpec:
+    check_shape(raw)
+    req = parse(O.CompletionRequest, raw)
+    catalog.check(req.model)
+    return completion_spec(req)
 
 
 async def _json_body(request: Request) -> bytes:

@@ -17,6 +17,8 @@ messages and one user message.
 
 from __future__ import annotations
 
+import json
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -71,6 +73,96 @@ def parse(model: type[BaseModel], raw: bytes, what: str = "request body") -> Any
             raise bad(f"Missing required parameter: '{loc}'.", loc) from None
         raise bad(f"Invalid value for '{loc}': {str(first.get('msg', 'invalid')).removeprefix('Value error, ')}",
                   loc or None) from None
+
+
+#: the next structural character or quote (outside strings)
+_STRUCTURE = re.compile(rb'[{}\[\],:"]')
+
+
+def _string_end(raw: bytes, start: int) -> int:
+    """The index of the quote that closes the JSON string opened at `start` (len(raw) if none); found
+    with bytes.find, so a megabyte string costs one fast scan, not one step per character."""
+    k = start + 1
+    while True:
+        k = raw.find(b'"', k)
+        if k < 0:
+            return len(raw)
+        slashes = 0
+        while raw[k - 1 - slashes] == 0x5C:
+            slashes += 1
+        if slashes % 2 == 0:
+            return k
+        k += 1
+
+
+def _key(token: bytes) -> str:
+    if b"\\" not in token:
+        return token[1:-1].decode("utf-8", "replace")
+    try:
+        return str(json.loads(token))
+    except ValueError:
+        return ""
+
+
+def body_shape(raw: bytes, max_parts: int, max_values: int) -> tuple[int, int]:
+    """(content parts in `messages[*].content`, JSON values inside arrays and objects) of a request body,
+    each counted up to one over its limit (then the scan stops).
+
+    Parsing and validating a body costs time per JSON value, in calls that hold the GIL (a 17 MiB body
+    of 684,000 empty parts: ~10 s), so a body with too many is refused after this count. Counting the
+    bytes `{`, `[` and `,` (an upper bound of both counts) is the fast path; only a body over it is
+    scanned token by token, in Python, so the thread running it lets the event loop run."""
+    braces = raw.count(b"{")
+    if braces <= max_parts and braces + raw.count(b"[") + raw.count(b",") <= max_values:
+        return 0, 0
+    parts = values = 0
+    stack: list[tuple[bytes, str | None]] = []
+    key: str | None = None
+    last = b""
+    i = 0
+    while (m := _STRUCTURE.search(raw, i)) is not None:
+        j = m.start()
+        c = raw[j:j + 1]
+        i = j + 1
+        if c == b'"':
+            i = _string_end(raw, j) + 1
+            last = raw[j:i]
+            continue
+        if c == b":":
+            key = _key(last)
+        elif c == b",":
+            key = None
+            values += 1
+        elif c in (b"{", b"["):
+            values += 1
+            stack.append((c, key))
+            if c == b"{" and len(stack) == 5 and stack[1] == (b"[", "messages") and stack[3] == (b"[", "content"):
+                parts += 1
+            key = None
+        else:
+            if stack:
+                stack.pop()
+            key = None
+        if parts > max_parts or values > max_values:
+            break
+    return parts, values
+
+
+def parse_chat(raw: bytes) -> O.ChatCompletionRequest:
+    """`parse` for a chat request with at most MAX_CONTENT_PARTS content parts (a 400 naming the limit)."""
+    check_shape(raw)
+    return parse(O.ChatCompletionRequest, raw)
+
+
+def check_shape(raw: bytes) -> None:
+    """400 for a body over MAX_CONTENT_PARTS content parts or MAX_JSON_VALUES values (`body_shape`)."""
+    parts, values = body_shape(raw, O.MAX_CONTENT_PARTS, O.MAX_JSON_VALUES)
+    if parts > O.MAX_CONTENT_PARTS:
+        raise bad(f"the messages hold more than {O.MAX_CONTENT_PARTS} content parts (the limit per request); "
+                  "join the texts into fewer parts", "messages", "too_many_content_parts")
+    if values > O.MAX_JSON_VALUES:
+        raise bad(f"the request body holds more than {O.MAX_JSON_VALUES} JSON values in arrays and objects (the "
+                  "limit per request)", None, "too_many_values")
 
 
 def _unsupported(param: str, what: str) -> ApiError:
@@ -239,4 +331,4 @@ def completion_spec(req: O.CompletionRequest) -> JobSpec:
                              include_usage=bool(req.stream_options and req.stream_options.include_usage)))
 
 
-__all__ = ["JobSpec", "parse", "chat_spec", "completion_spec", "check_params", "bad", "INVALID"]
+__all__ = ["JobSpec", "parse", "parse_chat", "check_shape", "body_shape", "chat_spec", "completion_spec", "check_params", "bad", "INVALID"]

@@ -19,6 +19,10 @@ from .schemas import MAX_METADATA_PAIRS, Metadata, Request, Response, RunParamsI
 
 #: the most messages in one chat request
 MAX_MESSAGES = 2048
+#: the most content parts in one chat request, all messages together (each one costs validation time)
+MAX_CONTENT_PARTS = 4096
+#: the most JSON values inside arrays and objects of one request body (each costs parse time)
+MAX_JSON_VALUES = 32768
 #: the longest model name: what the store's jobs.model column holds (256 was a 500 on PostgreSQL)
 MAX_MODEL_CHARS = SERVED_MODEL_CHARS
 Model = Text(MAX_MODEL_CHARS, min_length=1, description="a model id from GET /v1/models")

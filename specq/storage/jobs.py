@@ -173,6 +173,18 @@ def get_job(session: Session, job_id: str, tenant: str | None = None) -> Job | N
     return job
 
 
+def get_jobs(session: Session, job_ids: Iterable[str], chunk: int = 500) -> dict[str, Job]:
+    """{id: job} for those of `job_ids` that exist, in one query per `chunk` ids (the API's event
+    streams read every followed job's row together)."""
+    ids = list(dict.fromkeys(job_ids))
+    out: dict[str, Job] = {}
+    for i in range(0, len(ids), chunk):
+        q = select(Job).where(Job.id.in_(ids[i:i + chunk])).execution_options(populate_existing=True)
+        out.update((j.id, j) for j in session.scalars(q))
+    session.commit()
+    return out
+
+
 def get_input(session: Session, job_id: str, tenant: str | None = None) -> JobInput | None:
     """The job's document and question, or None (tenant-filtered like get_job). A job that references a
     stored document gets that document's text as `text` (the row is then detached from the session,
@@ -481,6 +493,7 @@ __all__ = [
     "new_job_id",
     "create_job",
     "get_job",
+    "get_jobs",
     "get_input",
     "list_jobs",
     "lock_documents",

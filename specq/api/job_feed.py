@@ -1,0 +1,307 @@
+"""One poller per followed job, shared by every stream of it (job events, streamed and waiting chat
+completions).
+
+A `JobFeed` reads the job's row every STATUS_POLL_S and its answer text from the worker's publisher
+(Redis pub/sub, or the store's `job_deltas` on the embedded default), and hands both to each subscribed
+stream's queue. So 300 streams on one job cost one row read per interval and one Redis subscription, not
+300 of each. A stream that subscribes late gets the latest row and the text so far first. The feeds of
+different jobs read their rows through one `RowReader`, which puts the reads asked for within BATCH_S
+into one query; on the embedded default a feed reads `job_deltas` only while its job runs (a queued job
+has no text). So idle streams cost the store a bounded number of reads per second, however many there
+are (docs/reliability.md, "Streams").
+
+The feed runs in a task of its own, not in any response's task: a client that goes away only unsubscribes
+(no await, nothing to cancel), and the feed closes its source (the Redis connections) itself once its
+last stream has gone or the job has ended. That close is shielded from cancellation (shutdown), so no
+connection is left open whatever happens to the streams.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from starlette.concurrency import run_in_threadpool
+
+from ..contracts import JOB_TERMINAL
+from ..settings import ServiceSettings
+from ..storage import db, deltas, jobs, results
+
+log = logging.getLogger("specq.api")
+
+#: seconds between reads of the job's row (status, progress)
+STATUS_POLL_S = 0.25
+#: seconds between reads of job_deltas on the embedded default
+DELTA_POLL_S = 0.05
+#: row reads asked for within this many seconds go to the store together (`RowReader`)
+BATCH_S = 0.03
+
+
+@dataclass
+class Piece:
+    attempt: int
+    offset: int
+    text: str
+
+
+class StoreSource:
+    """Deltas from `job_deltas` rows (embedded default)."""
+
+    #: a read of the store each DELTA_POLL_S: skipped while the job waits in the queue (it has no text)
+    polls = True
+
+    def __init__(self, job_id: str) -> None:
+        self.job_id, self.attempt, self.seq = job_id, 0, -1
+
+    async def start(self) -> list[Piece]:
+        return await self.next(0)
+
+    async def next(self, timeout: float) -> list[Piece]:
+        rows = await run_in_threadpool(self.read)
+        if not rows and timeout > 0:
+            await asyncio.sleep(min(timeout, DELTA_POLL_S))
+        return rows
+
+    def read(self) -> list[Piece]:
+        with db.session() as s:
+            rows = deltas.read_after(s, self.job_id, self.attempt, self.seq)
+        if rows:
+            self.attempt, self.seq = rows[-1].attempt, rows[-1].seq
+        return [Piece(r.attempt, r.offset, r.text) for r in rows]
+
+    async def close(self) -> None:
+        pass
+
+
+class RedisSource:
+    """Deltas from the job's pub/sub channel; the text so far from its key, read after subscribing."""
+
+    polls = False
+
+    def __init__(self, url: str, job_id: str) -> None:
+        import redis.asyncio as aioredis
+
+        from ..contracts import redis_keys
+
+        self.redis = aioredis.Redis.from_url(url, socket_connect_timeout=3)
+        self.channel, self.text_key, self.attempt_key = redis_keys(job_id)
+        self.pubsub = self.redis.pubsub(ignore_subscribe_messages=True)
+
+    async def start(self) -> list[Piece]:
+        await self.pubsub.subscribe(self.channel)
+        text, attempt = await self.redis.mget(self.text_key, self.attempt_key)
+        if attempt is None:
+            return []
+        return [Piece(int(attempt), 0, (text or b"").decode("utf-8", "replace"))]
+
+    async def next(self, timeout: float) -> list[Piece]:
+        out = []
+        message = await self.pubsub.get_message(timeout=timeout)
+        while message is not None:
+            if message.get("type") == "message":
+                try:
+                    d = json.loads(message["data"])
+                    out.append(Piece(int(d["attempt"]), int(d["offset"]), str(d["text"])))
+                except (ValueError, KeyError, TypeError):
+                    pass
+            message = await self.pubsub.get_message(timeout=0)
+        return out
+
+    async def close(self) -> None:
+        for close in (self.pubsub.aclose, self.redis.aclose):
+            try:
+                await close()
+            except Exception as e:  # the server went away: its side of the connection is gone too
+                log.debug("closing a job's Redis subscription: %s", e)
+
+
+def open_source(settings: ServiceSettings, job_id: str):
+    url = settings.resolved_broker_url
+    if not settings.embedded_broker and url.startswith(("redis://", "rediss://", "unix://")):
+        return RedisSource(url, job_id)
+    return StoreSource(job_id)
+
+
+def read_rows(job_ids: list[str]) -> dict[str, dict[str, Any]]:
+    """What the streams show of each job's row (a job that does not exist is left out), with its result
+    once it succeeded; one query per 500 jobs."""
+    out: dict[str, dict[str, Any]] = {}
+    with db.session() as s:
+        for job_id, job in jobs.get_jobs(s, job_ids).items():
+            d = {"status": job.status, "attempts": job.attempts, "error": job.error,
+                 "queue_wait_ms": job.queue_wait_ms, "phase": job.progress_phase, "done": job.progress_done,
+                 "total": job.progress_total}
+            d["result"] = results.get_result(s, job_id) if job.status == "succeeded" else None
+            out[job_id] = d
+    return out
+
+
+class RowReader:
+    """Reads the rows that feeds ask for within BATCH_S of each other in one query: with a thousand jobs
+    followed, the store sees at most STATUS_POLL_S / BATCH_S reads per interval, not a thousand."""
+
+    def __init__(self) -> None:
+        self.pending: dict[str, list[asyncio.Future]] = {}
+        self.flusher: asyncio.Task | None = None
+
+    async def read(self, job_id: str) -> dict[str, Any] | None:
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        self.pending.setdefault(job_id, []).append(future)
+        if self.flusher is None:
+            self.flusher = loop.create_task(self._flush())
+        return await future
+
+    async def _flush(self) -> None:
+        await asyncio.sleep(BATCH_S)
+        batch, self.pending, self.flusher = self.pending, {}, None
+        try:
+            rows = await run_in_threadpool(read_rows, list(batch))
+        except Exception as e:
+            for futures in batch.values():
+                for f in futures:
+                    if not f.done():
+                        f.set_exception(e)
+            return
+        for job_id, futures in batch.items():
+            for f in futures:
+                if not f.done():
+                    f.set_result(rows.get(job_id))
+
+
+#: what a subscriber's queue holds: ("row", row or None = the job is gone), ("piece", Piece),
+#: ("error", exception); a terminal row, None or an error is the last item
+Item = tuple[str, Any]
+
+
+class JobFeed:
+    """One job's poller and the queues of the streams that follow it."""
+
+    def __init__(self, key: tuple, settings: ServiceSettings, job_id: str) -> None:
+        self.key, self.settings, self.job_id = key, settings, job_id
+        self.queues: set[asyncio.Queue[Item]] = set()
+        self.row: dict[str, Any] | None = None
+        #: the latest attempt's text as far as it is known without gaps
+        self.attempt: int | None = None
+        self.text = ""
+        self.ended = False
+        self.task: asyncio.Task | None = None
+
+    def subscribe(self) -> asyncio.Queue[Item]:
+        """A queue that gets what is known so far, then every later item."""
+        queue: asyncio.Queue[Item] = asyncio.Queue()
+        if self.attempt is not None:
+            queue.put_nowait(("piece", Piece(self.attempt, 0, self.text)))
+        if self.row is not None:
+            queue.put_nowait(("row", self.row))
+        self.queues.add(queue)
+        return queue
+
+    def unsubscribe(self, queue: asyncio.Queue[Item]) -> None:
+        self.queues.discard(queue)  # the poller stops within STATUS_POLL_S when it was the last
+
+    def _send(self, item: Item) -> None:
+        for queue in self.queues:
+            queue.put_nowait(item)
+
+    def _pieces(self, pieces: list[Piece]) -> None:
+        for p in pieces:
+            if self.attempt is None or p.attempt > self.attempt:
+                self.attempt, self.text = p.attempt, ""
+            if p.attempt == self.attempt and p.offset <= len(self.text) < p.offset + len(p.text):
+                self.text += p.text[len(self.text) - p.offset:]
+            self._send(("piece", p))
+
+    def _end(self, item: Item) -> None:
+        """Leave the registry (a stream that comes later starts a new feed) and send the last item."""
+        if self.ended:
+            return
+        self.ended = True
+        if _feeds.get(self.key) is self:
+            del _feeds[self.key]
+        self._send(item)
+
+    async def run(self) -> None:
+        source = None
+        try:
+            source = open_source(self.settings, self.job_id)
+            self._pieces(await source.start())
+            next_poll = 0.0
+            while self.queues:
+                if time.monotonic() >= next_poll:
+                    row = await _reader().read(self.job_id)
+                    next_poll = time.monotonic() + STATUS_POLL_S
+                    if row is None or row["status"] in JOB_TERMINAL:
+                        if row is not None:
+                            self._pieces(await source.next(0))
+                        self._end(("row", row))
+                        return
+                    if row != self.row:
+                        self.row = row
+                        self._send(("row", row))
+                wait = max(0.0, min(STATUS_POLL_S, next_poll - time.monotonic()))
+                if source.polls and self.row is not None and self.row["status"] == "queued":
+                    await asyncio.sleep(wait)  # no text before it runs: its deltas are read from then on
+                else:
+                    self._pieces(await source.next(wait))
+        except Exception as e:
+            self._end(("error", e))
+        finally:
+            self._end(("error", RuntimeError(f"following job {self.job_id} stopped")))  # when cancelled
+            if source is not None:
+                await _close(source)
+
+
+async def _close(source) -> None:
+    """Close `source` even when the feed's task is being cancelled (the close goes on by itself)."""
+    closing = asyncio.ensure_future(source.close())
+    _closing.add(closing)
+    closing.add_done_callback(_closing.discard)
+    try:
+        await asyncio.shield(closing)
+    except asyncio.CancelledError:
+        pass
+
+
+#: feeds running now, by (event loop, broker URL, job id)
+_feeds: dict[tuple, JobFeed] = {}
+#: closes still running after their feed was cancelled (a reference keeps them from being collected)
+_closing: set[asyncio.Future] = set()
+
+
+_readers: dict[asyncio.AbstractEventLoop, RowReader] = {}
+
+
+def _reader() -> RowReader:
+    loop = asyncio.get_running_loop()
+    reader = _readers.get(loop)
+    if reader is None:
+        for old in [k for k in _readers if k.is_closed()]:
+            del _readers[old]
+        reader = _readers[loop] = RowReader()
+    return reader
+
+
+def subscribe(settings: ServiceSettings, job_id: str) -> tuple[JobFeed, asyncio.Queue[Item]]:
+    """The job's feed (started if no stream follows the job yet) and a new queue of it."""
+    key = (asyncio.get_running_loop(), settings.resolved_broker_url, job_id)
+    feed = _feeds.get(key)
+    if feed is None:
+        feed = _feeds[key] = JobFeed(key, settings, job_id)
+        queue = feed.subscribe()
+        feed.task = asyncio.get_running_loop().create_task(feed.run(), name=f"specq-feed-{job_id}")
+        return feed, queue
+    return feed, feed.subscribe()
+
+
+def feeds_running() -> int:
+    """How many jobs are followed now (one poller each)."""
+    return len(_feeds)
+
+
+__all__ = ["JobFeed", "Piece", "StoreSource", "RedisSource", "open_source", "read_rows", "RowReader", "subscribe", "feeds_running",
+           "STATUS_POLL_S", "DELTA_POLL_S"]
