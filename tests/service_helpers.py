@@ -227,3 +227,28 @@ def embedded_up(home: Path, models, **extra: str):
     st = Stack(env=base_env(home, models, SPECQ_API_PORT=str(port), **extra), port=port, logdir=home)
     with running(st, ("up", "up")):
         yield st
+
+
+def clean_env(home: Path, port: int, **extra: str) -> dict[str, str]:
+    """This process's environment without any SPECQ_ setting, with SPECQ_HOME and SPECQ_API_PORT set and
+    `extra` on top: what a test's own `specq api` runs with."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SPECQ_")}
+    env.update(SPECQ_HOME=str(home), SPECQ_API_PORT=str(port), PYTHONUNBUFFERED="1", **extra)
+    return env
+
+
+@contextlib.contextmanager
+def api_only(backend: str, home: Path, port: int, env_of, queue_prefix: str):
+    """A real `specq api` and no worker (jobs stay queued) on `backend` "sqlite" (the embedded default) or
+    "postgresql" (a throwaway database + the local Redis; skipped when they do not answer); `env_of(**extra)`
+    gives its environment. Yields the Stack."""
+    if backend == "sqlite":
+        with running(Stack(env=env_of(), port=port, logdir=home), ("api", "api")) as st:
+            yield st
+        return
+    require_servers()
+    with pg_database() as pg_url:
+        st = Stack(env=env_of(**redis_pg_env(pg_url, queue_prefix)), port=port, logdir=home)
+        st.cli("db", "upgrade", check=True)
+        with running(st, ("api", "api")):
+            yield st

@@ -29,7 +29,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import func, select
 
-from service_helpers import Stack, free_port, pg_database, redis_pg_env, require_servers, running
+from service_helpers import Stack, api_only, clean_env, free_port, pg_database, redis_pg_env, require_servers, running
 from specq.api import schemas as S
 from specq.storage import db
 from specq.storage.models import Batch, Job, JobInput
@@ -39,27 +39,16 @@ RECEIPT_TIMEOUT = 4
 
 
 def _env(home, port, **extra):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SPECQ_")}
-    env.update(SPECQ_HOME=str(home), SPECQ_API_PORT=str(port), SPECQ_MAX_INPUT_BYTES=str(MAX_INPUT),
-               SPECQ_ALLOWED_HOSTS="specq.internal", SPECQ_RECEIPT_TIMEOUT=str(RECEIPT_TIMEOUT),
-               SPECQ_MAX_CONNECTIONS="200", PYTHONUNBUFFERED="1", **extra)
-    return env
+    return clean_env(home, port, SPECQ_MAX_INPUT_BYTES=str(MAX_INPUT), SPECQ_ALLOWED_HOSTS="specq.internal",
+                     SPECQ_RECEIPT_TIMEOUT=str(RECEIPT_TIMEOUT), SPECQ_MAX_CONNECTIONS="200", **extra)
 
 
 @pytest.fixture(scope="module", params=["sqlite", pytest.param("postgresql", marks=pytest.mark.services)])
 def api(request, tmp_path_factory):
     home = tmp_path_factory.mktemp(f"hardening_{request.param}")
     port = free_port()
-    if request.param == "sqlite":
-        with running(Stack(env=_env(home, port), port=port, logdir=home), ("api", "api")) as st_:
-            yield st_
-        return
-    require_servers()
-    with pg_database() as pg_url:
-        st_ = Stack(env=_env(home, port, **redis_pg_env(pg_url, "specq-hardening")), port=port, logdir=home)
-        st_.cli("db", "upgrade", check=True)
-        with running(st_, ("api", "api")):
-            yield st_
+    with api_only(request.param, home, port, lambda **extra: _env(home, port, **extra), "specq-hardening") as st_:
+        yield st_
 
 
 @pytest.fixture

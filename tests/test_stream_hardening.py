@@ -14,20 +14,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import threading
 import time
 
 import httpx
 import pytest
 
-from service_helpers import REDIS_URL, Stack, empty_store, free_port, pg_database, redis_pg_env, require_servers, running
-
-
-def _env(home, port, **extra):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SPECQ_")}
-    env.update(SPECQ_HOME=str(home), SPECQ_API_PORT=str(port), PYTHONUNBUFFERED="1", **extra)
-    return env
+from service_helpers import REDIS_URL, api_only, clean_env, empty_store, free_port, require_servers
 
 
 @pytest.fixture(scope="module", params=["sqlite", pytest.param("postgresql", marks=pytest.mark.services)])
@@ -35,16 +28,10 @@ def api(request, tmp_path_factory):
     """A real `specq api` (no worker: jobs stay queued) on SQLite or on PostgreSQL + Redis."""
     home = tmp_path_factory.mktemp(f"streams_{request.param}")
     port = free_port()
-    if request.param == "sqlite":
-        with running(Stack(env=_env(home, port), port=port, logdir=home), ("api", "api")) as st_:
-            yield st_
-        return
-    require_servers()
-    with pg_database() as pg_url:
-        st_ = Stack(env=_env(home, port, **redis_pg_env(pg_url, "specq-streams")), port=port, logdir=home)
-        st_.cli("db", "upgrade", check=True)
-        with running(st_, ("api", "api")):
-            yield st_
+    # no worker tokenizes the prompts here, so streamed chats must not wait for one (SPECQ_STREAM_HOLD)
+    env_of = lambda **extra: clean_env(home, port, SPECQ_STREAM_HOLD="0", **extra)  # noqa: E731
+    with api_only(request.param, home, port, env_of, "specq-streams") as st_:
+        yield st_
 
 
 def _redis_clients() -> int:
