@@ -197,3 +197,28 @@ def test_engine_keeps_the_question_tokens(engine, place):
     assert len(kept) < 0.5 * prompt.n
     seen = b"".join(engine.target.token_bytes(t) if i in kept else b"\x00" for i, t in enumerate(prompt.tokens))
     assert Q.encode() in seen
+
+
+def test_question_tokens_read_from_the_nearer_end(model):
+    """A question last (or first) costs its own tokens' pieces, not the document's: a 128K-token message's
+    pieces took 0.2-0.4 s of GIL-held Python beside the serving loop."""
+    from specq.engine.chat_prompt import question_tokens
+
+    long_doc = "word " * 20000
+    read = [0]
+    real = model.pieces
+
+    def counted(tokens):
+        read[0] += len(tokens)
+        return real(tokens)
+
+    model.pieces = counted
+    try:
+        for content in (long_doc + "\n\n" + Q, Q + "\n\n" + long_doc):
+            tokens = model.tokenize(content, add_special=False, parse_special=False)
+            read[0] = 0
+            idx, note = question_tokens(model, content, tokens)
+            assert model.detokenize([tokens[i] for i in idx]).strip() == Q, note
+            assert read[0] <= 1024 < len(tokens) // 10
+    finally:
+        del model.pieces
