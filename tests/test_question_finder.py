@@ -180,7 +180,7 @@ def test_engine_explicit_specprefill_without_a_question_warns(engine):
 
     r = engine.run("", RunParams(max_tokens=2, mode="specprefill", min_tokens=0), messages=[("user", DOC)])
     assert r.spec.mode == "specprefill"
-    assert any(w.startswith("no question found in the chat message: only the last paragraph") for w in r.warnings)
+    assert any(w.startswith("no question found in the chat message: only the prompt's last ") for w in r.warnings)
 
 
 @pytest.mark.parametrize("place", ["first", "middle"])

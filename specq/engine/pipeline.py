@@ -295,8 +295,9 @@ class Engine:
             reason = f"prompt has {prompt.n} tokens < min_tokens {min_tokens}"
             warnings.append(f"prompt has {prompt.n} tokens < min_tokens {min_tokens}: ran baseline")
         if mode == "specprefill" and not prompt.question_found:
-            warnings.append(f"{prompt.question_note}: only the last paragraph (or protect_tail tokens) was protected, "
-                            "so scoring may have dropped the question; name it with specq.question")
+            warnings.append(f"{prompt.question_note}: only the prompt's last {prompt.n - prompt.doc_end} tokens (the "
+                            "message's last paragraph or protect_tail tokens, and the template after it) were "
+                            "protected, so scoring may have dropped the question; name it with specq.question")
         spec = SpecInfo(mode=mode, reason=reason, positions=positions, keep=1.0, lookahead=0, windows=0, scorer="none")
         spec.cache = {"speculator": "off", "target": "off", "bytes_restored": 0}
         return prompt, mode, positions, warnings, timings, spec
