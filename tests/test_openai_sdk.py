@@ -182,6 +182,44 @@ def test_completions_of_a_raw_prompt(stack):
     assert len("".join(parts)) > 0
 
 
+def test_specq_question_names_the_question_else_a_400(stack):
+    """specq.question without specq.document: an exact excerpt of the last user message (or the prompt)
+    that scoring never drops; one that is not in it is a 400 naming specq.question (issue 47, item 5)."""
+    client = sdk(stack)
+    content = QUESTION + "\n\n" + DOC  # the question first
+    for named in ("Wo liegt Paris?", "   "):
+        with pytest.raises(openai.BadRequestError) as e:
+            client.chat.completions.create(model="target", max_tokens=2, messages=[{"role": "user", "content": content}],
+                                           extra_body={"specq": {"question": named}})
+        assert e.value.param == "specq.question" and "exact excerpt of the last user message" in str(e.value)
+        with pytest.raises(openai.BadRequestError) as e:
+            client.completions.create(model="target", max_tokens=2, prompt=content, extra_body={"specq": {"question": named}})
+        assert e.value.param == "specq.question" and "exact excerpt of the prompt" in str(e.value)
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model="target", max_tokens=2, prompt=content, extra_body={"specq": {"document": DOC}})
+    assert e.value.param == "specq.document"
+    named = "Zeile 7: Grüße aus Köln"
+    r = client.chat.completions.create(model="target", max_tokens=2, messages=[{"role": "user", "content": content}],
+                                       extra_body={"specq": {"question": named}})
+    stored = job(stack, r.model_extra["specq"]["job_id"])
+    assert stored["input"]["question"] == named and stored["result"]["spec"]["mode"] == "specprefill"
+    r = client.completions.create(model="target", max_tokens=2, prompt=DOC, extra_body={"specq": {"question": named}})
+    assert job(stack, r.model_extra["specq"]["job_id"])["result"]["spec"]["mode"] == "specprefill"
+
+
+def test_no_question_found_runs_baseline_and_says_so(stack):
+    client = sdk(stack)
+    r = client.chat.completions.create(model="target", max_tokens=2, messages=[{"role": "user", "content": DOC}])
+    spec = job(stack, r.model_extra["specq"]["job_id"])["result"]["spec"]
+    assert spec["mode"] == "baseline" and spec["reason"].startswith("auto: no question found in the chat message")
+    first = client.chat.completions.create(model="target", max_tokens=2,
+                                           messages=[{"role": "user", "content": QUESTION + "\n\n" + DOC}])
+    assert first.model_extra["specq"]["mode"] == "specprefill"
+    r = client.chat.completions.create(model="target", max_tokens=2, messages=[{"role": "user", "content": DOC}],
+                                       extra_body={"specq": {"mode": "specprefill"}})
+    assert any(w.startswith("no question found in the chat message") for w in r.model_extra["specq"]["warnings"])
+
+
 def test_errors_are_the_sdks_typed_exceptions(stack):
     client = sdk(stack)
     msg = [{"role": "user", "content": "x"}]

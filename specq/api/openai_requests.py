@@ -12,7 +12,9 @@ Requests run in mode `auto` (engine/policy/auto.py: a prompt-cache hit, baseline
 specprefill for long prompts where its quality was measured) unless `specq.mode` says otherwise.
 `specq` (the SDK's `extra_body={"specq": {...}}`) holds RunParams fields and an explicit split:
 `document` (+ `question`, default the last user message); with it the messages may be system
-messages and one user message.
+messages and one user message. `question` without `document` (chats and completions) names the
+question inside the last user message (or the prompt): an exact excerpt of it, which scoring never
+drops (engine/chat_prompt.py); a 400 when it is not there.
 """
 
 from __future__ import annotations
@@ -280,6 +282,18 @@ def _storable(spec: JobSpec) -> JobSpec:
     return spec
 
 
+def _named_question(req, params: dict[str, Any], text: str, where: str) -> None:
+    """`specq.question` without `specq.document`: the question's exact text in `text` (the last user
+    message, a completion's prompt), which scoring then never drops; a 400 when it is not in it."""
+    question = req.specq.question if req.specq is not None else None
+    if question is None:
+        return
+    if not question.strip() or question.strip() not in text:
+        raise bad(f"specq.question must be an exact excerpt of {where} (the question it holds, which scoring "
+                  "then never drops); it is not in it", "specq.question")
+    params["question"] = question.strip()
+
+
 def chat_spec(req: O.ChatCompletionRequest) -> JobSpec:
     _check_chat(req)
     messages = _messages(req)
@@ -300,6 +314,8 @@ def chat_spec(req: O.ChatCompletionRequest) -> JobSpec:
         if not any(m["role"] == "user" for m in messages):
             raise bad("messages must hold at least one user message", "messages")
         spec.messages = messages
+        last_user = next(m["content"] for m in reversed(messages) if m["role"] == "user")
+        _named_question(req, params, last_user, "the last user message")
     check_params(params)
     spec.params = params
     return _storable(spec)
@@ -323,9 +339,9 @@ def completion_spec(req: O.CompletionRequest) -> JobSpec:
     if not prompt.strip():
         raise bad("prompt must not be empty", "prompt")
     params = _params(req, req.max_tokens)
-    if req.specq is not None and (req.specq.document is not None or req.specq.question is not None):
-        raise bad("specq.document and specq.question are for chat requests; a completion's prompt is the prompt",
-                  "specq")
+    if req.specq is not None and req.specq.document is not None:
+        raise bad("specq.document is for chat requests; a completion's prompt is the prompt", "specq.document")
+    _named_question(req, params, prompt, "the prompt")
     check_params(params)
     return _storable(JobSpec(kind="completion", model=req.model, text=prompt, params=params, stream=bool(req.stream),
                              include_usage=bool(req.stream_options and req.stream_options.include_usage)))

@@ -74,7 +74,10 @@ def _specq_options_model():
                 "last user message) and engine parameters (RunParams)",
         document=(str | None, Field(None, description="the document (scored like a native job's); the question "
                                                       "is `question` or the last user message")),
-        question=(Text(64 * 1024) | None, None), **fields)
+        question=(Text(64 * 1024) | None, Field(None, description=(
+            "with `document`: the question (default the last user message); without: an exact excerpt of the "
+            "last user message (or a completion's prompt) that is its question, which scoring never drops "
+            "(400 if it is not in it)"))), **fields)
 
 
 SpecqOptions = _specq_options_model()

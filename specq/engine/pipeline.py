@@ -238,9 +238,9 @@ class Engine:
         """The prompt: native (`document` + question + system), a chat (`messages`), or `document` as a
         raw completion prompt (`raw`); engine/prompt/chat.py says what scoring may drop in the last two."""
         if messages is not None:
-            prompt = build_chat_prompt(self.target, messages, params.protect_tail)
+            prompt = build_chat_prompt(self.target, messages, params.protect_tail, params.question)
         elif raw:
-            prompt = build_raw_prompt(self.target, document, params.protect_tail)
+            prompt = build_raw_prompt(self.target, document, params.protect_tail, params.question)
         else:
             prompt = build_prompt(self.target, document, params.question, params.system)
         if prompt.n + params.max_tokens > self.n_ctx:
@@ -303,12 +303,17 @@ class Engine:
                                  quality_min_tokens=self.options.auto_quality_min_tokens, evidence=lookup,
                                  reused_document=reused_document and prefix is not None, group=group,
                                  grouped_before=grouped_before,
-                                 group_min_tokens=self.options.auto_group_min_tokens)
+                                 group_min_tokens=self.options.auto_group_min_tokens,
+                                 no_question="" if prompt.question_found else prompt.question_note)
             mode, reason = choice.mode, "auto: " + choice.reason
         elif mode == "specprefill" and prompt.n < min_tokens:
             mode = "baseline"
             reason = f"prompt has {prompt.n} tokens < min_tokens {min_tokens}"
             warnings.append(f"prompt has {prompt.n} tokens < min_tokens {min_tokens}: ran baseline")
+        if mode == "specprefill" and not prompt.question_found:
+            warnings.append(f"{prompt.question_note}: only the prompt's last {prompt.n - prompt.doc_end} tokens (the "
+                            "message's last paragraph or protect_tail tokens, and the template after it) were "
+                            "protected, so scoring may have dropped the question; name it with specq.question")
         spec = SpecInfo(mode=mode, reason=reason, positions=positions, keep=1.0, lookahead=0, windows=0, scorer="none")
         spec.cache = {"speculator": "off", "target": "off", "bytes_restored": 0}
         return prompt, mode, positions, warnings, timings, spec

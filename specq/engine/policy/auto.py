@@ -2,6 +2,9 @@
 
 In order:
 
+0. **no question found** (chat and completion prompts: prompt/chat.py / prompt/question.py found no
+   question in the last user message, and `specq.question` named none): baseline — specprefill could
+   drop the question, and the quality evidence was measured with it protected.
 1. **a prompt-cache hit**: the target's prompt cache (prefix_cache.py) holds at least half of this
    prompt's tokens (another question about the same document, a chat continued): baseline, reusing
    them — cheaper than scoring, and exact.
@@ -131,7 +134,7 @@ def quality_holds(n_prompt: int, quality_min_tokens: int = -1, quality_bands: Se
 def decide(n_prompt: int, *, backend: str, cached_tokens: int = 0, min_tokens: int = -1, auto_min_tokens: int = 0,
            quality_min_tokens: int = -1, quality_bands: Sequence[Band] = (),
            reused_document: bool = False, group: int = 0, grouped_before: bool = False, group_min_tokens: int = 0,
-           group_bands: Sequence[Band] = (), evidence: Evidence | None = None) -> Decision:
+           group_bands: Sequence[Band] = (), evidence: Evidence | None = None, no_question: str = "") -> Decision:
     """Mode auto's choice for a prompt of `n_prompt` tokens of which `cached_tokens` are in the target's
     prompt cache (PrefixCache.lookup); `reused_document`: the job asks about a stored document and the
     prompt cache is on (rule 1b); `group`: how many questions about that document (this one included)
@@ -140,7 +143,11 @@ def decide(n_prompt: int, *, backend: str, cached_tokens: int = 0, min_tokens: i
     `group_min_tokens`: EngineOptions.auto_group_min_tokens; `quality_bands`: where
     specprefill's quality was measured to hold for the loaded models and the job's keep and scorer
     (rule 3); `group_bands`: the same for a group's answers (rule 1a); `evidence`: where given, both
-    are looked up through it instead, only when a rule needs them (evidence.lookup of the job's key)."""
+    are looked up through it instead, only when a rule needs them (evidence.lookup of the job's key);
+    `no_question`: why a chat or completion prompt's question is not protected ("no question found in
+    the chat message"; rule 0), "" where it is."""
+    if no_question:  # rule 0, before everything: nothing else may turn specprefill on
+        return Decision("baseline", f"{no_question}: baseline, so scoring cannot drop it (name it with specq.question)")
 
     def holds(arm: str, given: Sequence[Band], what: str = "specprefill") -> tuple[bool, str]:
         bands, missing = evidence(arm) if evidence is not None and quality_min_tokens < 0 else (given, "")

@@ -23,6 +23,11 @@ class Prompt:
     doc_end: int
     #: indices inside the document that are always kept too (a chat's template text between messages)
     pinned: tuple[int, ...] = ()
+    #: chat and completion prompts: whether their question is protected (prompt/question.py found it,
+    #: `specq.question` named it, or `protect_tail` > 0 did); native prompts always protect theirs
+    question_found: bool = True
+    #: what was protected as the question, or why nothing was (chat and completion prompts)
+    question_note: str = ""
 
     @property
     def n(self) -> int:

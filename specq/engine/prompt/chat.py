@@ -7,23 +7,30 @@ own text with special tokens, as `build_prompt` does for native jobs.
 
 What SpecPrefill may drop ("the document" of `Prompt`): from the first non-system message's content to
 the end of the last user message, less that message's protected tail — its last paragraph (after the
-last blank line), at most DEFAULT_PROTECT_TAIL tokens, or its last `protect_tail` tokens when given.
+last blank line), at most DEFAULT_PROTECT_TAIL tokens, or its last `protect_tail` tokens when given —
+and less its question wherever it stands (prompt/question.py: first, last or between document blocks;
+or the exact text `question`, the API's `specq.question`), which is pinned (`Prompt.pinned`).
 Always kept: the template head (BOS, system messages, the first turn's opener), the template text
-between messages (`Prompt.pinned`), the protected tail and everything after it. So the common request
-— one user message holding a document and then a question — is scored like a native job.
+between messages and the question (`Prompt.pinned`), the protected tail and everything after it. So
+a user message holding a document and a question, in either order, is scored like a native job.
+Where no question is found (`Prompt.question_found` False), only the tail is protected, and mode
+auto runs baseline (auto.py).
 
 A raw completion prompt (`/v1/completions`) is tokenized as llama-server does (special tokens parsed,
-BOS added when the model wants one); its protected tail is likewise its last paragraph.
+BOS added when the model wants one); its protected tail is likewise its last paragraph, and its
+question is found the same way.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
 from ...contracts import InputError
 from ..llama.binding import Model
 from ..options import DEFAULT_PROTECT_TAIL
 from .build import Prompt
+from .question import find_question
 
 #: stands for message i's content while the template renders (invisible separators never in templates)
 _MARK = "\u2063SPECQ\u2063MSG{}\u2063"
@@ -68,8 +75,68 @@ def protected_count(model: Model, content: str, tokens: Sequence[int], protect_t
     return min(n - first, DEFAULT_PROTECT_TAIL) if first < n else min(n, 1)
 
 
-def build_chat_prompt(model: Model, messages: Sequence[tuple[str, str]], protect_tail: int = -1) -> Prompt:
-    """The prompt of a chat: `messages` are (role, content) with role system, user or assistant."""
+def _sizes(model: Model, tokens: Sequence[int], backwards: bool, block: int = 1024):
+    """(index, byte length) of `tokens`, from the start or from the end, in cached blocks (Model.pieces)."""
+    n = len(tokens)
+    starts = range(max(n - block, 0), -block, -block) if backwards else range(0, n, block)
+    for s in starts:
+        lo = max(s, 0)
+        hi = min(s + block, n) if s >= 0 else s + block
+        pieces = model.pieces(tokens[lo:hi])
+        order = range(len(pieces) - 1, -1, -1) if backwards else range(len(pieces))
+        for j in order:
+            yield lo + j, len(pieces[j])
+
+
+def _overlapping(model: Model, tokens: Sequence[int], total: int, a: int, b: int) -> range:
+    """The tokens overlapping bytes [a, b) of a text of `total` bytes, read from its nearer end: the
+    common question, last, costs its own tokens, not the document's (a 128K-token message's pieces
+    took 0.2-0.4 s of GIL-held Python). Counted from that end, so a tokenizer's added leading space
+    (SentencePiece) moves nothing."""
+    if a >= total - b:
+        hi = lo = len(tokens)
+        end = total
+        for i, size in _sizes(model, tokens, backwards=True):
+            start = end - size
+            if start >= b:
+                hi = i
+            lo, end = i, start
+            if start <= a:
+                break
+        return range(lo, hi)
+    lo, pos = None, 0
+    for i, size in _sizes(model, tokens, backwards=False):
+        if lo is None and pos + size > a:
+            lo = i
+        pos += size
+        if pos >= b:
+            return range(lo if lo is not None else i, i + 1)
+    return range(lo if lo is not None else len(tokens), len(tokens))
+
+
+def question_tokens(model: Model, content: str, tokens: Sequence[int], question: str = "",
+                    where: str = "the chat message") -> tuple[list[int], str]:
+    """(indices into `tokens` of the question found in `content`, a note for the result): the tokens
+    overlapping question.py's spans; ([], why) where none is found. `question`: its exact text
+    (InputError when it is not in `content`)."""
+    found = find_question(content, question)
+    if found is None:
+        if question.strip():
+            raise InputError(f"question (specq.question) is not in {where}: give an exact excerpt of it")
+        return [], f"no question found in {where}"
+    total = len(content.encode("utf-8"))
+    idx: set[int] = set()
+    for a, b in found.spans:
+        idx.update(_overlapping(model, tokens, total, len(content[:a].encode("utf-8")),
+                                len(content[:b].encode("utf-8"))))
+    how = "specq.question" if found.where == "specq.question" else f"found {found.where}"
+    return sorted(idx), f"question in {where} ({how}, {len(idx)} tokens) protected"
+
+
+def build_chat_prompt(model: Model, messages: Sequence[tuple[str, str]], protect_tail: int = -1,
+                      question: str = "") -> Prompt:
+    """The prompt of a chat: `messages` are (role, content) with role system, user or assistant;
+    `question`: the exact text of the question in the last user message (else it is looked for)."""
     if not messages:
         raise InputError("messages must not be empty")
     pieces = _pieces(model, messages)
@@ -79,6 +146,8 @@ def build_chat_prompt(model: Model, messages: Sequence[tuple[str, str]], protect
     tokens: list[int] = []
     doc_start = doc_end = -1
     pinned: list[int] = []
+    asked, note = ([], "no user message") if last_user < 0 else question_tokens(
+        model, messages[last_user][1], contents[last_user], question)
     for i, piece in enumerate(pieces):
         part = model.tokenize(piece, add_special=(i == 0), parse_special=True) if (piece or (i == 0 and model.add_bos)) else []
         if doc_start >= 0 and doc_end < 0:
@@ -88,32 +157,40 @@ def build_chat_prompt(model: Model, messages: Sequence[tuple[str, str]], protect
             break
         if i == first and first <= last_user:
             doc_start = len(tokens)
+        at = len(tokens)
         tokens += contents[i]
         if i == last_user and doc_start >= 0:
             doc_end = len(tokens) - protected_count(model, messages[i][1], contents[i], protect_tail)
+            pinned.extend(at + j for j in asked)
     if doc_start < 0 or doc_end <= doc_start:
         doc_start = doc_end = len(tokens) if doc_start < 0 else doc_start
         pinned = []
     return _with_tail(Prompt(tokens=tokens, doc_start=doc_start, doc_end=doc_end,
-                             pinned=tuple(i for i in pinned if doc_start <= i < doc_end)))
+                             pinned=tuple(sorted({i for i in pinned if doc_start <= i < doc_end})),
+                             question_found=bool(asked) or protect_tail > 0, question_note=note))
 
 
-def build_raw_prompt(model: Model, text: str, protect_tail: int = -1) -> Prompt:
-    """The prompt of a completion: `text` as is (special tokens parsed, BOS when the model adds one)."""
+def build_raw_prompt(model: Model, text: str, protect_tail: int = -1, question: str = "") -> Prompt:
+    """The prompt of a completion: `text` as is (special tokens parsed, BOS when the model adds one);
+    `question`: the exact text of its question (else it is looked for)."""
     tokens = model.tokenize(text, add_special=True, parse_special=True)
     head = 1 if model.add_bos and tokens and len(tokens) > 1 else 0
     body = tokens[head:]
     protect = protected_count(model, text, body, protect_tail)
-    return _with_tail(Prompt(tokens=tokens, doc_start=head, doc_end=len(tokens) - protect))
+    asked, note = question_tokens(model, text, body, question, where="the completion prompt")
+    doc_end = len(tokens) - protect
+    return _with_tail(Prompt(tokens=tokens, doc_start=head, doc_end=doc_end,
+                             pinned=tuple(sorted(head + j for j in asked if head + j < doc_end)),
+                             question_found=bool(asked) or protect_tail > 0, question_note=note))
 
 
 def _with_tail(prompt: Prompt) -> Prompt:
     """The last prompt token is always prefilled: it must lie outside the document."""
     if prompt.n and prompt.doc_end >= prompt.n:
         end = prompt.n - 1
-        return Prompt(tokens=prompt.tokens, doc_start=min(prompt.doc_start, end), doc_end=end,
-                      pinned=tuple(i for i in prompt.pinned if i < end))
+        return dataclasses.replace(prompt, doc_start=min(prompt.doc_start, end), doc_end=end,
+                                   pinned=tuple(i for i in prompt.pinned if i < end))
     return prompt
 
 
-__all__ = ["build_chat_prompt", "build_raw_prompt", "protected_count"]
+__all__ = ["build_chat_prompt", "build_raw_prompt", "protected_count", "question_tokens"]
