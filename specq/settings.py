@@ -122,7 +122,7 @@ class ServiceSettings:
     #: and copied on the device to the others' slots, which prefill only their own question
     #: (engine/serving/groups.py). Off by default since 2026-12-05: a group answer sees the other questions'
     #: kept chunks too, and on the real pair at 30K group answers were right 0.425 of the time against
-    #: 0.575 for single specprefill and 0.500 for baseline (7 questions lost, 1 gained; docs/quality.md
+    #: 0.575 for single specprefill and 0.500 for baseline (7 questions lost, 1 gained; docs/history.md
     #: "Group-sparse at 30K"). on = an operator trading that for throughput (docs/serving.md)
     group_sparse: bool = False
     #: seconds a stopping worker (SIGTERM) gives its running jobs to finish; the rest go back to
