@@ -221,8 +221,8 @@ class ServiceSettings:
     max_batch_bytes: int = 256 * 1024 * 1024
     #: most requests (JSONL lines or files) in one batch
     max_batch_requests: int = 50_000
-    #: most bytes one tenant's files may hold together (POST /v1/files answers 413 above it; batches'
-    #: output files are not counted against it)
+    #: most bytes one tenant's files may hold together (POST /v1/files answers 413 above it, and so does
+    #: a native POST /v1/batches for the input it stores; batches' output files are not counted against it)
     max_file_storage_bytes: int = 10 * 1024**3
     #: without keys (SPECQ_AUTH=none), the names the API answers to besides localhost, 127.0.0.1, ::1
     #: and its listen address (comma-separated; ``*`` = any): the `Host` header must be one of them, and
