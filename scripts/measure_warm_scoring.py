@@ -6,7 +6,7 @@ lookahead run per window), each question's phases printed (ScoreResult.timings_m
     .venv/bin/python scripts/measure_warm_scoring.py 16000 3
     .venv/bin/python scripts/measure_warm_scoring.py 30000 3
 
-A diagnostic (docs/quality.md "Recall at 30K"): it prints no provenance object, so its numbers are not
+A diagnostic (docs/history.md "Recall at 30K"): it prints no provenance object, so its numbers are not
 benchmark rows; compare lengths from runs on one machine.
 """
 

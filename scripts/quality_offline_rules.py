@@ -1,6 +1,6 @@
 """Candidate chunk rules ranked offline on saved recall scores: what would fix 8K's misses? (#18)
 
-Two questions about the misses left under `border` (docs/quality.md, "What the misses are not"):
+Two questions about the misses left under `border` (docs/history.md, "What the misses are not"):
 
 1. Would `scope` keep its recall gain if only the strongest chunks' header lines rose? The opt-in `scope` rule (selection.rank_scores) met the 95% recall goal at 8K but the target
 answered worse from its kept sets at 4K, and it swaps ~9 of the ~75 kept chunks of an 8K document.

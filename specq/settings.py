@@ -122,7 +122,7 @@ class ServiceSettings:
     #: and copied on the device to the others' slots, which prefill only their own question
     #: (engine/serving/groups.py). Off by default since 2026-12-05: a group answer sees the other questions'
     #: kept chunks too, and on the real pair at 30K group answers were right 0.425 of the time against
-    #: 0.575 for single specprefill and 0.500 for baseline (7 questions lost, 1 gained; docs/quality.md
+    #: 0.575 for single specprefill and 0.500 for baseline (7 questions lost, 1 gained; docs/history.md
     #: "Group-sparse at 30K"). on = an operator trading that for throughput (docs/serving.md)
     group_sparse: bool = False
     #: seconds a stopping worker (SIGTERM) gives its running jobs to finish; the rest go back to
@@ -221,8 +221,8 @@ class ServiceSettings:
     max_batch_bytes: int = 256 * 1024 * 1024
     #: most requests (JSONL lines or files) in one batch
     max_batch_requests: int = 50_000
-    #: most bytes one tenant's files may hold together (POST /v1/files answers 413 above it; batches'
-    #: output files are not counted against it)
+    #: most bytes one tenant's files may hold together (POST /v1/files answers 413 above it, and so does
+    #: a native POST /v1/batches for the input it stores; batches' output files are not counted against it)
     max_file_storage_bytes: int = 10 * 1024**3
     #: without keys (SPECQ_AUTH=none), the names the API answers to besides localhost, 127.0.0.1, ::1
     #: and its listen address (comma-separated; ``*`` = any): the `Host` header must be one of them, and

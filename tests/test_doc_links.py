@@ -165,8 +165,8 @@ def test_the_checker_finds_a_dead_link_and_a_dead_anchor(tmp_path):
     assert _check_target(doc, "#title-1", "a") is None
     assert "no heading #nope" in _check_target(doc, "#nope", "a")
     assert "no such file" in _check_target(doc, "c.md#x", "a")
-    assert _CODE_REF.findall('see docs/quality.md#readmes-first-job, href="/docs/static/x.css", docs/f.*') == [
-        "docs/quality.md#readmes-first-job", "docs/f.*"]
+    assert _CODE_REF.findall('see docs/history.md#readmes-first-job, href="/docs/static/x.css", docs/f.*') == [
+        "docs/history.md#readmes-first-job", "docs/f.*"]
 
 
 def test_every_relative_link_and_anchor_in_readme_and_docs_resolves():

@@ -2,7 +2,7 @@
 
 #17's second goal (`auto` >= 2.5x specprefill without reuse, 8 documents x 8 questions at 32K, 128
 tokens each, 8 slots) is bounded by the target's full prefills plus ~1,000 decode steps of 8 rows
-(docs/benchmarks.md, "the lower bound"). The serving loop keeps one KV stream per slot, so 8 questions
+(docs/history.md, "the lower bound"). The serving loop keeps one KV stream per slot, so 8 questions
 about one document decode over 8 copies of its KV. This measures, on one loaded target, the step
 cost of the layouts a server could use:
 

@@ -25,7 +25,7 @@
 #       # A/B: the speculator's scoring on the engine thread between decode batches, as before the score
 #       # thread (engine/serving/score_thread.py; default auto = its own thread on a GPU); files carry "-score-off"
 #   SPECQ_GROUP_SPARSE=on SPECQ_BENCH_UNION=0.43:8 QUESTIONS=8 SPECQ_SPEC_CACHE_SAVE=repeat SLOTS_LIST=8 bash bench/gpu/serve.sh specq 32768 64
-#       # group-sparse prefill in the loop (engine/serving/groups.py; opt-in since 2026-12-05, docs/quality.md
+#       # group-sparse prefill in the loop (engine/serving/groups.py; opt-in since 2026-12-05, docs/history.md
 #       # "Group-sparse at 30K") with the selections' overlap emulated at the real pair's union (random weights
 #       # overlap far less: specq/testing/emulated_selection.py, injected by `specq bench worker --union`, which
 #       # runs beside `specq api` instead of `specq up`); files carry "-group-on" / "-union0.43x8"

@@ -28,7 +28,7 @@ CHUNK_RULES: tuple[str, ...] = typing.get_args(ChunkRule)
 DEFAULT_CHUNK_RULE: ChunkRule = "border"
 
 #: document tokens per window when the caller leaves it to us; overridable per job (`window`). Kept
-#: after the recall benchmark compared sizes on the real pair (docs/quality.md, "Window size", `mean` rule): at
+#: after the recall benchmark compared sizes on the real pair (docs/history.md, "Window size", `mean` rule): at
 #: 8K tokens, 200 questions, keep 0.3, windows of 2,048 / 4,096 / one 8K window kept every evidence
 #: chunk for 0.845 / 0.860 / 0.840 of the questions (paired differences within noise), and fewer
 #: windows cost fewer lookahead passes. Answer accuracy per size was not measured.
@@ -36,7 +36,7 @@ DEFAULT_WINDOW = 4096
 #: a document of at most this many tokens is scored in ONE window when the job leaves the window to us
 #: (`window` 0) and it fits the speculator's context; longer ones in DEFAULT_WINDOW slices. Under the
 #: `border` chunk rule one pass kept the evidence of more 8K questions than two 4,096-token windows
-#: (docs/quality.md, "One pass against windows": recall 0.965 vs 0.935 at keep 0.3, 6 / 0 discordant,
+#: (docs/history.md, "One pass against windows": recall 0.965 vs 0.935 at keep 0.3, 6 / 0 discordant,
 #: all `raises` questions whose two evidence lines the windows split) and answered as well (8K answer
 #: ratio 1.129, lower bound 0.996, "One pass up to 8,192 tokens"). Cost: on the H200 one pass took 500 vs
 #: 494 ms at 16K and 1,070 vs 1,176 ms at 32K (8K not measured); on the CPU 15-35% more scoring for a cold
@@ -192,7 +192,7 @@ class RunParams:
     window: int = 0
     #: how specprefill spends the keep budget: global (the top `keep` share of the whole document's
     #: chunks) or per-window (the top `keep` share of each scoring window's chunks, chunks cut from the
-    #: window's start; needs the windowed or full scorer). docs/quality.md compares the two
+    #: window's start; needs the windowed or full scorer). docs/history.md "Per-window selection" compares the two
     selection: Selection = "global"
     #: how chunks are ranked (selection.rank_scores): border (the default: the larger of a chunk's mean
     #: score and the means of the two chunk-sized spans straddling its borders, so a sentence the grid
@@ -200,7 +200,7 @@ class RunParams:
     #: (border, then a header line, the nearest less-indented line above a line, ranks at least 3/4 of
     #: that line's chunk, so code keeps the `def` of a kept `raise`; blocks.py: better recall, worse
     #: answers at 4K, so not the default).
-    #: docs/quality.md "Chunk borders" and "Header lines" measure them; mode auto's quality bands are per rule
+    #: docs/history.md "Chunk borders" and "Header lines" measure them; mode auto's quality bands are per rule
     chunk_rule: ChunkRule = DEFAULT_CHUNK_RULE
     #: specprefill with per-window selection: the target prefills each window's chunks while the
     #: speculator scores the next one (two threads; the same kept set and answer as the serial run

@@ -3,7 +3,7 @@
 Why. Group-sparse prefill (group_sparse.py, serving_group.py) prefills the union of a document's
 questions' kept chunks. On random weights each question's selection is close to independent, so 8
 selections of 30% cover ~94% of the document; on the real pair the questions' selections overlap
-(10 questions at 4K: union 43% of the document, median; docs/quality.md). A GPU benchmark on
+(10 questions at 4K: union 43% of the document, median; docs/history.md). A GPU benchmark on
 random-weight shapes would therefore measure group-sparse at a union no real pair produces. With
 `EmulatedUnion(U, K)` handed to the Engine as its `select_override` (the benchmark injects it:
 `specq bench worker --union U:K`, which bench/gpu/serve.sh runs for `SPECQ_BENCH_UNION=U:K`;

@@ -13,7 +13,7 @@ No second copy. A prompt that restored almost all of itself (another question ab
 document: only the question was prefilled) is not saved again: the new entry would serve a later
 prompt no longer a prefix than the one it came from, and would cost a second copy of the whole
 document's KV (~1.7 GB at 32K tokens on a 7B, device to host, on the serving thread: 0.55-0.85 s on
-the H200, docs/benchmarks.md 2026-12-05) and evict other
+the H200, docs/history.md 2026-12-05) and evict other
 documents from the budget. Saved again: a prompt with at least `RESAVE_MIN_NEW_TOKENS` and
 `RESAVE_MIN_NEW_FRACTION` of itself newly prefilled (a continued chat that grew).
 

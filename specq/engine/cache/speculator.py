@@ -77,7 +77,7 @@ def save_seq(ctx, seq_id: int = 0) -> np.ndarray:
     buffer (`np.empty`: no zeroing), and nothing copies it again. The former path (a zeroed ctypes
     array, then `bytes(...)`) wrote the state's size three times; at 32K tokens of a 7B (1.7 GB) a
     save took 2.0-3.0 s on the H200 host (0.55-0.85 s now), on the serving thread, stalling every
-    slot's decode (docs/benchmarks.md, 2026-12-05)."""
+    slot's decode (docs/history.md, 2026-12-05)."""
     size = int(llama_cpp.llama_state_seq_get_size(ctx.ptr, seq_id))
     buf = np.empty(size, dtype=np.uint8)
     got = int(llama_cpp.llama_state_seq_get_data(ctx.ptr, buf.ctypes.data_as(_U8P), size, seq_id))

@@ -14,7 +14,7 @@ In order:
    then its windows are in the speculator cache and its KV is not in the prompt cache, and a full
    prefill for this one would pay for the document a second time; measured: mode auto with the group
    rule but without this ran 67.6 and 70.8 jobs/min against 78.8 and 79.4 without the rule, H200,
-   docs/benchmarks.md) — where group-sparse prefill is measured to win
+   docs/history.md) — where group-sparse prefill is measured to win
    (`group_min_tokens`: the job's length at least EngineOptions.auto_group_min_tokens, else
    GROUP_MIN_TOKENS of the backend; none measured = never) and where the *group's* answers were
    measured to hold (`group_bands`: evidence rows (evidence.py) of arm "group" — a group answer sees the
@@ -29,7 +29,7 @@ In order:
    the prompt cache on: baseline, so the target's KV of the document is cached for the next questions
    (measured on the CPU real pair: a further question then costs ~5% of the first's TTFT, against
    ~27% for a speculator-cache hit in specprefill, which still prefills the kept tokens;
-   docs/benchmarks.md).
+   docs/history.md).
 2. **below the break-even length**: prompts shorter than `min_tokens` (the job's), else
    EngineOptions.auto_min_tokens, else BREAK_EVEN_TOKENS of the backend, run baseline — scoring costs
    more than the sparse prefill saves there.
@@ -73,9 +73,9 @@ CACHE_HIT_FRACTION = 0.5
 #: document was measured faster as one group-sparse prefill than as a full prefill + prompt cache
 #: (rule 1b); a backend without an entry never takes rule 1a by default. CUDA: the shortest prompt of
 #: #17's workload (8 documents x 8 questions at 32K, 7B/0.5B shapes) where the group path beat rule 1b
-#: on one machine start (H100 and H200, docs/benchmarks.md); shorter ones not measured. CPU: none; there the real pair's
+#: on one machine start (H100 and H200, docs/history.md); shorter ones not measured. CPU: none; there the real pair's
 #: speculator costs a third of the target, and a group of 4 questions at 3.4K tokens answered after
-#: 65-67 s as a group (docs/benchmarks.md, "CPU, real pair, group-sparse prefill in the engine loop")
+#: 65-67 s as a group (docs/history.md, "CPU, real pair, group-sparse prefill in the engine loop")
 #: against ~39 s for a full prefill whose prompt-cache copies answer the others at once.
 GROUP_MIN_TOKENS: dict[str, int] = {"cuda": 29_842}
 

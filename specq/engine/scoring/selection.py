@@ -34,7 +34,7 @@ def rank_scores(doc_scores: np.ndarray, chunk: int, rule: str = DEFAULT_CHUNK_RU
     fixed chunk grid about half the time, and under `mean` the chunk holding its smaller part ranks
     low, so the answer line is kept only in part. On the real pair's recall tasks every missed
     answer at keep 0.3 was such a two-chunk line (single-chunk evidence: 219 of 219 kept); `border`
-    keeps the neighbour of a strongly attended border at the same budget (docs/quality.md, "Chunk
+    keeps the neighbour of a strongly attended border at the same budget (docs/history.md, "Chunk
     borders"). A chunk's own mean is never lowered, so a chunk ranked high by `mean` stays high.
 
     `scope` (opt-in): `border`, then each chunk holding a header line (`headers`: blocks.header_pairs,
@@ -45,7 +45,7 @@ def rank_scores(doc_scores: np.ndarray, chunk: int, rule: str = DEFAULT_CHUNK_RU
     `border` were code lines kept without the line they hang from (a `raise` without its `def` or
     `if`, a message on a continuation line without its `raise`), chunks apart. Needs `headers`; text
     without indentation has none and ranks as under `border`. Not the default: recall rose (8K 0.950,
-    16K 0.960) but the target answered worse from its kept sets at 4K (docs/quality.md "Header lines").
+    16K 0.960) but the target answered worse from its kept sets at 4K (docs/history.md "Header lines").
     """
     if rule not in CHUNK_RULES:
         raise ValueError(f"chunk rule {rule!r}: one of {', '.join(CHUNK_RULES)}")

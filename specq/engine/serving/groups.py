@@ -39,7 +39,7 @@ its mates' scoring and for the union.
 On only with SPECQ_GROUP_SPARSE=on (ServingEngine(group_sparse=True)); off, the default since
 2026-12-05, each question prefills its own kept chunks. Why off: a member's answer sees the other
 members' chunks too, and on the real pair at 30K group answers were right less often than the same
-questions' single specprefill answers and than baseline (docs/quality.md, "Group-sparse at 30K").
+questions' single specprefill answers and than baseline (docs/history.md, "Group-sparse at 30K").
 """
 
 from __future__ import annotations

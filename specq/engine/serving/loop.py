@@ -910,7 +910,7 @@ class ServingEngine:
         """After a full prefill through the prompt cache: its record, and the prompt's KV saved. Called
         after `_start_decode`: the first token is sampled and emitted but not yet decoded, so the slot
         still holds exactly the prompt, and the save (0.5-0.85 s at 32K tokens of the 7B on the H200,
-        docs/benchmarks.md) no longer delays the job's first token — only its second."""
+        docs/history.md) no longer delays the job's first token — only its second."""
         use = job.prefix_use
         if use is None:
             return

@@ -3,7 +3,7 @@
 Why. The serving loop (serving.py) ran every llama.cpp call on its one thread, so while a job was
 scored — the 0.5B speculator reading a 32K-token document, ~0.3 s of the ~1 s of serial work of
 each such job on the H200 — the target only decoded in the short batches the scorer let through
-between its calls, and prefilled nothing (docs/benchmarks.md, 2026-12-02: "the speculator's scoring
+between its calls, and prefilled nothing (docs/history.md, 2026-12-02: "the speculator's scoring
 running beside the target's batches is the next step"). The speculator and the target are separate
 models in separate llama.cpp contexts, and on a GPU each context computes on its own CUDA stream, so
 a scoring window's prefill can run while the target decodes and prefills other jobs.
