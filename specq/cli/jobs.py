@@ -20,6 +20,11 @@ def _ran(ran: dict | None) -> str:
     return f"{ran.get('mode')}{' +cache' if ran.get('cache_hit') else ''}" if ran.get("mode") else ""
 
 
+def _short(text: str, n: int) -> str:
+    """`text` cut to `n` characters, "…" last where it was cut (a terminal row stays a few lines high)."""
+    return text if len(text) <= n else text[: n - 1] + "…"
+
+
 def _note(job: dict) -> str:
     """The jobs table's last column: a failed or cancelled job's error, else why it ran so (or an
     earlier attempt's error)."""
@@ -95,9 +100,9 @@ def jobs_cmd(
     """Recent jobs: status, progress, what ran, file, question and batch.
 
     `ran` is the mode that ran (auto resolved; `+cache`: the target's prompt cache held part of the
-    prompt); the last column says why it ran so, or a failed job's error. `question` is its first 120
-    characters, `batch` the batch's name (or id). Free text folds so the table fits 160 columns
-    (a 1,280 px terminal); queue wait is in `specq status`.
+    prompt); the last column says why it ran so, or a failed job's error (first 100 characters).
+    `question` is its first 60 characters, `batch` the batch's name (or id). Free text folds so the
+    table fits 160 columns (a 1,280 px terminal); queue wait is in `specq status`.
 
     Piped (stdout not a terminal): one tab-separated line per job, no header, ids whole:
     id, kind, status, progress, ran, created (UTC), queue wait, error, why it ran so, file,
@@ -119,8 +124,8 @@ def jobs_cmd(
                           j.get("batch_id") or "") for j in jobs], terminal=False)
     else:
         rows = [(j["id"], j.get("kind") or "job", j["status"], prog[j["id"]], _ran(j.get("ran")), j.get("filename") or "",
-                 j.get("question") or "", j.get("batch_name") or j.get("batch_id") or "", created[j["id"]],
-                 _note(j)[:120]) for j in jobs]
+                 _short(j.get("question") or "", 60), j.get("batch_name") or j.get("batch_id") or "", created[j["id"]],
+                 _short(_note(j), 100)) for j in jobs]
         fold = lambda name: Column(name, fold=True)  # noqa: E731
         print_table(["id", "kind", "status", fold("progress"), "ran", fold("file"), fold("question"), fold("batch"),
                      "created (UTC)", fold("why / error")], rows, terminal=True)
