@@ -6,12 +6,18 @@ real service (`specq up --detach`: API + worker on tiny models, SQLite + the emb
 * `specq up --detach` on a port another server holds exits 1 with the log's reason (it used to take
   the other server's /healthz 200 for its own API and report success);
 * the result table and the jobs list say which mode ran and why;
-* the waiting CLI's progress line: prefill tokens i/n, the time in the phase and the time left.
+* the waiting CLI's progress line: prefill tokens i/n, the time in the phase and the time left;
+* `specq jobs` shows each job's file, question and batch name, and its table fits a 160-column
+  (1,280 px) terminal (item 8).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import pty
+import re
 import subprocess
 import threading
 import time
@@ -21,7 +27,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from service_helpers import REPO, base_env, free_port, specq_cmd
+from service_helpers import REPO, Stack, base_env, free_port, specq_cmd
 
 DOC = "def add(a, b):\n    return a + b\n"
 
@@ -67,7 +73,8 @@ def test_up_records_its_url_and_the_cli_finds_the_service_there(up_env, tmp_path
     job = listed["data"][0]
     assert job["ran"]["mode"] == "baseline" and job["ran"]["reason"].startswith("auto: ")
     piped = _run(up_env, "jobs").stdout.splitlines()[0].split("\t")  # id kind status progress ran … why
-    assert piped[0] == job["id"] and piped[4] == "baseline" and piped[-1] == job["ran"]["reason"]
+    assert piped[0] == job["id"] and piped[4] == "baseline" and piped[8] == job["ran"]["reason"]
+    assert piped[9:] == ["adder.py", "What does add return?", "", ""]  # file, question, batch name, batch id
     status = _run(up_env, "status", job["id"]).stdout
     assert f"ran        baseline: {job['ran']['reason']}" in status
 
@@ -174,3 +181,85 @@ def test_the_logs_reason_puts_the_os_error_first_and_skips_warning_source_lines(
     assert reason.startswith("ERROR:    [Errno 98]") and reason.endswith("the api exited with status 3; stopping")
     assert "security_error" not in reason
     assert log_reason("INFO all fine\n") == ""
+
+
+# --- item 8: the jobs list says which file, question and batch, and fits 1,280 px -------------------------------
+
+
+@pytest.fixture
+def api_only(tiny_models, tmp_path):
+    """`specq api` alone (no worker): jobs' states are written through the storage layer as a worker
+    writes them, so every row is exactly what the test needs."""
+    port = free_port()
+    st = Stack(env=base_env(tmp_path / "home", tiny_models, SPECQ_API_PORT=str(port)), port=port, logdir=tmp_path)
+    st.cli("db", "upgrade", check=True)
+    st.start("api", "api")
+    st.wait_healthy()
+    try:
+        yield st
+    finally:
+        st.stop()
+
+
+def _on_terminal(st: Stack, *args: str, columns: int) -> list[str]:
+    """The lines `specq ARGS` writes to a pseudo-terminal `columns` wide (colour codes removed)."""
+    master, slave = pty.openpty()
+    env = dict(st.env, SPECQ_API_URL=st.url, COLUMNS=str(columns), TERM="xterm-256color")
+    p = subprocess.Popen(specq_cmd(*args), env=env, cwd=REPO, stdin=subprocess.DEVNULL, stdout=slave, stderr=slave,
+                         close_fds=True)
+    os.close(slave)
+    out = b""
+    with contextlib.suppress(OSError):  # EIO once the child has closed its end
+        while chunk := os.read(master, 65536):
+            out += chunk
+    os.close(master)
+    text = out.decode()
+    assert p.wait(timeout=120) == 0, text
+    return re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", text).replace("\r\n", "\n").splitlines()
+
+
+def test_jobs_shows_file_question_and_batch_name_and_fits_160_columns(api_only):
+    from specq.storage import db, jobs, results
+
+    st = api_only
+    question = "Which function adds two numbers, and where is it defined in this module? " * 3
+    name = "quarterly-report-with-a-long-name-" + "x" * 30 + ".py"
+    batch_name = "nightly-summaries-of-the-quarterly-reports"
+    r = httpx.post(f"{st.url}/v1/batches", files=[("file", (name, DOC.encode()))],
+                   data={"question": question, "metadata": json.dumps({"name": batch_name})}, timeout=30)
+    assert r.status_code == 200, r.text
+    batch_id = r.json()["id"]
+    single = httpx.post(f"{st.url}/v1/jobs", json={"text": DOC, "question": "What does add return?",
+                                                   "filename": "adder.py"}, timeout=30).json()["id"]
+    reason = "auto: " + "the speculator's scores did not justify a sparse prefill on this prompt; " * 2
+    failed = httpx.post(f"{st.url}/v1/jobs", json={"text": DOC, "question": "q?"}, timeout=30).json()["id"]
+    error = "the worker could not load the model: " + "a very long reason " * 10
+    with db.session(st.database_url) as s:
+        token = jobs.mark_running(s, single, "cli-test:1")
+        assert results.save_result(s, single, token=token, result={
+            "text": "a + b", "finish_reason": "stop", "usage": {"prompt_tokens": 10, "kept_tokens": 10, "completion_tokens": 2},
+            "timings_ms": {"tokenize": 1.0, "sparse_prefill": 5.0, "decode": 2.0, "total": 8.0},
+            "spec": {"mode": "baseline", "reason": reason}})
+        assert jobs.mark_failed(s, failed, error, token=jobs.mark_running(s, failed, "cli-test:1"))
+    listed = {j["id"]: j for j in json.loads(_run(dict(st.env, SPECQ_API_URL=st.url), "jobs", "--json").stdout)["data"]}
+    in_batch = next(j for j in listed.values() if j["batch_id"] == batch_id)
+
+    # piped: the fields so far in their places, then file, question (first 120 characters), batch name, batch id
+    piped = {ln.split("\t")[0]: ln.split("\t") for ln in _run(dict(st.env, SPECQ_API_URL=st.url), "jobs").stdout.splitlines()}
+    assert piped[in_batch["id"]][9:] == [name, question[:119] + "…", batch_name, batch_id]
+    assert piped[single][4] == "baseline" and piped[single][8] == reason
+    assert piped[single][9:] == ["adder.py", "What does add return?", "", ""]
+    assert piped[failed][7] == error.strip() or piped[failed][7] == error
+
+    # on a terminal 160 columns wide (1,280 px): every line fits, free text folds inside its column
+    lines = _on_terminal(st, "jobs", columns=160)
+    assert max(len(ln) for ln in lines) <= 160, "\n".join(lines)
+    header = next(ln for ln in lines if ln.lstrip().startswith("id "))
+    assert re.split(r"\s{2,}", header.strip())[:10] == ["id", "kind", "status", "progress", "ran", "file", "question",
+                                                          "batch", "created (UTC)", "why / error"], header
+    screen = "\n".join(lines)
+    row = next(i for i, ln in enumerate(lines) if ln.startswith(single))
+    assert "adder.py" in lines[row] and "What" in lines[row] and "baseline" in lines[row]
+    for words in (name[:10], batch_name[:10], "Which", "the worker", "auto: the"):
+        assert words in screen, (words, screen)
+    assert "3 of 3 jobs" in screen

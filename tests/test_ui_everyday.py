@@ -220,3 +220,75 @@ def test_what_ran_and_why_in_the_list_and_on_the_job_page(api, chromium):
     titles = dict(page.eval_on_selector_all("[data-role=waterfall] .seg", "els => els.map(e => [e.dataset.phase, e.title])"))
     assert titles["sparse_prefill"].startswith("prefill: ")
     p.assert_clean()
+
+
+def test_the_jobs_list_shows_file_question_and_batch_and_fits_1280px(api, chromium):
+    """Issue 45 item 8: each row says which file, which question and which batch, and the table fits a
+    1,280 px window (it was ten columns of unbreakable text: an error or a reason pushed it past the
+    edge) with long file names, questions, batch names, reasons and errors in it."""
+    question = "Which function adds two numbers, and where is it defined in this module? " * 4  # 296 characters
+    name = "a-rather-long-file-name-for-the-quarterly-report-" + "x" * 40 + ".py"
+    batch_name = "nightly-summaries-of-every-quarterly-report-" + "y" * 30
+    r = httpx.post(f"{api.url}/v1/batches", files=[("file", (name, DOC.encode()))],
+                   data={"question": question, "metadata": '{"name": "%s"}' % batch_name}, timeout=30)
+    assert r.status_code == 200, r.text
+    batch_id = r.json()["id"]
+    single = httpx.post(f"{api.url}/v1/jobs", json={"text": DOC, "question": "What does add return?",
+                                                    "filename": "adder.py"}, timeout=30).json()["id"]
+    reason = "auto: " + "the speculator's scores did not justify a sparse prefill on this prompt; " * 3
+    _finish(api, single, {"mode": "baseline", "reason": reason, "positions": "original", "keep": 1.0},
+            {"tokenize": 5.0, "sparse_prefill": 80.0, "ttft": 90.0, "decode": 20.0, "total": 110.0})
+    failed = _submit(api)
+    from specq.storage import db, jobs
+
+    token = _claim(api, failed)
+    with db.session(api.database_url) as s:
+        assert jobs.mark_failed(s, failed, "the worker could not load the model: " + "a very long reason " * 20,
+                                token=token)
+    running = _submit(api)
+    _progress(api, running, _claim(api, running), "sparse_prefill", 123_456, 1_234_567)
+
+    # the API's rows: the file name, the question's first 120 characters and the batch's name
+    listed = {j["id"]: j for j in httpx.get(f"{api.url}/v1/jobs", timeout=30).json()["data"]}
+    in_batch = next(j for j in listed.values() if j["batch_id"] == batch_id)
+    assert in_batch["filename"] == name and in_batch["batch_name"] == batch_name
+    assert in_batch["question"] == question[:119] + "…"
+    assert listed[single]["filename"] == "adder.py" and listed[single]["question"] == "What does add return?"
+    assert listed[single]["batch_name"] is None
+
+    p = open_page(chromium, width=1280, height=900, timezone_id="UTC", locale="en-US")
+    page = p.page
+    page.goto(f"{api.url}/ui/jobs")
+    p.wait_ready("jobs")
+    for jid in (in_batch["id"], single, failed, running):
+        page.wait_for_selector(f"tr[data-id='{jid}']")
+    page.wait_for_selector(f"tr[data-id='{single}'] [data-role=ran] .ran-mode")
+    headers = page.eval_on_selector_all("table.list thead th", "els => els.map(e => e.textContent)")
+    assert {"file", "question", "batch"} <= set(headers), headers
+
+    def cell(jid: str, col: str) -> dict:
+        return page.eval_on_selector(f"tr[data-id='{jid}'] td:nth-child({headers.index(col) + 1})",
+                                     "e => ({text: e.innerText, width: e.getBoundingClientRect().width})")
+
+    assert cell(in_batch["id"], "file")["text"] == name
+    assert cell(in_batch["id"], "question")["text"] == question[:119] + "…"
+    assert cell(in_batch["id"], "batch")["text"].startswith(batch_name)
+    assert page.get_attribute(f"tr[data-id='{in_batch['id']}'] [data-role=batch]", "title") == batch_name
+    assert cell(single, "file")["text"] == "adder.py" and cell(single, "question")["text"] == "What does add return?"
+    for col in ("file", "question", "batch"):  # wide enough to read, not squeezed to a sliver
+        assert cell(in_batch["id"], col)["width"] >= 100, col
+
+    def overflow() -> dict:
+        return page.evaluate("""() => { const t = document.querySelector('table.list'), d = document.documentElement;
+            return {doc: [d.scrollWidth, d.clientWidth], table: [t.scrollWidth, t.clientWidth],
+                    right: t.getBoundingClientRect().right, main: t.parentElement.getBoundingClientRect().right}; }""")
+
+    o = overflow()
+    assert o["doc"][0] <= o["doc"][1] and o["table"][0] <= o["table"][1] and o["right"] <= o["main"] + 0.5, o
+    # the batch's page lists its requests in the same table, which fits too
+    page.goto(f"{api.url}/ui/batches/{batch_id}")
+    p.wait_ready("batch")
+    page.wait_for_selector(f"tr[data-id='{in_batch['id']}']")
+    o = overflow()
+    assert o["doc"][0] <= o["doc"][1] and o["right"] <= o["main"] + 0.5, o
+    p.assert_clean()

@@ -8,7 +8,8 @@
     GET    /v1/jobs/{id}/document  `JobDocument`: the document and question the job was given (the
                                 kept spans of its result are character offsets into this text)
     GET    /v1/jobs             ?status=queued,running&batch_id=&limit=&offset= -> `JobList` (rows
-                                without the document, question, system message or result; a
+                                without the document, system message or result: a file name, the
+                                question's first 120 characters and the batch's name instead; a
                                 succeeded row's `ran` says which mode ran and why)
     DELETE /v1/jobs/{id}        cancel: queued -> cancelled now; running -> stops at its next phase,
                                 window or token
@@ -128,7 +129,9 @@ def jobs_router(settings: ServiceSettings, caller_of: Callable[..., Caller]) -> 
             rows = jobs.list_jobs(s, status=statuses, tenant=caller.scope, batch_id=batch_id, limit=limit, offset=offset)
             total = jobs.count_jobs(s, status=statuses, tenant=caller.scope, batch_id=batch_id)
             specs = results.ran_specs(s, [j.id for j in rows if j.status == "succeeded"])
-            return {"object": "list", "data": [job_summary(j, specs.get(j.id)) for j in rows], "total": total,
+            labels = jobs.list_labels(s, [j.id for j in rows])
+            return {"object": "list", "data": [job_summary(j, specs.get(j.id), labels.get(j.id)) for j in rows],
+                    "total": total,
                     "limit": limit, "offset": offset}
 
     @router.delete("/v1/jobs/{job_id}", summary="Cancel a queued or running job", operation_id="cancelJob",
@@ -142,7 +145,7 @@ def jobs_router(settings: ServiceSettings, caller_of: Callable[..., Caller]) -> 
                 raise ApiError(404, f"no job {job_id}", "not_found")
             if job.status in ("succeeded", "failed"):
                 raise ApiError(409, f"job {job_id} already {job.status}: nothing to cancel", "conflict")
-            return job_summary(job)
+            return job_summary(job, labels=jobs.list_labels(s, [job.id]).get(job.id))
 
     @router.delete("/v1/jobs/{job_id}/data", summary="Delete a finished job and all its data",
                    operation_id="deleteJobData", response_model=S.Deleted, responses=responses(401, 404, 409, 422))

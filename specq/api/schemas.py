@@ -211,7 +211,8 @@ class JobInputOut(Response):
 
 
 class JobSummary(Response):
-    """A job as lists show it: no document, question, system message or result."""
+    """A job as lists show it: no document, system message or result, and only the start of the
+    question."""
 
     id: str
     object: Literal["job"] = "job"
@@ -237,6 +238,11 @@ class JobSummary(Response):
     cancel_requested: bool
     ran: Ran | None = Field(None, description="once it succeeded: the mode that ran and why (lists carry no "
                                               "result, so they show it here)")
+    filename: str | None = Field(None, description="the document's file name (the job's, else its stored "
+                                                   "document's)")
+    question: str = Field("", description="the question's first 120 characters (… when cut; the whole question is "
+                                          "the job's `input.question`); empty for chat and completion requests")
+    batch_name: str | None = Field(None, description="its batch's name (`metadata.name`), if it has one")
 
 
 class JobOut(JobSummary):

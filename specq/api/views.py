@@ -1,8 +1,8 @@
 """Stored rows as API responses (the shapes of `specq.api.schemas`).
 
 The storage layer's `to_dict()` already reads stored JSON defensively (`storage.sanitize`); here a
-job becomes either its list row (`job_summary`: no document, question, system message or result, so
-a page of 500 jobs stays small whatever they hold) or its full view (`job_view`).
+job becomes either its list row (`job_summary`: no document, system message or result and only the
+start of the question, so a page of 500 jobs stays small whatever they hold) or its full view (`job_view`).
 """
 
 from __future__ import annotations
@@ -26,11 +26,17 @@ def ran(spec: Any) -> dict[str, Any] | None:
     return {"mode": str(spec["mode"]), "reason": None if reason is None else str(reason), "cache_hit": hit}
 
 
-def job_summary(job, spec: Any = None) -> dict[str, Any]:
-    """A list row; `spec`: its result's spec (storage.results.ran_specs), for `ran`."""
+#: a list row's labels when its input row is gone (storage.jobs.list_labels)
+NO_LABELS = {"filename": None, "question": "", "batch_name": None}
+
+
+def job_summary(job, spec: Any = None, labels: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A list row; `spec`: its result's spec (storage.results.ran_specs), for `ran`; `labels`: its file
+    name, question preview and batch name (storage.jobs.list_labels)."""
     d = job.to_dict()
     d["params"] = {k: v for k, v in d["params"].items() if k not in LIST_OMITS}
     d["ran"] = ran(spec)
+    d.update(labels or NO_LABELS)
     return d
 
 
@@ -49,6 +55,7 @@ def job_view(s, job) -> dict[str, Any]:
     d["result"] = safe_dict(result) if result is not None else None
     d["ran"] = ran((d["result"] or {}).get("spec"))
     inp = jobs.get_input(s, job.id)
+    d.update(jobs.list_labels(s, [job.id]).get(job.id) or NO_LABELS)
     d["input"] = None if inp is None else {"filename": inp.filename, "size_bytes": inp.size_bytes,
                                            "document_id": inp.document_id,
                                            "question": inp.question or ""}

@@ -20,6 +20,18 @@ def _ran(ran: dict | None) -> str:
     return f"{ran.get('mode')}{' +cache' if ran.get('cache_hit') else ''}" if ran.get("mode") else ""
 
 
+def _short(text: str, n: int) -> str:
+    """`text` cut to `n` characters, "…" last where it was cut (a terminal row stays a few lines high)."""
+    return text if len(text) <= n else text[: n - 1] + "…"
+
+
+def _note(job: dict) -> str:
+    """The jobs table's last column: a failed or cancelled job's error, else why it ran so (or an
+    earlier attempt's error)."""
+    error, reason = job.get("error") or "", (job.get("ran") or {}).get("reason") or ""
+    return error if job["status"] in ("failed", "cancelled") and error else reason or error
+
+
 def _print_job(job: dict) -> None:
     from ..client import progress_text
 
@@ -85,13 +97,16 @@ def jobs_cmd(
     limit: int = typer.Option(20, help="How many, newest first."),
     as_json: bool = typer.Option(False, "--json", help="Print the API's list object as JSON (what GET /v1/jobs answers)."),
 ) -> None:
-    """Recent jobs with their status and progress.
+    """Recent jobs: status, progress, what ran, file, question and batch.
 
     `ran` is the mode that ran (auto resolved; `+cache`: the target's prompt cache held part of the
-    prompt) and, in the last column, why.
+    prompt); the last column says why it ran so, or a failed job's error (first 100 characters).
+    `question` is its first 60 characters, `batch` the batch's name (or id). Free text folds so the
+    table fits 160 columns (a 1,280 px terminal); queue wait is in `specq status`.
 
     Piped (stdout not a terminal): one tab-separated line per job, no header, ids whole:
-    id, kind, status, progress, ran, created (UTC), queue wait, error, why it ran so.
+    id, kind, status, progress, ran, created (UTC), queue wait, error, why it ran so, file,
+    question, batch name, batch id.
     """
     from ..client import progress_text
 
@@ -99,14 +114,22 @@ def jobs_cmd(
     if as_json:
         print_json(page)
         return
-    cut = 120 if stdout_is_terminal() else None  # a pipe gets the whole message
-    rows = [(j["id"], j.get("kind") or "job", j["status"], progress_text(j) if j["status"] == "running" else "",
-             _ran(j.get("ran")), (j.get("created_at") or "").replace("T", " ")[:19], _ms(j.get("queue_wait_ms")),
-             (j.get("error") or "")[:cut], ((j.get("ran") or {}).get("reason") or "")[:cut])
-            for j in page["data"]]
-    print_table(["id", "kind", "status", "progress", "ran", "created (UTC)", "queue wait", Column("error", fold=True),
-                 Column("why", fold=True)], rows)
-    typer.echo(f"{len(page['data'])} of {page['total']} jobs", err=True)
+    jobs = page["data"]
+    prog = {j["id"]: progress_text(j) if j["status"] == "running" else "" for j in jobs}
+    created = {j["id"]: (j.get("created_at") or "").replace("T", " ")[:19] for j in jobs}
+    if not stdout_is_terminal():  # a pipe gets every field whole
+        print_table([], [(j["id"], j.get("kind") or "job", j["status"], prog[j["id"]], _ran(j.get("ran")), created[j["id"]],
+                          _ms(j.get("queue_wait_ms")), j.get("error") or "", (j.get("ran") or {}).get("reason") or "",
+                          j.get("filename") or "", j.get("question") or "", j.get("batch_name") or "",
+                          j.get("batch_id") or "") for j in jobs], terminal=False)
+    else:
+        rows = [(j["id"], j.get("kind") or "job", j["status"], prog[j["id"]], _ran(j.get("ran")), j.get("filename") or "",
+                 _short(j.get("question") or "", 60), j.get("batch_name") or j.get("batch_id") or "", created[j["id"]],
+                 _short(_note(j), 100)) for j in jobs]
+        fold = lambda name: Column(name, fold=True)  # noqa: E731
+        print_table(["id", "kind", "status", fold("progress"), "ran", fold("file"), fold("question"), fold("batch"),
+                     "created (UTC)", fold("why / error")], rows, terminal=True)
+    typer.echo(f"{len(jobs)} of {page['total']} jobs", err=True)
 
 
 @app.command("cancel")

@@ -38,7 +38,7 @@ from . import stale
 from .db import write_transaction
 from .errors import InputTooLarge
 from .limits import DEFAULT_MAX_INPUT_BYTES, max_input_bytes  # noqa: F401  (re-exported: callers read jobs.max_input_bytes())
-from .models import Document, Job, JobInput, new_token, utcnow
+from .models import Batch, Document, Job, JobInput, new_token, utcnow
 
 #: error messages longer than this are cut
 MAX_ERROR_CHARS = 4000
@@ -276,6 +276,36 @@ def count_jobs(
     return int(n)
 
 
+#: list rows carry the first this many characters of a job's question (whole: GET /v1/jobs/{id})
+QUESTION_PREVIEW_CHARS = 120
+
+
+def list_labels(session: Session, job_ids: Iterable[str]) -> dict[str, dict[str, str | None]]:
+    """{job_id: {filename, question, batch_name}} for the jobs of a list page, in one query whatever
+    the page's size: the document's file name (the job's own, else its stored document's), the
+    question's first QUESTION_PREVIEW_CHARS characters ("…" after a cut; only they are read, not
+    a 64 KiB question) and its batch's `metadata.name`. A job without an input row is left out."""
+    ids = list(dict.fromkeys(job_ids))
+    if not ids:
+        return {}
+    n = QUESTION_PREVIEW_CHARS
+    q = (select(JobInput.job_id, JobInput.filename, Document.filename, func.substr(JobInput.question, 1, n + 1),
+                Batch.metadata_)
+         .join(Job, Job.id == JobInput.job_id)
+         .outerjoin(Document, and_(Document.id == JobInput.document_id, Document.tenant == Job.tenant))
+         .outerjoin(Batch, Batch.id == Job.batch_id)
+         .where(JobInput.job_id.in_(ids)))
+    out: dict[str, dict[str, str | None]] = {}
+    for job_id, own_name, doc_name, question, meta in session.execute(q):
+        question = question or ""
+        name = meta.get("name") if isinstance(meta, dict) else None
+        out[job_id] = {"filename": own_name or doc_name,
+                       "question": question if len(question) <= n else question[: n - 1] + "…",
+                       "batch_name": name if isinstance(name, str) and name else None}
+    session.commit()
+    return out
+
+
 def _set(session: Session, where: Any, **values: Any) -> int:
     result = session.execute(update(Job).where(where).values(**values).execution_options(synchronize_session=False))
     return result.rowcount
@@ -495,6 +525,8 @@ __all__ = [
     "get_job",
     "get_jobs",
     "get_input",
+    "list_labels",
+    "QUESTION_PREVIEW_CHARS",
     "list_jobs",
     "lock_documents",
     "UnknownDocument",

@@ -396,27 +396,37 @@
       return [bar(frac), h("span", { class: "prog", dataset: { role: "progress" } }, progressText(job))];
     }
     if (job.status === "succeeded") return bar(1, "ok");
-    if (job.status === "failed") return [bar(1, "bad"), h("span", { class: "prog" }, (job.error || "").slice(0, 60))];
+    if (job.status === "failed") return [bar(1, "bad"), cut((job.error || "").slice(0, 500), "error", "prog")];
     return "";
+  }
+
+  /** A cell's text cut to its column with "…", whole in its title (the list's columns are fixed so
+   *  the table fits a 1,280 px window). */
+  function cut(text, role, cls = "") {
+    return text ? h("span", { class: `cut ${cls}`.trim(), title: text, dataset: { role } }, text) : "";
   }
 
   function jobRow(job) {
     const params = job.params || {};
     const run = spanMs(job.started_at, job.finished_at);
+    const batchLabel = job.batch_name || job.batch_id;
+    const custom = job.custom_id && job.custom_id !== job.filename ? job.custom_id : "";
     return [
-      h("td", { class: "mono" }, navLink(jobHref(job.id), job.id)),
-      h("td", {}, badge(job.status)),
-      h("td", {}, progressCell(job)),
-      h("td", { class: "num" }, fmtMs(job.queue_wait_ms)),
-      h("td", { class: "num" }, run === null ? "–" : fmtMs(run)),
+      h("td", { class: "mono" }, navLink(jobHref(job.id), job.id), h("span", { class: "sub" }, timeEl(job.created_at))),
+      h("td", {}, badge(job.status), progressCell(job)),
+      h("td", {}, cut(job.filename, "file")),
+      h("td", {}, job.question ? cut(job.question, "question") : cut(job.kind && job.kind !== "job" ? `(${job.kind})` : "", "question", "muted")),
+      h("td", {}, job.batch_id ? [navLink(batchHref(job.batch_id), cut(batchLabel, "batch")), cut(custom, "custom-id", "sub")] : ""),
       h("td", {}, params.mode ? `${params.mode}${params.mode === "specprefill" && params.keep ? ` ${params.keep}` : ""}` : "auto"),
       h("td", { dataset: { role: "ran" } }, ranCell(job.ran)),
-      h("td", {}, job.batch_id ? navLink(batchHref(job.batch_id), job.custom_id || job.batch_id) : ""),
-      h("td", {}, timeEl(job.created_at)),
-      h("td", { class: "muted" }, job.worker || ""),
+      h("td", { class: "num" }, run === null ? "–" : fmtMs(run),
+        job.queue_wait_ms === null || job.queue_wait_ms === undefined ? "" : h("span", { class: "sub", title: "queue wait" }, `wait ${fmtMs(job.queue_wait_ms)}`)),
     ];
   }
-  const JOB_HEADERS = ["job", "status", "progress", "queue wait", "run time", "mode", "ran", "batch", "created", "worker"];
+  /** The jobs list (the jobs page, a batch's page): fixed column widths (app.css, table.jobs) so it
+   *  fits 1,280 px whatever the file names, questions and reasons; `worker` is on the job's page. */
+  const JOB_HEADERS = ["job", "status", "file", "question", "batch", "mode", "ran", "run time"];
+  const JOB_TABLE = { cls: "jobs", cols: ["job", "status", "file", "question", "batch", "mode", "ran", "time"] };
   /** The mode that ran (`mode` is the one asked for) and, smaller, why. */
   function ranCell(ran) {
     if (!ran || !ran.mode) return "";
@@ -425,9 +435,10 @@
   }
 
   /** A table whose rows are keyed by id and redrawn only when what they show changed. */
-  function liveTable(headers, rowCells, numeric = []) {
+  function liveTable(headers, rowCells, numeric = [], { cls = "", cols = null } = {}) {
     const tbody = h("tbody");
-    const table = h("table", { class: "list" },
+    const table = h("table", { class: `list ${cls}`.trim() },
+      cols ? h("colgroup", {}, cols.map((c) => h("col", { class: `c-${c}` }))) : "",
       h("thead", {}, h("tr", {}, headers.map((t, i) => h("th", { class: numeric.includes(i) ? "num" : null }, t)))), tbody);
     const rows = new Map();
     return {
@@ -489,7 +500,7 @@
     limit.value = String(state.limit);
     const total = h("span", { class: "muted" });
     const [prevBtn, nextBtn] = pager();
-    const table = liveTable(JOB_HEADERS, jobRow, [3, 4]);
+    const table = liveTable(JOB_HEADERS, jobRow, [7], JOB_TABLE);
     const empty = h("div", { class: "muted" });
     root.replaceChildren(
       h("h1", {}, "Jobs"),
@@ -897,7 +908,7 @@
   function batchPage(root, [id]) {
     const head = h("div"), statsEl = h("div"), jobsEl = h("div");
     root.replaceChildren(h("h1", {}, "Batch ", h("span", { class: "id" }, id)), head, statsEl, jobsEl);
-    const jobs = liveTable(JOB_HEADERS, jobRow, [3, 4]);
+    const jobs = liveTable(JOB_HEADERS, jobRow, [7], JOB_TABLE);
     jobsEl.replaceChildren(h("div", { class: "card" }, h("h2", {}, "Requests"), jobs.table));
     let first = true;
     const stop = live.every(2000, async () => {
