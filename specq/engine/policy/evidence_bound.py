@@ -20,8 +20,6 @@ from __future__ import annotations
 import math
 from typing import Mapping
 
-import numpy as np
-
 METHOD = "min(document-bootstrap, exact-paired)"
 BOOTSTRAP_DRAWS = 20_000
 SEED = 47
@@ -85,6 +83,8 @@ def document_bootstrap_lower(documents: Mapping[str, Mapping[str, int]], conf: f
     """`documents`: per document {"n", "baseline_right", "arm_right"}; the one-sided `conf` lower bound
     of sum(arm_right) / sum(baseline_right) under resampling of documents. 0.0 with no baseline-right
     question at all."""
+    import numpy as np  # here, not at import: the API validates posted rows and otherwise never loads numpy
+
     base = np.array([int(d["baseline_right"]) for d in documents.values()], dtype=np.int64)
     arm = np.array([int(d["arm_right"]) for d in documents.values()], dtype=np.int64)
     if base.sum() == 0:
