@@ -13,7 +13,8 @@ What it does:
    all in mode specprefill with a short answer (--max-tokens, default 32), and waits for the answers;
 3. drives Debian's Chromium through Playwright (tests/browser_helpers.py: no Playwright browser
    download, every request off 127.0.0.1 refused) at 1,280 px wide and screenshots the jobs list, the
-   job's page, the batch page, the workers page and the evidence page (/ui/evidence);
+   job's page, the batch page, the workers page (while the batch runs: a busy slot) and the evidence
+   page (/ui/evidence);
 4. stops the service (`specq down`) and removes the temporary home.
 
 Needs: the `chromium` package (or SPECQ_CHROMIUM), the playwright Python package (a dev dependency),
@@ -146,7 +147,9 @@ def main() -> None:
             job = wait_done(client, f"/v1/jobs/{job_id}", {"succeeded", "failed", "cancelled"}, args.timeout)
             if job["status"] != "succeeded":
                 sys.exit(f"ui_screenshots: the job {job['status']}: {job.get('error')}")
-            print(f"  answer: {(job.get('result') or {}).get('answer')!r}", flush=True)
+            print(f"  answer: {(job.get('result') or {}).get('text')!r}", flush=True)
+            with browser() as b:  # while the batch runs: a busy slot and its current job
+                shoot(b, f"{url}/ui/workers", "workers", args.out / "workers.png", full_page=False)
             batch = wait_done(client, f"/v1/batches/{batch_id}", {"completed", "failed", "cancelled", "expired"},
                               args.timeout)
             if batch["status"] != "completed":
@@ -157,7 +160,6 @@ def main() -> None:
                   wait_for="[data-role=doctext]")
             shoot(b, f"{url}/ui/batches/{batch_id}", "batch", args.out / "batch.png", full_page=True,
                   wait_for="[data-role=batch] [data-status=completed]")
-            shoot(b, f"{url}/ui/workers", "workers", args.out / "workers.png", full_page=False)
             shoot(b, f"{url}/ui/evidence", "evidence", args.out / "evidence.png", full_page=True)
     finally:
         down = specq(env, "down", check=False)
