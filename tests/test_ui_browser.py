@@ -14,8 +14,8 @@ against a live `specq api` and `specq worker` with tiny random-weight models.
 * the render-time bound: a 100-job list and the page of a 32K-token document are drawn in ≤ 1 s;
 * every page loads with no script error and no Content-Security-Policy violation.
 
-Screenshots of the pages go to SPECQ_UI_SCREENSHOTS (docs/ui/ holds the committed ones) or the
-test's tmp dir. The stacks run on the embedded defaults (SQLite job store, SQLAlchemy broker) with
+Screenshots of the pages go to SPECQ_UI_SCREENSHOTS or the test's tmp dir, never to docs/ui/: the
+committed ones there come from real jobs on the real pair (scripts/ui_screenshots.py). The stacks run on the embedded defaults (SQLite job store, SQLAlchemy broker) with
 SPECQ_THREADS=1: on a loaded 2-core machine two llama.cpp threads spin against each other and a tiny
 job took 20 s instead of 1-4 s.
 """
@@ -43,11 +43,40 @@ EVIL = ("<script>window.__pwned = 1</script>\n</mark><img src=x onerror=\"window
         "<a href=\"javascript:window.__pwned = 3\">click me</a>\n<mark>not a mark</mark>&amp;&lt;b&gt;\n")
 
 
+#: the committed screenshots: real jobs on the real model pair, made by scripts/ui_screenshots.py
+COMMITTED_SHOTS = REPO / "docs" / "ui"
+
+
+def screenshot_dir(requested: str | None, fallback: Path) -> Path:
+    """Where these tests' screenshots go: SPECQ_UI_SCREENSHOTS, else `fallback` (the test's tmp dir).
+    Never docs/ui/: these pages show tiny random-weight models' answers (replacement characters), which
+    must not overwrite the committed real ones."""
+    if not requested:
+        return fallback
+    path = Path(requested).resolve()
+    if path == COMMITTED_SHOTS.resolve():
+        raise ValueError(f"SPECQ_UI_SCREENSHOTS={requested} is docs/ui/, whose screenshots come from real jobs "
+                         "(scripts/ui_screenshots.py); name another directory")
+    return path
+
+
 @pytest.fixture(scope="module")
 def shots(tmp_path_factory) -> Path:
-    path = Path(os.environ.get("SPECQ_UI_SCREENSHOTS") or tmp_path_factory.mktemp("ui_screenshots"))
+    try:
+        path = screenshot_dir(os.environ.get("SPECQ_UI_SCREENSHOTS"), tmp_path_factory.mktemp("ui_screenshots"))
+    except ValueError as e:
+        pytest.fail(str(e))
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+def test_screenshots_never_overwrite_the_committed_ones(tmp_path, monkeypatch):
+    monkeypatch.chdir(REPO)
+    for committed in (str(COMMITTED_SHOTS), "docs/ui", "docs/ui/", "./docs/../docs/ui"):
+        with pytest.raises(ValueError, match="scripts/ui_screenshots.py"):
+            screenshot_dir(committed, tmp_path)
+    assert screenshot_dir(None, tmp_path) == tmp_path and screenshot_dir("", tmp_path) == tmp_path
+    assert screenshot_dir(str(tmp_path / "shots"), tmp_path / "x") == (tmp_path / "shots").resolve()
 
 
 @pytest.fixture(scope="module")
