@@ -9,8 +9,10 @@ What it does:
    temporary SPECQ_HOME on a free port; the models directory there links to the real one
    (`~/.cache/specq/models`, or --models), so the pair must be pulled first (`specq models pull`);
 2. submits one job (examples/python-license.txt, "In what year did the Python core team move to
-   BeOpen.com?") and a batch of the two files in examples/ with the questions of examples/README.md,
-   all in mode specprefill with a short answer (--max-tokens, default 32), and waits for the answers;
+   BeOpen.com?") in the default mode, `auto` (README's first job: it runs baseline and says why), and a
+   batch of the two files in examples/ with the questions of examples/README.md in mode specprefill
+   (so the batch's pages show kept chunks), each with a short answer (--max-tokens, default 32), and
+   waits for the answers;
 3. drives Debian's Chromium through Playwright (tests/browser_helpers.py: no Playwright browser
    download, every request off 127.0.0.1 refused) at 1,280 px wide and screenshots the jobs list, the
    job's page, the batch page, the workers page (while the batch runs: a busy slot) and the evidence
@@ -131,10 +133,11 @@ def main() -> None:
         sys.exit(f"ui_screenshots: specq up failed:\n{up.stdout}{up.stderr}")
     try:
         params = {"mode": "specprefill", "max_tokens": args.max_tokens, "seed": 1}
+        job_params = {"max_tokens": args.max_tokens, "seed": 1}  # mode auto, as README's first job
         with httpx.Client(base_url=url, timeout=60) as client:
             name, question = JOB
             r = client.post("/v1/jobs", json={"text": (EXAMPLES / name).read_text(), "question": question,
-                                              "filename": name, "params": params})
+                                              "filename": name, "params": job_params})
             r.raise_for_status()
             job_id = r.json()["id"]
             lines = [json.dumps({"custom_id": n, "text": (EXAMPLES / n).read_text(), "question": q, "params": params})
