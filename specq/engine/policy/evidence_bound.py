@@ -20,8 +20,6 @@ from __future__ import annotations
 import math
 from typing import Mapping
 
-import numpy as np
-
 METHOD = "min(document-bootstrap, exact-paired)"
 BOOTSTRAP_DRAWS = 20_000
 SEED = 47
@@ -85,6 +83,11 @@ def document_bootstrap_lower(documents: Mapping[str, Mapping[str, int]], conf: f
     """`documents`: per document {"n", "baseline_right", "arm_right"}; the one-sided `conf` lower bound
     of sum(arm_right) / sum(baseline_right) under resampling of documents. 0.0 with no baseline-right
     question at all."""
+    # numpy is imported here, not at the top: the API imports this module (POST /v1/evidence recomputes a
+    # row's bound) and its process loads no numpy until a row is posted
+    # (tests/test_service_api.py::test_api_process_never_loads_llama_cpp)
+    import numpy as np
+
     base = np.array([int(d["baseline_right"]) for d in documents.values()], dtype=np.int64)
     arm = np.array([int(d["arm_right"]) for d in documents.values()], dtype=np.int64)
     if base.sum() == 0:
