@@ -26,7 +26,9 @@ from service_helpers import REDIS_URL, Stack, empty_store, free_port, pg_databas
 
 def _env(home, port, **extra):
     env = {k: v for k, v in os.environ.items() if not k.startswith("SPECQ_")}
-    env.update(SPECQ_HOME=str(home), SPECQ_API_PORT=str(port), PYTHONUNBUFFERED="1", **extra)
+    # no worker runs here, so no prompt is ever tokenized: a `stream: true` response answers its headers at
+    # once instead of holding them SPECQ_STREAM_HOLD seconds (300 by default) for a tokenize that never comes
+    env.update(SPECQ_HOME=str(home), SPECQ_API_PORT=str(port), PYTHONUNBUFFERED="1", SPECQ_STREAM_HOLD="0", **extra)
     return env
 
 
