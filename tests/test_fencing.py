@@ -258,6 +258,10 @@ class TakenOverEngine:
         self.calls_after = 0
         self.raised: BaseException | None = None
 
+    def __getattr__(self, name):
+        """Everything else (set_evidence, which the worker calls at start and per claim, ...) is the real engine's."""
+        return getattr(self.engine, name)
+
     def run(self, document, params, progress=None, **kw):
         def hooked(phase, done, total):
             if self.when == "decode" and phase == "decode" and self.token_b is None:

@@ -56,6 +56,10 @@ class FlakyEngine:
         self.engine, self.fails, self.calls = engine, fails, 0
         self.info, self.n_ctx = engine.info, engine.n_ctx
 
+    def __getattr__(self, name):
+        """Everything else (set_evidence, which the worker calls at start and per claim, ...) is the real engine's."""
+        return getattr(self.engine, name)
+
     def run(self, document, params, progress=None, **kw):
         self.calls += 1
         if self.calls <= self.fails:

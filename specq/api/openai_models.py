@@ -81,6 +81,12 @@ class ModelCatalog:
         served = [m["id"] for m in models if m["id"] not in self.aliases]
         return check_model(name, served, self.aliases, listed=[m["id"] for m in models])
 
+    def entry(self, name: str) -> dict[str, Any]:
+        """The /v1/models entry of `name` (a served id or alias); 404 model_not_found otherwise."""
+        self.check(name)
+        models = {m["id"]: m for m in self.models()}
+        return models.get(name) or models[resolve(name, list(models), self.aliases)]
+
 
 def check_model(name: str, ids: list[str], aliases: dict[str, str] | None = None, *,
                 listed: list[str] | None = None) -> str:
@@ -93,12 +99,6 @@ def check_model(name: str, ids: list[str], aliases: dict[str, str] | None = None
     names = ", ".join(listed if listed is not None else ids)
     raise ApiError(404, f"The model `{name[:200]}` does not exist: this service serves {names} "
                         "(GET /v1/models)", "invalid_request_error", param="model", code="model_not_found")
-
-    def entry(self, name: str) -> dict[str, Any]:
-        """The /v1/models entry of `name` (a served id or alias); 404 model_not_found otherwise."""
-        self.check(name)
-        models = {m["id"]: m for m in self.models()}
-        return models.get(name) or models[resolve(name, list(models), self.aliases)]
 
 
 def models_router(catalog: ModelCatalog, caller_of: Callable[..., Caller]) -> APIRouter:

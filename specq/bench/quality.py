@@ -382,7 +382,7 @@ def evidence_fields(engine, task: qt.Task, prompt, params: RunParams, positions:
     """What an evidence row needs of a record (issue 47 item 3): the full EvidenceKey the specprefill run ran
     with (engine/policy/evidence_key.py: resolved scorer and window, positions, both models' sha256, ...) and the
     document's content hash (rows count questions per document by it)."""
-    return {"key": engine.policy.evidence_key(prompt, params, positions, "native").as_dict(),
+    return {"key": engine.evidence_key(prompt, params, positions, "native").as_dict(),
             "doc_sha256": hashlib.sha256(task.document.encode("utf-8")).hexdigest()}
 
 
