@@ -2,7 +2,7 @@
 
 Run by hand (not by CI): it takes minutes on a CPU.
 
-    .venv/bin/python scripts/ui_screenshots.py            # writes docs/ui/{jobs,job,batch,workers,evidence}.png
+    .venv/bin/python scripts/ui_screenshots.py            # writes docs/ui/{jobs,job,job-sparse,batch,workers,evidence}.png
 
 What it does:
 1. starts `specq up --detach` on the embedded default (SQLite job store, SQLAlchemy broker) in a
@@ -15,7 +15,7 @@ What it does:
    waits for the answers;
 3. drives Debian's Chromium through Playwright (tests/browser_helpers.py: no Playwright browser
    download, every request off 127.0.0.1 refused) at 1,280 px wide and screenshots the jobs list, the
-   job's page, the batch page, the workers page (while the batch runs: a busy slot) and the evidence
+   job's page (baseline), a batch job's page (specprefill: its kept chunks), the batch page, the workers page (while the batch runs: a busy slot) and the evidence
    page (/ui/evidence);
 4. stops the service (`specq down`) and removes the temporary home.
 
@@ -157,10 +157,15 @@ def main() -> None:
                               args.timeout)
             if batch["status"] != "completed":
                 sys.exit(f"ui_screenshots: the batch {batch['status']}")
+            members = client.get("/v1/jobs", params={"batch_id": batch_id}).json()["data"]
+            sparse_id = next((m["id"] for m in members if BATCH[0][0] in (m.get("custom_id"), m.get("filename"))),
+                             members[0]["id"])
         with browser() as b:
             shoot(b, f"{url}/ui/jobs", "jobs", args.out / "jobs.png", full_page=False)
             shoot(b, f"{url}/ui/jobs/{job_id}", "job", args.out / "job.png", full_page=True,
-                  wait_for="[data-role=doctext]")
+                  wait_for="[data-role=kept]")  # baseline: what ran and why, no kept chunks
+            shoot(b, f"{url}/ui/jobs/{sparse_id}", "job", args.out / "job-sparse.png", full_page=True,
+                  wait_for="[data-role=doctext]")  # specprefill: the kept chunks of its document
             shoot(b, f"{url}/ui/batches/{batch_id}", "batch", args.out / "batch.png", full_page=True,
                   wait_for="[data-role=batch] [data-status=completed]")
             shoot(b, f"{url}/ui/evidence", "evidence", args.out / "evidence.png", full_page=True)
