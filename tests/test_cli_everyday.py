@@ -27,7 +27,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from service_helpers import REPO, Stack, base_env, free_port, specq_cmd
+from service_helpers import REPO, Stack, base_env, free_port, running, specq_cmd
 
 DOC = "def add(a, b):\n    return a + b\n"
 
@@ -193,12 +193,8 @@ def api_only(tiny_models, tmp_path):
     port = free_port()
     st = Stack(env=base_env(tmp_path / "home", tiny_models, SPECQ_API_PORT=str(port)), port=port, logdir=tmp_path)
     st.cli("db", "upgrade", check=True)
-    st.start("api", "api")
-    st.wait_healthy()
-    try:
+    with running(st, ("api", "api")):
         yield st
-    finally:
-        st.stop()
 
 
 def _on_terminal(st: Stack, *args: str, columns: int) -> list[str]:

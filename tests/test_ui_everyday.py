@@ -22,7 +22,7 @@ import httpx
 import pytest
 
 from browser_helpers import browser, open_page, require_browser
-from service_helpers import Stack, base_env, free_port
+from service_helpers import Stack, base_env, free_port, running
 
 QUESTION = "Which function adds two numbers?"
 DOC = "def add(a, b):\n    return a + b\n" * 20
@@ -41,12 +41,8 @@ def api(tiny_models, tmp_path_factory):
     port = free_port()
     st = Stack(env=base_env(home, tiny_models, SPECQ_API_PORT=str(port), SPECQ_THREADS="1"), port=port, logdir=home)
     st.cli("db", "upgrade", check=True)
-    st.start("api", "api")
-    st.wait_healthy()
-    try:
+    with running(st, ("api", "api")):
         yield st
-    finally:
-        st.stop()
 
 
 def _submit(st: Stack, params: dict | None = None) -> str:
