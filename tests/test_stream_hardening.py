@@ -104,7 +104,7 @@ def test_dropped_streams_release_their_redis_connections(api):
         time.sleep(0.2)
         after = _redis_clients()
     assert after <= baseline, f"{after - baseline} Redis connections left behind by {n} dropped streams " \
-                              f"(baseline {baseline}, {during} while streaming)"
+                              f"(baseline {baseline}, {subscribed} subscribed while streaming)"
 
 
 # --- 2: one poller per job ------------------------------------------------------------------------------
