@@ -328,7 +328,8 @@ def test_a_run_that_ends_after_a_takeover_saves_nothing(engine, store, tmp_path)
 def test_redis_stream_refuses_an_older_attempt_once_a_newer_one_publishes():
     from service_helpers import REDIS_URL, redis_reachable
 
-    from specq.worker.stream import RedisChannel, redis_keys
+    from specq.contracts import redis_keys
+    from specq.worker.stream import RedisChannel
 
     why = redis_reachable()
     if why:

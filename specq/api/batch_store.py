@@ -9,7 +9,7 @@ from typing import Any
 
 from ..ascii_numbers import ascii_int
 from ..settings import ServiceSettings
-from ..storage import batches, db, jobs, lifecycle
+from ..storage import batches, db, jobs, lifecycle, limits
 from ..storage.quotas import FileQuotaExceeded, QuotaExceeded, reserve_file_bytes, reserve_queued
 from . import schemas as S
 from .errors import ApiError
@@ -56,7 +56,7 @@ def store_batch(settings: ServiceSettings, tenant: str, requests: list, errors: 
     from ..broker import enqueue_job
     from ..storage.models import utcnow
 
-    limit = jobs.max_input_bytes()
+    limit = limits.max_input_bytes()
     over = [e for e in errors if e["code"] == "too_many_requests"]
     if over:
         raise ApiError(422, over[0]["message"], "invalid_params")

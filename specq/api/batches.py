@@ -50,7 +50,7 @@ from ..contracts import InputError
 from ..engine.inputs import check_text, decode_document
 from ..engine.options import RunParams
 from ..settings import ServiceSettings
-from ..storage import batches, db, jobs, lifecycle, results, stats
+from ..storage import batches, db, lifecycle, limits, results, stats
 from ..storage.keys import Caller
 from ..storage.models import BATCH_STATUSES
 from . import schemas as S
@@ -268,7 +268,7 @@ async def _read_batch_form(request: Request, settings: ServiceSettings):
             if len(files) > settings.max_batch_requests:
                 raise ApiError(422, f"{len(files)} files, over the limit of {settings.max_batch_requests} per batch "
                                     "(SPECQ_MAX_BATCH_REQUESTS)", "invalid_params")
-            docs = [(name, await u.read(jobs.max_input_bytes() + 1)) for name, u in zip(names, files)]
+            docs = [(name, await u.read(limits.max_input_bytes() + 1)) for name, u in zip(names, files)]
             source = ("files", docs, None)
         return source, fields
     finally:
@@ -437,7 +437,7 @@ def _create(settings: ServiceSettings, tenant: str, source, fields: S.BatchFormF
     """The native create: parse the JSONL or the documents, store the input as a file (so the batch has
     an input_file_id), then the batch and its jobs."""
     kind, payload, input_name = source
-    limit = jobs.max_input_bytes()
+    limit = limits.max_input_bytes()
     defaults = dict(fields.params or {})
     if fields.question is not None:
         defaults["question"] = fields.question

@@ -26,7 +26,7 @@ from starlette.datastructures import UploadFile
 from ..contracts import InputError
 from ..engine.inputs import decode_document
 from ..settings import ServiceSettings
-from ..storage import db, documents, jobs
+from ..storage import db, documents, limits
 from ..storage.errors import InputTooLarge
 from ..storage.keys import Caller
 from . import schemas as S
@@ -147,7 +147,7 @@ async def _read_form(request: Request) -> tuple[str, str | None]:
         if not isinstance(upload, UploadFile) or len(form.getlist("file")) > 1:
             raise ApiError(422, "file is required, once (a multipart file part)", "invalid_params")
         filename = check_field(upload.filename or "file", "the file name", S.Name)
-        limit = jobs.max_input_bytes()
+        limit = limits.max_input_bytes()
         data = await upload.read(limit + 1)
         if len(data) > limit:
             raise ApiError(413, str(InputTooLarge(len(data), limit)), "too_large")

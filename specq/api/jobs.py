@@ -35,7 +35,7 @@ from ..contracts import InputError
 from ..engine.inputs import check_text, decode_document
 from ..engine.options import RunParams
 from ..settings import ServiceSettings
-from ..storage import db, jobs, lifecycle, results
+from ..storage import db, jobs, lifecycle, limits, results
 from ..storage.errors import InputTooLarge
 from ..storage.keys import Caller
 from ..storage.models import JOB_STATUSES
@@ -185,7 +185,7 @@ def run_params(raw: dict[str, Any], question: str | None) -> RunParams:
 def check_document(text: str, name: str = "text") -> None:
     """413 for a document over SPECQ_MAX_INPUT_BYTES, 422 for an empty or binary-looking one."""
     size = len(text.encode("utf-8", "surrogatepass"))
-    limit = jobs.max_input_bytes()
+    limit = limits.max_input_bytes()
     if size > limit:
         raise ApiError(413, str(InputTooLarge(size, limit)), "too_large")
     try:
@@ -288,7 +288,7 @@ async def _read_form(request: Request) -> tuple[str, str | None, dict, str | Non
         question = form_text(form, "question", S.Question)
         raw = form.get("params")
         params = parse_params_field(raw) if raw is not None else {}
-        limit = jobs.max_input_bytes()
+        limit = limits.max_input_bytes()
         data = await upload.read(limit + 1)
         if len(data) > limit:
             size = upload.size if upload.size is not None else len(data)

@@ -16,7 +16,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from ..storage import batches, db, files, jobs
+from ..storage import batches, db, files, limits
 from . import openai_schemas as O
 from .batch_store import MAX_ERRORS, parse_window, store_batch
 from .errors import ApiError
@@ -39,7 +39,7 @@ def create_from_file(settings, tenant: str, raw: bytes, catalog) -> dict[str, An
             raise ApiError(400, f"file {row.id} has purpose {row.purpose!r}; a batch's input file has purpose batch",
                            INVALID, param="input_file_id")
         data = files.read_all(s, row.id)
-    requests, errors = parse_lines(data, req.endpoint, catalog, jobs.max_input_bytes(), settings.max_batch_requests)
+    requests, errors = parse_lines(data, req.endpoint, catalog, limits.max_input_bytes(), settings.max_batch_requests)
     return store_batch(settings, tenant, requests, errors, endpoint=req.endpoint, completion_window=req.completion_window,
                        window_s=window, input_filename=row.filename, params={}, metadata=req.metadata,
                        input_file_id=row.id)

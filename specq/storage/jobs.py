@@ -37,7 +37,7 @@ from ..contracts import PRIORITY_INTERACTIVE, Fenced
 from . import stale
 from .db import write_transaction
 from .errors import InputTooLarge
-from .limits import DEFAULT_MAX_INPUT_BYTES, max_input_bytes  # noqa: F401  (re-exported: callers read jobs.max_input_bytes())
+from .limits import max_input_bytes
 from .models import Batch, Document, Job, JobInput, new_token, utcnow
 
 #: error messages longer than this are cut
@@ -517,9 +517,7 @@ def get_status_token(session: Session, job_id: str) -> tuple[str, str | None] | 
 
 
 __all__ = [
-    "DEFAULT_MAX_INPUT_BYTES",
     "DEFAULT_STALE_AFTER_S",
-    "max_input_bytes",
     "new_job_id",
     "create_job",
     "get_job",

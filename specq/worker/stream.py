@@ -182,4 +182,4 @@ class DeltaPublisher:
         self._last = time.monotonic()
 
 
-__all__ = ["DeltaPublisher", "RedisChannel", "StoreChannel", "make_channel", "redis_keys", "PUBLISH_INTERVAL"]
+__all__ = ["DeltaPublisher", "RedisChannel", "StoreChannel", "make_channel", "PUBLISH_INTERVAL"]
