@@ -190,6 +190,12 @@ class ServiceSettings:
     auto_min_tokens: int | None = None
     auto_quality_min_tokens: int | None = None
     auto_group_min_tokens: int | None = None
+    #: shadow checks (engine/policy/shadow.py, worker/shadow.py; docs/quality.md "Shadow checks"): this
+    #: fraction of the greedy jobs mode auto sends to one-off specprefill are answered in baseline too,
+    #: only while the worker has no other work, and cancelled the moment it claims a job; the answers'
+    #: agreement is counted per evidence key, and a row whose agreement's 90% lower bound falls below 0.8
+    #: after >= 20 checks is disabled (mode auto's reason says so). 0 = none; 1 = every such job
+    shadow_rate: float = 0.0
 
     # --- API ------------------------------------------------------------------------------------------
     #: address `specq api` / `specq up` listen on
@@ -284,6 +290,7 @@ class ServiceSettings:
             (self.score_thread in ("auto", "on", "off"), f"SPECQ_SCORE_THREAD must be auto, on or off, not {self.score_thread!r}"),
             (self.drain_grace >= 0, "SPECQ_DRAIN_GRACE must be >= 0 seconds"),
             (0 <= self.group_hold <= 60, "SPECQ_GROUP_HOLD must be in [0, 60] seconds (0 = claim at once)"),
+            (0 <= self.shadow_rate <= 1, "SPECQ_SHADOW_RATE must be in [0, 1] (0 = no shadow checks)"),
             (self.auto_group_min_tokens is None or self.auto_group_min_tokens >= -1,
              "SPECQ_AUTO_GROUP_MIN_TOKENS must be >= -1 (0 = the backend's measured length, -1 = never)"),
             (self.speculator_gpu == "" or (ascii_int(self.speculator_gpu) is not None

@@ -467,6 +467,25 @@ class EvidenceRecord(Base):
     disabled: Mapped[str] = mapped_column(Text)
 
 
+class ShadowCheck(Base):
+    """One shadow check (engine/policy/shadow.py): a mode-auto specprefill job answered in baseline too, while
+    the worker was idle. `key_id`: sha256 of the job's EvidenceKey's compared fields, `key` the fields
+    themselves; `outcome`: agree | disagree | cancelled (real work arrived first). No foreign key: the
+    checks outlive the jobs' retention."""
+
+    __tablename__ = "shadow_checks"
+    __table_args__ = (Index(None, "key_id"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(String(64))
+    key_id: Mapped[str] = mapped_column(String(64))
+    key: Mapped[dict[str, Any]] = mapped_column(JSONType)
+    outcome: Mapped[str] = mapped_column(String(16))
+    #: the baseline run's wall time (to the answer or the cancel)
+    shadow_ms: Mapped[float] = mapped_column(Float)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
 __all__ = [
     "Base",
     "ApiKey",
@@ -475,6 +494,7 @@ __all__ = [
     "JobInput",
     "Document",
     "EvidenceRecord",
+    "ShadowCheck",
     "Result",
     "PhaseTiming",
     "JobDelta",
