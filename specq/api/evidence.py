@@ -3,7 +3,9 @@
     GET  /v1/evidence   every row (shipped with the package, and the store's), each with `origin`,
                         `in_use` (what workers read: a stored row supersedes a shipped one of the same
                         key, metric, arm and length only with at least as many documents), `passes` and
-                        why not (`fails`); `version`: the store's revision, which workers watch
+                        why not (`fails`), and its shadow checks (`shadow`: n, agreed, the agreement's
+                        lower bound, whether it disables the row: engine/policy/shadow.py); `version`:
+                        the store's revision, which workers watch
     POST /v1/evidence   admin only: one row (the GET's row shape; derived values are recomputed). A
                         malformed row is refused with 400 naming the field; a `bound` above what its
                         per-document counts give, or `passes: true` for a row that does not pass, is
@@ -21,8 +23,9 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
+from ..engine.policy import shadow
 from ..engine.policy.evidence import listing, row_from_dict, shipped_rows
-from ..storage import db, evidence as store
+from ..storage import db, evidence as store, shadow as shadow_store
 from ..storage.keys import Caller
 from .auth import admin_only
 from .errors import ApiError, responses
@@ -34,7 +37,8 @@ MAX_ROW_BYTES = 1 << 20
 def evidence_listing() -> dict[str, Any]:
     with db.session() as s:
         stored, version = store.list_rows(s), store.version(s)
-    return {"object": "list", "data": listing(shipped_rows(), stored)[1], "version": version}
+        checks = shadow.parse_keys(shadow_store.by_key(s))
+    return {"object": "list", "data": shadow.annotate(listing(shipped_rows(), stored)[1], checks), "version": version}
 
 
 def evidence_router(caller_of: Callable[..., Caller]) -> APIRouter:

@@ -21,6 +21,8 @@ deployment (every worker, every API process):
 | `specq_worker_interleave_wait_seconds` | counter | worker, queue | its jobs' phase time spent while the engine ran other jobs' work |
 | `specq_worker_slot_wait_seconds` | counter | worker, queue | its jobs' time waiting for a free slot (apart from `specq_queue_wait_seconds`) |
 | `specq_worker_jobs_done` | gauge | worker, queue | jobs finished by that worker process |
+| `specq_shadow_agreement` | gauge | key, target, speculator | shadow checks' agreement with baseline (agreed / answered; engine/policy/shadow.py) per evidence key (sha256 of its fields, 12 digits), and over all keys (`key="all"`) |
+| `specq_shadow_jobs_total`, `specq_shadow_cancelled_total` | counter | | shadow checks started, and those cancelled because real work arrived (SPECQ_SHADOW_RATE) |
 | `specq_scrape_errors` | gauge | source | 1 when the database or the broker could not be read |
 
 The numbers are aggregates (no documents, answers or ids) but span every tenant, so with
@@ -55,7 +57,7 @@ class _Collector:
         from .. import monitor
         from ..storage import db
         from ..storage import metrics as m
-        from ..storage import stale
+        from ..storage import shadow, stale
         from ..storage.models import BATCH_STATUSES, JOB_STATUSES, Batch, Job
 
         errors = GaugeMetricFamily("specq_scrape_errors", "1 when a source could not be read for this scrape",
@@ -70,6 +72,7 @@ class _Collector:
                 phases = m.phase_histograms(s, bounds_ms)
                 wait = m.queue_wait_histogram(s, bounds_ms)
                 n_stale = stale.count_stale(s, stale.cutoff(self.settings.stale_after))
+                checks = shadow.by_key(s)
         except Exception as e:
             log.warning("/metrics: database: %s", e)
             db_ok = False
@@ -104,6 +107,7 @@ class _Collector:
             g = GaugeMetricFamily("specq_kept_ratio", "Kept / prompt tokens over all finished jobs")
             g.add_metric([], tokens["kept_tokens"] / tokens["prompt_tokens"] if tokens["prompt_tokens"] else 0.0)
             yield g
+            yield from _shadow_metrics(checks)
 
         broker_ok = True
         try:
@@ -165,6 +169,34 @@ class _Collector:
             yield shits
             yield scopies
         yield errors
+
+
+def _shadow_metrics(checks: list[dict]):
+    """specq_shadow_*: from storage.shadow.by_key (a key with no answered check has no agreement)."""
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+    g = GaugeMetricFamily("specq_shadow_agreement", "Shadow checks whose baseline answer equals the specprefill "
+                          "answer, over answered checks, per evidence key and over all (key=all)",
+                          labels=["key", "target", "speculator"])
+    agreed = answered = started = cancelled = 0
+    for c in checks:
+        n = c["agree"] + c["disagree"]
+        key = c.get("key") or {}
+        if n:
+            g.add_metric([c["key_id"][:12], str(key.get("target", "")), str(key.get("speculator", ""))], c["agree"] / n)
+        agreed += c["agree"]
+        answered += n
+        started += n + c["cancelled"]
+        cancelled += c["cancelled"]
+    if answered:
+        g.add_metric(["all", "", ""], agreed / answered)
+    yield g
+    c = CounterMetricFamily("specq_shadow_jobs", "Shadow checks started (SPECQ_SHADOW_RATE)")
+    c.add_metric([], started)
+    yield c
+    c = CounterMetricFamily("specq_shadow_cancelled", "Shadow checks cancelled because the worker claimed real work")
+    c.add_metric([], cancelled)
+    yield c
 
 
 def _num(value) -> float:

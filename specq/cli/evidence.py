@@ -23,12 +23,23 @@ def _rows(shipped_only: bool) -> list[dict]:
 
     if shipped_only:
         return listing(shipped_rows(), [])[1]
-    from ..storage import db, evidence as store
+    from ..engine.policy import shadow
+    from ..storage import db, evidence as store, shadow as shadow_store
 
     service_ready_db(upgrade=db.is_sqlite())
     with db.session() as s:
         stored = store.list_rows(s)
-    return listing(shipped_rows(), stored)[1]
+        checks = shadow.parse_keys(shadow_store.by_key(s))
+    return shadow.annotate(listing(shipped_rows(), stored)[1], checks)
+
+
+def _shadow_cells(r: dict) -> tuple[str, str]:
+    """(checks, agreement with its lower bound) of a row's shadow checks; "-" where it has none."""
+    sh = r.get("shadow") or {}
+    if not sh.get("n"):
+        return ("-" if not sh.get("cancelled") else f"0 ({sh['cancelled']} cancelled)"), "-"
+    n = f"{sh['n']}" + (f" ({sh['cancelled']} cancelled)" if sh.get("cancelled") else "")
+    return n, f"{sh['agreement']:.2f} (>= {sh['bound']:.2f})"
 
 
 @evidence_app.callback()
@@ -39,7 +50,8 @@ def evidence_list(
     shipped: bool = typer.Option(False, "--shipped", help="Only the rows shipped in the package (no database)."),
 ) -> None:
     """The evidence rows: shipped ones and the job store's (SPECQ_DATABASE_URL), as workers read them; a row
-    that passes is where `mode auto` may run specprefill."""
+    that passes is where `mode auto` may run specprefill. `shadow` and `agreement`: its shadow checks
+    (SPECQ_SHADOW_RATE) and how often their baseline answers equalled specprefill's (>= its 90% lower bound)."""
     if ctx.invoked_subcommand is not None:
         return
     rows = _rows(shipped)
@@ -47,10 +59,10 @@ def evidence_list(
         print_list(rows)
         return
     print_table(["origin", "in use", "arm", "length", "chunk rule", "scorer", "window", "n", "documents", "ratio", "bound",
-                 "passes", Column("why not", fold=True), Column("source", fold=True)],
+                 "passes", "shadow", "agreement", Column("why not", fold=True), Column("source", fold=True)],
                 [(r["origin"], "yes" if r["in_use"] else "no", r["arm"], r["length"], r["key"]["chunk_rule"], r["key"]["scorer"], r["key"]["window"] or "one pass",
                   r["n"], len(r["documents"]), "-" if r["ratio"] is None else f"{r['ratio']:.3f}", f"{r['bound']:.3f}",
-                  "yes" if r["passes"] else "no", r["fails"], r["source"]) for r in rows])
+                  "yes" if r["passes"] else "no", *_shadow_cells(r), r["fails"], r["source"]) for r in rows])
 
 
 @evidence_app.command("build")

@@ -77,6 +77,7 @@ from ..settings import ServiceSettings
 from ..storage import claims, db, groups, jobs, results
 from ..storage.retry import retry_transient
 from .evidence import EvidenceWatch
+from .shadow import ShadowRunner
 from .stream import DeltaPublisher
 
 log = logging.getLogger("specq.worker")
@@ -205,6 +206,10 @@ class WorkerRuntime:
         self.grouped: set[str] = set()
         #: the store's evidence revision the engine's rows were loaded at (worker/evidence.py)
         self.evidence = EvidenceWatch()
+        #: shadow checks of mode auto's specprefill answers in idle time (SPECQ_SHADOW_RATE; worker/shadow.py)
+        self.shadow = ShadowRunner(self.settings.shadow_rate)
+        if engine is not None:
+            self.shadow.bind(engine, None)
         #: jobs taken by group claims since the worker started (its heartbeat reports it)
         self.group_claimed = 0
         #: job -> the size of the group claim it was part of (leader included), until its run submits it
@@ -257,6 +262,7 @@ class WorkerRuntime:
                                          score_thread=self.settings.score_thread,
                                          group_sparse=self.settings.group_sparse, seams=self.seams).start()
             self.slots = slots
+        self.shadow.bind(self.engine, self.serving)
         if self.settings.warm_up:
             t1 = time.perf_counter()
             doc, params = self.engine.warm_up_job()
@@ -392,6 +398,8 @@ class WorkerRuntime:
                     self.live.add(claim.job_id)
                     self.current_job = claim.job_id
                     group = self._claim_group(s, claim.job_id)
+            if claim is not None and self.shadow.preempt():  # real work: a shadow check gives way at once
+                log.info("job %s: claimed; the running shadow check was cancelled", claim.job_id)
             self._start_group(claim.job_id if claim else "", group)
             if claim is None:
                 job = jobs.get_job(s, job_id)
@@ -440,6 +448,9 @@ class WorkerRuntime:
             self.claimed_with.pop(job_id, None)
             self.current_job = next(iter(self.live), None)
             self._slot_free.notify_all()
+            idle = not self.live
+        if idle:
+            self.shadow.idle()
 
     def _claim_group(self, s, job_id: str) -> list[claims.Claim]:
         """Under _claim_lock, right after claiming `job_id`: claim the queued jobs of its tenant and
@@ -608,6 +619,7 @@ class WorkerRuntime:
         with self._claim_lock:
             self.jobs_done += 1
         self._clear_stream(job_id)
+        self.shadow.offer(job_id, inp.text, params, source, result)  # runs once the process is idle (_release)
         if not saved:
             log.info("job %s: result saved before (a repeated write)", job_id)
         log.info("job %s: succeeded in %.0f ms (queue wait %.0f ms)", job_id, ms, job.queue_wait_ms or 0.0)

@@ -987,7 +987,7 @@
       + `${k.protect_tail >= 0 ? `, protect_tail ${k.protect_tail}` : ""}`;
     const tbody = h("tbody");
     const table = h("table", { class: "list evidence" },
-      h("thead", {}, h("tr", {}, ["origin", "arm", "length", "documents", "n", "ratio", "bound", "passes", "in-sample", "key", "source"]
+      h("thead", {}, h("tr", {}, ["origin", "arm", "length", "documents", "n", "ratio", "bound", "passes", "in-sample", "shadow checks", "agreement", "key", "source"]
         .map((t) => h("th", {}, t)))), tbody);
     const note = h("p", { class: "muted" });
     root.replaceChildren(h("h1", {}, "Quality evidence"), note, table);
@@ -1012,6 +1012,11 @@
         h("td", { class: "num", title: r.bound_method }, typeof r.bound === "number" ? r.bound.toFixed(3) : "–"),
         h("td", { class: "evwhy" }, r.passes ? badge("passes") : r.fails),
         h("td", {}, r.in_sample ? h("span", { title: r.in_sample_why }, "yes") : ""),
+        // shadow checks (SPECQ_SHADOW_RATE, engine/policy/shadow.py): answered (cancelled), agreement >= its 90% lower bound
+        h("td", { class: "num shadow-n" }, r.shadow && (r.shadow.n || r.shadow.cancelled)
+          ? fmtNum(r.shadow.n) + (r.shadow.cancelled ? ` (${fmtNum(r.shadow.cancelled)} cancelled)` : "") : "–"),
+        h("td", { class: "num shadow-agreement", title: r.shadow && r.shadow.disables ? r.disabled : "" },
+          r.shadow && r.shadow.n ? `${r.shadow.agreement.toFixed(2)} (≥ ${r.shadow.bound.toFixed(2)})` : "–"),
         h("td", { class: "mono evkey" }, r.key ? keyText(r.key) : ""),
         h("td", { class: "evsrc" }, r.source))));
       ready("evidence");

@@ -122,9 +122,13 @@ def disable_reason(a: Agreement) -> str:
 
 def row_checks(row: EvidenceRow, keys: Iterable[KeyChecks]) -> Agreement:
     """The checks that count for `row`: those of every job key it is evidence for."""
+    return key_checks(row.key, keys)
+
+
+def key_checks(row_key: EvidenceKey, keys: Iterable[KeyChecks]) -> Agreement:
     total = Agreement()
     for k in keys:
-        if first_difference(k.key, row.key) is None:
+        if first_difference(k.key, row_key) is None:
             total = total + k.checks
     return total
 
@@ -144,6 +148,22 @@ def apply(rows: Sequence[EvidenceRow], keys: Sequence[KeyChecks]) -> tuple[Evide
     return tuple(out)
 
 
+def annotate(listed: list[dict], keys: Sequence[KeyChecks]) -> list[dict]:
+    """evidence.listing's row dicts with their shadow checks (`shadow`: Agreement.as_dict) and, where the
+    checks disable a row, `disabled`, `passes` and `fails` as the workers see it (`apply`)."""
+    out = []
+    for d in listed:
+        d = dict(d)
+        if d.get("arm") == "specprefill":
+            total = key_checks(EvidenceKey.from_dict(d["key"]), keys)
+            d["shadow"] = total.as_dict()
+            why = disable_reason(total)
+            if why and not d.get("disabled"):
+                d.update(disabled=why, passes=False, fails=f"disabled: {why}")
+        out.append(d)
+    return out
+
+
 def parse_keys(stored: Iterable[dict]) -> list[KeyChecks]:
     """storage/shadow.by_key's dicts as KeyChecks; a stored key that no longer validates is left out."""
     out = []
@@ -157,4 +177,4 @@ def parse_keys(stored: Iterable[dict]) -> list[KeyChecks]:
 
 
 __all__ = ["MIN_CHECKS", "MIN_AGREEMENT", "CONFIDENCE", "OUTCOMES", "Agreement", "KeyChecks", "eligible", "sampled",
-           "agrees", "key_id", "disable_reason", "row_checks", "apply", "parse_keys"]
+           "agrees", "key_id", "disable_reason", "row_checks", "key_checks", "apply", "annotate", "parse_keys"]
