@@ -44,6 +44,7 @@ class Pending:
     params: RunParams
     source: dict[str, Any]
     answer: str
+    tokens: list[int]
     positions: str
 
 
@@ -76,7 +77,7 @@ class ShadowRunner:
                 and policy.sampled(job_id, self.rate)):
             return False
         with self._lock:
-            self._pending = Pending(job_id, text, params, dict(source), result.text, spec.positions)
+            self._pending = Pending(job_id, text, params, dict(source), result.text, list(result.tokens), spec.positions)
         return True
 
     def idle(self) -> None:
@@ -91,6 +92,7 @@ class ShadowRunner:
                                             daemon=True)
             self.started += 1
             self._thread.start()
+        log.info("job %s: shadow check started (baseline, while idle)", p.job_id)
 
     def preempt(self) -> bool:
         """Real work was claimed: drop the pending check, cancel a running one and wait for it to end;
@@ -112,8 +114,8 @@ class ShadowRunner:
             key = self._key(p)
             outcome = "cancelled"
             try:
-                text = self._baseline(p, stop)
-                outcome = "agree" if policy.agrees(p.answer, text) else "disagree"
+                base = self._baseline(p, stop)
+                outcome = "agree" if policy.agrees(p.answer, base.text, p.tokens, base.tokens) else "disagree"
             except RunCancelled:
                 with self._lock:
                     self.cancelled += 1
@@ -132,10 +134,10 @@ class ShadowRunner:
         shape = "chat" if messages is not None else "completion" if raw else "native"
         return self.engine.evidence_key(prompt, p.params, p.positions, shape)
 
-    def _baseline(self, p: Pending, stop: Stop) -> str:
+    def _baseline(self, p: Pending, stop: Stop):
         params = replace(p.params, mode="baseline")
         if self.serving is None:
-            return self.engine.run(p.text, params, stop=stop, scope=SCOPE, **p.source).text
+            return self.engine.run(p.text, params, stop=stop, scope=SCOPE, **p.source)
 
         def progress(phase: str, done: int, total: int) -> None:
             if stop.cancelled:
@@ -146,7 +148,7 @@ class ShadowRunner:
             self._handle = handle
         if stop.cancelled:  # preempted between submit and here
             handle.cancel(RunCancelled("shadow check: real work arrived"))
-        return handle.result().text
+        return handle.result()
 
 
 __all__ = ["ShadowRunner", "SCOPE"]

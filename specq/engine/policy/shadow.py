@@ -9,9 +9,10 @@ were measured on someone's documents; shadow checks watch the deployment's own t
   evidence (rule 3, not a group-sparse prefill: group answers are their own arm) and decodes greedily
   (temperature 0: sampling would make two runs of one prompt differ by chance); of those, the fraction
   SPECQ_SHADOW_RATE, picked by a hash of the job id (the same job is picked on every worker, a retry too).
-* **Agreement** (`agrees`): the two answers' texts equal after trimming surrounding whitespace. Exact:
-  it needs no labels and no grader, and for the short answers mode auto's evidence is measured on, a
-  different answer is a changed answer. Free-form answers disagree more often without being worse; a
+* **Agreement** (`agrees`): the two answers are the same generated tokens (one target, one tokenizer:
+  the same answer token for token; where a run has no token ids, the texts equal after trimming
+  surrounding whitespace). Exact: it needs no labels and no grader, and for the short answers mode
+  auto's evidence is measured on, a different answer is a changed answer. Free-form answers disagree more often without being worse; a
   deployment of long answers reads the agreement as a lower bound of quality, not as quality.
 * **Disabling** (`disable_reason`, `apply`): agreement is counted per job key (evidence_key.EvidenceKey:
   the settings the job ran with); a row counts the checks of every key it is evidence for
@@ -62,8 +63,11 @@ def sampled(job_id: str, rate: float) -> bool:
     return h / 2.0**64 < rate
 
 
-def agrees(answer: str, baseline: str) -> bool:
-    """The two answers are the same text, surrounding whitespace aside."""
+def agrees(answer: str, baseline: str, answer_tokens: Sequence[int] = (), baseline_tokens: Sequence[int] = ()) -> bool:
+    """The two answers are the same tokens (where both runs have them), else the same text, surrounding
+    whitespace aside."""
+    if answer_tokens and baseline_tokens:
+        return list(answer_tokens) == list(baseline_tokens)
     return answer.strip() == baseline.strip()
 
 
