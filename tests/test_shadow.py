@@ -75,7 +75,9 @@ def test_checks_disable_the_rows_that_are_evidence_for_their_key_and_auto_says_s
     already = dataclasses.replace(row, disabled="by hand")
     assert shadow.apply([already], bad)[0].disabled == "by hand"
     bands, why = evidence.lookup(out, job_key)
-    assert bands == () and "disabled: shadow checks: 2 of 22 answers agreed with baseline" in why
+    assert bands == () and f"does not pass ({row.length}: disabled: shadow checks: 2 of 22 answers agreed with baseline" in why
+    bands, why = evidence.lookup(out[:1], None)  # no row passes at all (the job's key is not made): it is named
+    assert bands == () and f"1 disabled, {row.length}: shadow checks: 2 of 22" in why
     listed = shadow.annotate([{**row.as_dict(), "origin": "store"}, {**other.as_dict(), "origin": "store"}], bad)
     assert listed[0]["shadow"]["n"] == 22 and listed[0]["shadow"]["disables"] and not listed[0]["passes"]
     assert listed[0]["fails"].startswith("disabled: shadow checks") and listed[1]["shadow"]["n"] == 0

@@ -135,10 +135,13 @@ def test_disagreeing_checks_disable_the_row_and_auto_says_so(stack):
     assert row["fails"].startswith(f"disabled: shadow checks: {sh['agreed']} of {sh['n']} answers agreed with baseline")
     after = _ask(c, "What is the value of item 11?", max_tokens=4)["result"]["spec"]
     assert after["mode"] == "baseline", after
-    assert "does not pass (1200: disabled: shadow checks:" in after["reason"] and "< 0.8" in after["reason"], after
+    # the only passing row is off: the reason names it (with another passing row it would read "... does not
+    # pass (1200: disabled: shadow checks: ...)", test_shadow.py)
+    assert "1 disabled, 1200: shadow checks:" in after["reason"] and "< 0.8" in after["reason"], after
     metrics = c.get("/metrics").text
     assert re.search(rf"^specq_shadow_jobs_total {sh['n'] + sh['cancelled']}\.0$", metrics, re.M), metrics
     assert re.search(r'^specq_shadow_agreement\{key="all",speculator="",target=""\} ', metrics, re.M), metrics
     out = st.cli("evidence")
     assert out.returncode == 0, out.stderr
-    assert "shadow" in out.stdout and "agreement" in out.stdout and f"{sh['n']} (1 cancelled)" in out.stdout, out.stdout
+    line = next(ln for ln in out.stdout.splitlines() if ln.startswith("store\t"))  # not a terminal: tab-separated
+    assert f"\t{sh['n']} (1 cancelled)\t{sh['agreement']:.2f} (>= {sh['bound']:.2f})\t" in line, line

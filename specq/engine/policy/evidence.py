@@ -263,8 +263,10 @@ def lookup(rows: Sequence[EvidenceRow], key: EvidenceKey | None, arm: str = "spe
                     + "; docs/quality.md)")
     passing = [r for r in live if r.passes]
     if not passing:
-        return (), (f"no {what} evidence row passes ({len(live)} rows; a pass needs "
-                    f"{_bar_text(metric)}; docs/quality.md)")
+        off = [r for r in live if r.disabled]  # e.g. by shadow checks (shadow.py): the reason names it
+        return (), (f"no {what} evidence row passes ({len(live)} rows"
+                    + (f"; {len(off)} disabled, {off[0].length}: {off[0].disabled}" if off else "")
+                    + f"; a pass needs {_bar_text(metric)}; docs/quality.md)")
     # the passing row that matches the job longest: the field where it stops is the one to name
     if key is None:
         return (), f"no evidence for this job's settings ({len(passing)} passing {what} rows; docs/quality.md)"
