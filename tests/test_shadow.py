@@ -127,3 +127,20 @@ def test_migration_0009_goes_down_and_up(url):
     assert "shadow_checks" not in inspect(db.get_engine(url)).get_table_names()
     assert db.upgrade(url) == db.head_revision() >= "0009"
     assert "shadow_checks" in inspect(db.get_engine(url)).get_table_names()
+
+
+def test_bench_serve_poisson_arrivals_are_random_gaps_at_the_rate_and_repeatable():
+    """`specq bench serve --arrival poisson:R` (the shadow rate's cost is measured under it): exponential gaps
+    of mean 1/R from the workload's seed; the same seed, the same offsets; bad values named."""
+    from specq.bench.serve import arrival_offsets, check_arrival
+
+    at = arrival_offsets("poisson:2", 2000, seed=5)
+    gaps = [b - a for a, b in zip(at, at[1:])]
+    assert at[0] == 0.0 and all(g >= 0 for g in gaps)
+    assert 0.45 <= sum(gaps) / len(gaps) <= 0.55  # mean 0.5 s; sd of the mean ~0.011
+    assert sum(g < 0.5 * 0.6931 for g in gaps) / len(gaps) == pytest.approx(0.5, abs=0.05)  # the median of Exp(2)
+    assert at == arrival_offsets("poisson:2", 2000, seed=5) and at != arrival_offsets("poisson:2", 2000, seed=6)
+    assert arrival_offsets("4", 3) == [0.0, 0.25, 0.5] and arrival_offsets("t0", 2) == [0.0, 0.0]
+    assert check_arrival("poisson:0.5") == check_arrival("per-doc") == check_arrival("2") == ""
+    for bad in ("poisson:", "poisson:0", "poisson:-1", "poisson:x", "fast", "0", "inf"):
+        assert "poisson:RATE" in check_arrival(bad), bad

@@ -21,7 +21,10 @@ question j % questions), `max_tokens` output tokens with `ignore_eos` (specq: `s
 job's `params.ignore_eos`; llama-server: its own `ignore_eos`), specq's `mode` / `keep` (llama-server
 gets none). Arrival: `t0` = every job sent at t=0; `per-doc` = each document's questions one after the
 other (question q+1 sent when question q ended), the documents in parallel (docs streams at once);
-or a fixed rate in jobs per second.
+a fixed rate in jobs per second; or `poisson:R`, a Poisson process of R jobs per second (exponential
+gaps drawn from `seed`, so two runs of one workload send at the same offsets: `arrival_offsets`) —
+sustained random arrivals, e.g. to measure what idle-time work such as shadow checks
+(SPECQ_SHADOW_RATE) costs the jobs that arrive while it runs.
 
 Per job: client TTFT (request sent -> first streamed answer text; on the documents path "sent" is
 before the POST /v1/jobs), end time, output tokens (the usage of the last chunk or of the `done`
@@ -62,7 +65,7 @@ class Workload:
     questions: int = 1
     max_tokens: int = 64
     #: "t0" = every job at t=0; "per-doc" = each document's questions in sequence, the documents in
-    #: parallel; else jobs per second (fixed spacing)
+    #: parallel; "poisson:R" = a Poisson process of R jobs per second; else jobs per second (fixed spacing)
     arrival: str = "t0"
     mode: str = "baseline"
     keep: float = 0.3
@@ -204,7 +207,35 @@ def _client(base_url: str, api_key: str, timeout: float, n: int):
     return httpx.AsyncClient(base_url=base_url, headers=headers, timeout=timeout, limits=limits)
 
 
-async def _arrive(recs: list[JobRecord], arrival: str, questions: int, t0: float, one) -> None:
+def check_arrival(arrival: str) -> str:
+    """Why `arrival` is no arrival order ("" = it is one)."""
+    if arrival in ("t0", "per-doc"):
+        return ""
+    rate = arrival[len("poisson:"):] if arrival.startswith("poisson:") else arrival
+    try:
+        ok = 0 < float(rate) < float("inf")
+    except ValueError:
+        ok = False
+    return "" if ok else (f"--arrival must be t0, per-doc, a positive rate in jobs per second or poisson:RATE, "
+                          f"not {arrival!r}")
+
+
+def arrival_offsets(arrival: str, n: int, seed: int = 0) -> list[float]:
+    """Seconds after t=0 at which each of `n` jobs is sent (t0, a fixed rate or poisson:R; not per-doc)."""
+    if arrival == "t0":
+        return [0.0] * n
+    if arrival.startswith("poisson:"):
+        rate = float(arrival[len("poisson:"):])
+        rng = random.Random(f"arrival:{seed}")
+        out, t = [], 0.0
+        for _ in range(n):
+            out.append(t)
+            t += rng.expovariate(rate)
+        return out
+    return [i / float(arrival) for i in range(n)]
+
+
+async def _arrive(recs: list[JobRecord], arrival: str, questions: int, t0: float, one, seed: int = 0) -> None:
     """Run `one(rec)` for every job in the arrival order (module doc)."""
     if arrival == "per-doc":
         async def in_sequence(d: int) -> None:
@@ -213,11 +244,11 @@ async def _arrive(recs: list[JobRecord], arrival: str, questions: int, t0: float
 
         await asyncio.gather(*(in_sequence(d) for d in range(len(recs) // questions)))
         return
-    gap = 0.0 if arrival == "t0" else 1.0 / float(arrival)
+    offsets = arrival_offsets(arrival, len(recs), seed)
     tasks = []
-    for i, rec in enumerate(recs):
-        if gap:
-            await asyncio.sleep(max(0.0, t0 + i * gap - time.perf_counter()))
+    for at, rec in zip(offsets, recs):
+        if at:
+            await asyncio.sleep(max(0.0, t0 + at - time.perf_counter()))
         tasks.append(asyncio.create_task(one(rec)))
     await asyncio.gather(*tasks)
 
@@ -231,7 +262,7 @@ async def _drive(base_url: str, bodies: list[dict], w: Workload, api_key: str, t
     async with _client(base_url, api_key, timeout, len(bodies)) as client:
         t0 = time.perf_counter()
         await _arrive(recs, w.arrival, w.questions, t0,
-                      lambda rec: _one(client, "/v1/chat/completions", bodies[rec.index], rec, t0))
+                      lambda rec: _one(client, "/v1/chat/completions", bodies[rec.index], rec, t0), seed=w.seed)
     return recs
 
 
@@ -323,7 +354,8 @@ async def _drive_documents(base_url: str, w: Workload, api_key: str,
         bodies = [{"document_id": rec.document_id, "question": question_text(rec.doc, rec.question), "params": params}
                   for rec in recs]
         t0 = time.perf_counter()
-        await _arrive(recs, w.arrival, w.questions, t0, lambda rec: _follow_job(client, bodies[rec.index], rec, t0))
+        await _arrive(recs, w.arrival, w.questions, t0, lambda rec: _follow_job(client, bodies[rec.index], rec, t0),
+                      seed=w.seed)
     return recs, uploads, upload_s
 
 

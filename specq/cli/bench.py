@@ -322,8 +322,9 @@ def bench_serve(
     questions: int = typer.Option(1, help="Questions per document (jobs = docs x questions)."),
     max_tokens: int = typer.Option(64, help="Output tokens per job (ignore_eos: exactly this many)."),
     arrival: str = typer.Option("t0", help="t0 = every job at once; per-doc = each document's questions one after "
-                                "the other (the next sent when the last ended), the documents in parallel; or a rate "
-                                "in jobs per second, e.g. 0.5."),
+                                "the other (the next sent when the last ended), the documents in parallel; a rate "
+                                "in jobs per second, e.g. 0.5; or poisson:RATE, random (Poisson) arrivals at RATE jobs "
+                                "per second, the same offsets for the same --seed."),
     mode: str = typer.Option("baseline", help="specq's mode: baseline, specprefill or auto (llama-server: ignored)."),
     documents: bool = typer.Option(False, "--documents/--chat", help="specq only: store each document once (POST "
                                    "/v1/documents) and send each question as a job naming its document_id (POST "
@@ -346,19 +347,16 @@ def bench_serve(
     --documents through specq's stored documents and native jobs (its per-job modes and cache hits reported)."""
     import json
 
-    from ..bench.serve import Workload, plot as draw, run_serve_bench
+    from ..bench.serve import Workload, check_arrival, plot as draw, run_serve_bench
     from ..client import api_url
 
     if kind not in ("specq", "llama-server"):
         raise fail(f"--kind must be specq or llama-server, not {kind!r}")
     if documents and kind != "specq":
         raise fail("--documents is specq's path (POST /v1/documents, /v1/jobs); llama-server takes --chat")
-    if arrival not in ("t0", "per-doc"):
-        try:
-            if float(arrival) <= 0:
-                raise ValueError
-        except ValueError:
-            raise fail(f"--arrival must be t0, per-doc or a positive rate in jobs per second, not {arrival!r}") from None
+    bad_arrival = check_arrival(arrival)
+    if bad_arrival:
+        raise fail(bad_arrival)
     if min(docs, doc_tokens, questions, max_tokens) < 1:
         raise fail("--docs, --doc-tokens, --questions and --max-tokens must be >= 1")
     w = Workload(docs=docs, doc_tokens=doc_tokens, questions=questions, max_tokens=max_tokens, arrival=arrival,
