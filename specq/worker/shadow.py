@@ -61,6 +61,10 @@ class ShadowRunner:
         self._thread: threading.Thread | None = None
         self._stop: Stop | None = None
         self._handle = None
+        #: set once the running check no longer uses the engine (its answer is in, or it was cut): what a
+        #: claim waits for; the check's store write may still follow
+        self._engine_free = threading.Event()
+        self._engine_free.set()
         #: checks started / cancelled by this process (its log and tests; /metrics reads the store)
         self.started = 0
         self.cancelled = 0
@@ -88,6 +92,7 @@ class ShadowRunner:
             p, self._pending = self._pending, None
             self._stop = Stop()
             self._handle = None
+            self._engine_free.clear()
             self._thread = threading.Thread(target=self._check, args=(p, self._stop), name=f"specq-shadow-{p.job_id}",
                                             daemon=True)
             self.started += 1
@@ -95,30 +100,32 @@ class ShadowRunner:
         log.info("job %s: shadow check started (baseline, while idle)", p.job_id)
 
     def preempt(self) -> bool:
-        """Real work was claimed: drop the pending check, cancel a running one and wait for it to end;
-        whether one was running."""
+        """Real work was claimed: drop the pending check, cancel a running one and wait until it no longer
+        uses the engine; whether one was running."""
         with self._lock:
             self._pending = None
             thread, stop, handle = self._thread, self._stop, self._handle
-        if thread is None or not thread.is_alive():
+        if thread is None or not thread.is_alive() or self._engine_free.is_set():
             return False
         stop.cancel("shadow check: real work arrived")
         if handle is not None:
             handle.cancel(RunCancelled("shadow check: real work arrived"))
-        thread.join(timeout=LOOP_CANCEL_WAIT_S if self.serving is not None else None)
+        self._engine_free.wait(timeout=LOOP_CANCEL_WAIT_S if self.serving is not None else None)
         return True
 
     def _check(self, p: Pending, stop: Stop) -> None:
         t0 = time.monotonic()
         try:
-            key = self._key(p)
-            outcome = "cancelled"
             try:
+                key = self._key(p)
+                outcome = "cancelled"
                 base = self._baseline(p, stop)
                 outcome = "agree" if policy.agrees(p.answer, base.text, p.tokens, base.tokens) else "disagree"
             except RunCancelled:
                 with self._lock:
                     self.cancelled += 1
+            finally:
+                self._engine_free.set()
             ms = (time.monotonic() - t0) * 1000.0
             with db.session() as s:
                 store.record(s, job_id=p.job_id, key_id=policy.key_id(key), key=key.as_dict(), outcome=outcome,
