@@ -449,8 +449,8 @@ def test_render_time_bound(keyed, chromium, shots):
 
 
 def test_evidence_page_lists_the_rows(svc, chromium, shots):
-    """/ui/evidence (issue 47): every row of GET /v1/evidence with its key, bound and why it does not pass;
-    no shipped row passes, and the page says what that means for mode auto."""
+    """/ui/evidence (issue 47): every row of GET /v1/evidence with its key, bound and why it does not pass, and
+    its shadow checks (issue 48); no shipped row passes, and the page says what that means for mode auto."""
     listed = svc.client.get("/v1/evidence").json()["data"]
     p = open_page(chromium)
     p.page.goto(f"{svc.st.url}/ui/evidence")
@@ -461,6 +461,9 @@ def test_evidence_page_lists_the_rows(svc, chromium, shots):
     text = p.page.inner_text("main")
     assert "No row passes" in text and "SPECQ_AUTO_QUALITY_MIN_TOKENS" in text
     assert "in-sample" in text and "documents < 8" in text and "scorer windowed 4096" in text
+    heads = p.page.locator("table.evidence thead th").all_inner_texts()
+    assert "shadow checks" in heads and "agreement" in heads  # issue 48 item 4: none yet, so "–" in every row
+    assert p.page.locator("table.evidence td.shadow-n").all_inner_texts() == ["–"] * rows.count()
     assert p.page.locator("nav a[href='/ui/evidence']").get_attribute("class") == "here"
     p.page.screenshot(path=str(shots / "evidence.png"), full_page=True)
     p.assert_clean()
