@@ -22,6 +22,7 @@ import time
 
 import llama_cpp  # noqa: F401  (before numpy: bench/gpu/README.md's pitfall)
 
+from specq.bench.provenance import Start, provenance
 from specq.engine.llama.binding import Context, Model
 
 
@@ -95,6 +96,7 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
+    start = Start()
     gpu = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
                          text=True).stdout.strip()
     peak = card_f16_flops()
@@ -126,6 +128,8 @@ def main() -> None:
             report["rows"].append(row)
             print(f"{role} {streams}x{per} {order} ubatch {ub} call {call}: {s * 1000:.0f} ms, {row['tokens_per_s']:,.0f} tok/s, "
                   f"{row['tflops']:.0f} TFLOP/s = {row['fraction_of_card']:.1%} of the card", flush=True)
+            report["provenance"] = provenance(None, start=start)
+            report["commit"] = report["provenance"]["code"]["describe"]
             with open(a.out, "w") as f:
                 json.dump(report, f, indent=1)
         m.close()
