@@ -1,0 +1,145 @@
+"""Structured output (`json_schema`) in the engine: on tiny random-weight models the output always parses and
+validates, greedy output is the same with and without drafting (batch-invariant numerics, as for free text),
+a schema the grammar cannot honour is refused before anything runs, and a grammar that cannot finish within
+max_tokens ends with finish_reason `length`.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.conftest import llama_cpp
+from tests.test_speculative import DOC, varied  # noqa: F401  (the fixture: a pair whose greedy output varies)
+
+pytestmark = [pytest.mark.engine, pytest.mark.skipif(llama_cpp is None, reason="llama-cpp-python is not installed")]
+
+#: three fields, each bounded, so the grammar ends within a few dozen tokens
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 6},
+        "kind": {"enum": ["function", "class", "module"]},
+        "count": {"type": "integer"},
+        "flags": {"type": "array", "items": {"type": "boolean"}, "maxItems": 3},
+    },
+    "required": ["name", "kind", "count", "flags"],
+    "additionalProperties": False,
+}
+
+
+def _valid(value) -> None:
+    assert set(value) == {"name", "kind", "count", "flags"}
+    assert isinstance(value["name"], str) and len(value["name"]) <= 6
+    assert value["kind"] in ("function", "class", "module")
+    assert isinstance(value["count"], int) and not isinstance(value["count"], bool)
+    assert isinstance(value["flags"], list) and len(value["flags"]) <= 3
+    assert all(isinstance(f, bool) for f in value["flags"])
+
+
+@pytest.fixture(scope="module")
+def engine(varied):  # noqa: F811
+    from specq.engine.options import EngineOptions
+    from specq.engine.pipeline import Engine
+
+    eng = Engine(EngineOptions(target=str(varied.target), speculator=str(varied.speculator), n_gpu_layers=0,
+                               n_ctx=2048, n_threads=2, batch_invariant="on"))
+    yield eng
+    eng.close()
+
+
+def _params(**kw):
+    from specq.engine.options import RunParams
+
+    base = dict(question="Describe dedent as JSON.", mode="baseline", max_tokens=300, json_schema=SCHEMA)
+    base.update(kw)
+    return RunParams(**base)
+
+
+def test_output_parses_and_is_the_same_with_and_without_drafting(engine) -> None:
+    ref = engine.run(DOC[:600], _params(draft="none"))
+    assert ref.finish_reason == "stop", ref.text
+    _valid(json.loads(ref.text))
+    assert ref.timings_ms["grammar"] > 0
+    for draft, n_draft in (("ngram", 4), ("model", 4)):
+        r = engine.run(DOC[:600], _params(draft=draft, n_draft=n_draft))
+        assert r.tokens == ref.tokens, f"{draft} changed the constrained greedy output"
+        assert r.draft.verify_batches > 0
+    free = engine.run(DOC[:600], _params(json_schema=None))
+    with pytest.raises(ValueError):  # the random model's own output is not JSON: the grammar made it so
+        _valid(json.loads(free.text))
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_sampled_output_always_validates_with_drafting(engine, seed) -> None:
+    r = engine.run(DOC[:600], _params(temperature=1.0, seed=seed, draft="model", n_draft=4))
+    assert r.finish_reason == "stop" and r.draft.verify_batches > 0
+    _valid(json.loads(r.text))
+
+
+def test_any_json_object_and_a_small_max_tokens(engine) -> None:
+    r = engine.run(DOC[:600], _params(json_schema={"type": "object", "properties": {"a": {"type": "boolean"}},
+                                                   "required": ["a"]}, draft="ngram"))
+    assert json.loads(r.text) in ({"a": True}, {"a": False})
+    cut = engine.run(DOC[:600], _params(max_tokens=5, draft="model"))
+    assert cut.finish_reason == "length" and len(cut.tokens) == 5 and cut.text.startswith("{")
+
+
+@pytest.mark.parametrize("schema, words", [
+    ({"type": "integer", "minimum": 3}, "'minimum' is not supported"),
+    ({"type": "object", "properties": {"a": {"type": "string", "format": "email"}}}, "format 'email'"),
+    ({"type": "object", "required": ["b"], "properties": {}}, "'b', which is not in its properties"),
+    ({"type": "string", "pattern": "abc"}, "anchored"),
+    ({"type": "strin"}, "type must be one of"),
+    ({"$ref": "#/$defs/missing"}, "names nothing"),
+    ({"anyOf": [{"type": "string"}], "maxLength": 3}, "'maxLength' is not supported beside 'anyOf'"),
+    ({"type": "object", "properties": {"a": {"type": "number", "multipleOf": 2}}}, "properties.a: keyword 'multipleOf'"),
+])
+def test_unsupported_or_invalid_schemas_are_refused(schema, words) -> None:
+    from specq.contracts import InputError
+    from specq.engine.options import RunParams
+
+    with pytest.raises(InputError, match="json_schema") as e:
+        RunParams.from_dict({"json_schema": schema})
+    assert words in str(e.value)
+
+
+def test_ignore_eos_with_a_schema_is_refused() -> None:
+    from specq.contracts import InputError
+    from specq.engine.options import RunParams
+
+    with pytest.raises(InputError, match="ignore_eos"):
+        RunParams.from_dict({"json_schema": {"type": "object"}, "ignore_eos": True})
+
+
+def test_pydantic_schemas_are_accepted_and_convert() -> None:
+    """What the OpenAI SDK's parse helper sends (nested models as $defs, Optional as anyOf, titles)."""
+    from typing import Any, Literal, Optional
+
+    from pydantic import BaseModel
+
+    from specq.engine.json_schema import check
+    from specq.engine.llama.grammar import schema_to_gbnf
+
+    class Arg(BaseModel):
+        name: str
+        default: Optional[str] = None
+
+    class Func(BaseModel):
+        name: str
+        kind: Literal["function", "method"]
+        args: list[Arg]
+        extra: Any = None
+
+    schema = Func.model_json_schema()
+    check(schema)
+    gbnf = schema_to_gbnf(schema)
+    assert "root ::=" in gbnf and "Arg" in gbnf
+
+
+def test_a_schema_the_converter_cannot_take_fails_the_job_with_a_message(engine) -> None:
+    from specq.contracts import InputError
+
+    with pytest.raises(InputError, match="could not be turned into a grammar"):
+        engine.run(DOC[:200], _params(json_schema={"type": "string", "pattern": "^(?=a)b$"}))
