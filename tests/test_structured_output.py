@@ -137,6 +137,8 @@ def test_pydantic_schemas_are_accepted_and_convert() -> None:
     check(schema)
     gbnf = schema_to_gbnf(schema)
     assert "root ::=" in gbnf and "Arg" in gbnf
+    # strings hold Unicode scalar values without control characters (the converter's own rule would not)
+    assert "char ::= [ !#-" in gbnf and "\\x00-" not in gbnf and '[^"' not in gbnf
 
 
 def test_a_schema_the_converter_cannot_take_fails_the_job_with_a_message(engine) -> None:

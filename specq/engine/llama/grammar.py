@@ -33,15 +33,16 @@ def schema_to_gbnf(schema: dict[str, Any]) -> str:
         gbnf = json_schema_to_gbnf(json.dumps(normalise(schema)))
     except (AssertionError, ValueError, KeyError, TypeError, IndexError, RecursionError) as e:
         raise InputError(f"json_schema could not be turned into a grammar: {str(e)[:300] or type(e).__name__}") from None
-    # the converter lets a string hold raw control characters (JSON forbids them; the C++ converter does not)
     for old, new in _STRICTER.items():
         gbnf = gbnf.replace(old, new)
     return gbnf
 
 
-#: rules of the Python converter made to allow only what JSON allows inside a string
-_STRICTER = {'char ::= [^"\\\\] |': 'char ::= [^"\\\\\\x7F\\x00-\\x1F] |',
-             "dot ::= [^\\x0A\\x0D]": 'dot ::= [^"\\\\\\x7F\\x00-\\x1F]'}
+#: rules of the Python converter made to allow only what JSON allows inside a string: no control
+#: characters, and only Unicode scalar values (llama.cpp's UTF-8 decoder lets surrogates and code points
+#: over U+10FFFF through, which a JSON parser then reads as U+FFFD, breaking a maxLength), as positive ranges
+_JSON_CHAR = r'[ !#-\[\]-~\x7F-\uD7FF\uE000-\U0010FFFF]'
+_STRICTER = {'char ::= [^"\\\\] |': f"char ::= {_JSON_CHAR} |", "dot ::= [^\\x0A\\x0D]": f"dot ::= {_JSON_CHAR}"}
 
 
 class Grammar:
