@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
+
 import pytest
 
 from tests.conftest import llama_cpp
@@ -62,10 +64,11 @@ def test_output_parses_and_is_the_same_with_and_without_drafting(engine) -> None
     assert ref.finish_reason == "stop", ref.text
     _valid(json.loads(ref.text))
     assert ref.timings_ms["grammar"] > 0
-    for draft, n_draft in (("ngram", 4), ("model", 4)):
-        r = engine.run(DOC[:600], _params(draft=draft, n_draft=n_draft))
-        assert r.tokens == ref.tokens, f"{draft} changed the constrained greedy output"
-        assert r.draft.verify_batches > 0
+    # the model drafter's unconstrained drafts are nearly all rejected here (slow): its first 40 tokens
+    for draft, n_draft, n in (("ngram", 4, 300), ("model", 3, 40)):
+        r = engine.run(DOC[:600], _params(draft=draft, n_draft=n_draft, max_tokens=n))
+        assert r.tokens == ref.tokens[:n], f"{draft} changed the constrained greedy output"
+        assert r.draft.verify_batches > 0 and r.draft.drafted > r.draft.accepted
     free = engine.run(DOC[:600], _params(json_schema=None))
     with pytest.raises(ValueError):  # the random model's own output is not JSON: the grammar made it so
         _valid(json.loads(free.text))
@@ -146,3 +149,66 @@ def test_a_schema_the_converter_cannot_take_fails_the_job_with_a_message(engine)
 
     with pytest.raises(InputError, match="could not be turned into a grammar"):
         engine.run(DOC[:200], _params(json_schema={"type": "string", "pattern": "^(?=a)b$"}))
+
+
+def test_sampling_with_a_grammar_is_an_exact_draw(varied) -> None:  # noqa: F811
+    """(t2, t3) after a pinned opening quote, drafted by an unlike model drafter whose drafts the grammar
+    often forbids, against the exact joint distribution of the grammar-masked target (chi-square)."""
+    import specq.engine.decode.loop as decode_mod
+    from specq.engine.decode.drafters import DraftCache, ModelDrafter
+    from specq.engine.decode.grammar import guide_for
+    from specq.engine.decode.sampling import Sampler
+    from specq.engine.llama.binding import Context, Model
+    from specq.engine.llama.grammar import Grammar
+    from tests.test_speculative import chi_square
+
+    schema = {"type": "string", "pattern": "^[a-z ]*$"}
+    trials, top_k = 1000, 6
+    target, spec = Model(varied.target, n_gpu_layers=0), Model(varied.speculator, n_gpu_layers=0)
+    ctx, sctx = Context(target, n_ctx=256, n_threads=1), Context(spec, n_ctx=256, n_threads=1)
+    try:
+        prompt = target.tokenize("def dedent(text):\n    margin = ")
+        n = len(prompt)
+        ctx.decode(prompt, range(n))
+        (quote,) = target.tokenize('"')
+        pinned = np.full_like(ctx.logits_row(-1), -1e9)
+        pinned[quote] = 0.0
+        s = Sampler(1.0, top_k)
+
+        def masked(logits, g):
+            out = np.array(logits, dtype=np.float32)
+            out[~g.allowed()] = -np.inf
+            return s.probs(out)
+
+        g1 = Grammar.from_schema(target.vocab, target.n_vocab, schema)
+        g1.accept(quote)
+        ctx.decode([quote], [n])
+        p2 = masked(ctx.logits_row(-1), g1)
+        exact: dict[tuple[int, int], float] = {}
+        for b in map(int, np.flatnonzero(p2)):
+            g2 = g1.clone()
+            g2.accept(b)
+            ctx.seq_rm(0, n + 1)
+            ctx.decode([b], [n + 1])
+            p3 = masked(ctx.logits_row(-1), g2)
+            for c in map(int, np.flatnonzero(p3)):
+                key = (b, -1 if target.is_eog(c) else c)
+                exact[key] = exact.get(key, 0.0) + float(p2[b] * p3[c])
+        cache = DraftCache(sctx)
+        counts: dict[tuple[int, int], int] = {}
+        drafted = accepted = 0
+        for trial in range(trials):
+            ctx.seq_rm(0, n)
+            drafter = ModelDrafter(cache, prompt, n, sampler=Sampler(2.0, 10, seed=50_000 + trial))
+            gen = decode_mod.generate(ctx, prompt, pinned, n, max_tokens=4, sampler=Sampler(1.0, top_k, seed=trial),
+                                      drafter=drafter, n_draft=2, guide=guide_for(target, schema))
+            assert gen.tokens[0] == quote and len(gen.tokens) >= 2
+            key = (gen.tokens[1], gen.tokens[2] if len(gen.tokens) > 2 else -1)
+            counts[key] = counts.get(key, 0) + 1
+            drafted, accepted = drafted + gen.draft.drafted, accepted + gen.draft.accepted
+        _, _, p_value = chi_square(counts, exact, trials)
+        assert drafted - accepted >= trials // 4, (drafted, accepted)  # rejections (many of forbidden drafts)
+        assert p_value > 1e-3, (p_value, counts)
+    finally:
+        ctx.close()
+        sctx.close()
