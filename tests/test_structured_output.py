@@ -86,6 +86,10 @@ def test_any_json_object_and_a_small_max_tokens(engine) -> None:
     r = engine.run(DOC[:600], _params(json_schema={"type": "object", "properties": {"a": {"type": "boolean"}},
                                                    "required": ["a"]}, draft="ngram"))
     assert json.loads(r.text) in ({"a": True}, {"a": False})
+    # fields in the order of `required` (what a JSONB store keeps; it sorts the keys of `properties`)
+    r = engine.run(DOC[:600], _params(json_schema={"type": "object", "properties": {
+        "b": {"type": "boolean"}, "zz": {"type": "boolean"}}, "required": ["zz", "b"]}))
+    assert list(json.loads(r.text)) == ["zz", "b"]
     cut = engine.run(DOC[:600], _params(max_tokens=5, draft="ngram"))
     assert cut.finish_reason == "length" and len(cut.tokens) == 5 and cut.text.startswith("{")
 

@@ -260,8 +260,30 @@ def normalise(schema: dict[str, Any]) -> dict[str, Any]:
     return walk(schema, top=True)
 
 
+def property_order(schema: Any) -> list[str]:
+    """Property names in the order of the schema's `required` lists (first seen first): the order the
+    output writes them in. Not the order of `properties`: PostgreSQL's JSONB (the job store) sorts an
+    object's keys, shortest first, so a stored schema no longer says it, while arrays keep theirs (OpenAI's
+    strict schemas and pydantic's list every property in `required`, in declared order)."""
+    out: dict[str, None] = {}
+
+    def walk(s: Any) -> None:
+        if isinstance(s, dict):
+            req = s.get("required")
+            if isinstance(req, list):
+                out.update((r, None) for r in req if isinstance(r, str))
+            for v in s.values():
+                walk(v)
+        elif isinstance(s, list):
+            for v in s:
+                walk(v)
+
+    walk(schema)
+    return list(out)
+
+
 #: the schema of `response_format: {"type": "json_object"}`: any JSON object
 JSON_OBJECT: dict[str, Any] = {"type": "object"}
 
-__all__ = ["check", "normalise", "SchemaError", "ANY", "JSON_OBJECT", "TYPES", "FORMATS", "ANNOTATIONS",
+__all__ = ["check", "normalise", "property_order", "SchemaError", "ANY", "JSON_OBJECT", "TYPES", "FORMATS", "ANNOTATIONS",
            "MAX_DEPTH", "MAX_NODES", "MAX_ENUM", "MAX_REPEAT"]

@@ -18,7 +18,7 @@ import llama_cpp
 import numpy as np
 
 from ...contracts import InputError
-from ..json_schema import normalise
+from ..json_schema import normalise, property_order
 
 #: numpy's view of llama_token_data {id: int32, logit: float, p: float}
 _TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])
@@ -30,7 +30,7 @@ def schema_to_gbnf(schema: dict[str, Any]) -> str:
     from llama_cpp.llama_grammar import json_schema_to_gbnf
 
     try:
-        gbnf = json_schema_to_gbnf(json.dumps(normalise(schema)))
+        gbnf = json_schema_to_gbnf(json.dumps(normalise(schema)), prop_order=property_order(schema))
     except (AssertionError, ValueError, KeyError, TypeError, IndexError, RecursionError) as e:
         raise InputError(f"json_schema could not be turned into a grammar: {str(e)[:300] or type(e).__name__}") from None
     for old, new in _STRICTER.items():
