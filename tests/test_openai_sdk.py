@@ -570,7 +570,7 @@ def test_structured_output_through_the_sdk_parse_helper_batches_and_native_jobs(
 def test_schemas_the_grammar_cannot_honour_are_400_before_anything_is_queued(stack):
     client = sdk(stack)
     msg = [{"role": "user", "content": "x"}]
-    before = len(rest(stack).get("/v1/jobs").json()["data"])
+    before = rest(stack).get("/v1/jobs").json()["total"]
     for fmt, words in [
         ({"type": "json_schema", "json_schema": {"name": "a", "schema": {
             "type": "object", "properties": {"n": {"type": "integer", "maximum": 9}}}}}, "properties.n: keyword 'maximum'"),
@@ -587,7 +587,7 @@ def test_schemas_the_grammar_cannot_honour_are_400_before_anything_is_queued(sta
         client.chat.completions.create(model="target", messages=msg, response_format={"type": "json_object"},
                                        extra_body={"specq": {"ignore_eos": True}})
     assert "ignore_eos" in e.value.message
-    assert len(rest(stack).get("/v1/jobs").json()["data"]) == before  # nothing queued
+    assert rest(stack).get("/v1/jobs").json()["total"] == before  # nothing queued
 
 
 def test_langchain_with_structured_output_json_schema(stack):
