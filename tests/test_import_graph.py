@@ -29,7 +29,8 @@ LAYERS: dict[str, tuple[str, ...]] = {
     "specq.ascii_numbers": (),  # numbers from outside text, ASCII digits only
     "specq.served_models": (),  # the model names a deployment answers to
     # the engine, bottom up (specq/engine/__init__.py)
-    "specq.engine.options": ("specq.contracts",),
+    "specq.engine.json_schema": ("specq.contracts",),  # the JSON Schemas output can be constrained to
+    "specq.engine.options": ("specq.contracts", "specq.engine.json_schema"),
     "specq.engine.result": ("specq.contracts",),
     "specq.engine.inputs": ("specq.contracts",),
     "specq.engine.models": ("specq.contracts", "specq.config"),

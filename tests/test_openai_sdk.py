@@ -228,7 +228,8 @@ def test_errors_are_the_sdks_typed_exceptions(stack):
     assert e.value.code == "model_not_found"
     for kwargs, param in [({"n": 2}, "n"), ({"logprobs": True}, "logprobs"), ({"logit_bias": {"1": 5}}, "logit_bias"),
                           ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
-                          ({"response_format": {"type": "json_object"}}, "response_format"),
+                          ({"response_format": {"type": "json_schema", "json_schema": {
+                              "name": "n", "schema": {"type": "integer", "minimum": 1}}}}, "response_format"),
                           ({"presence_penalty": 1.0}, "presence_penalty"), ({"max_tokens": 10**6}, "max_tokens")]:
         with pytest.raises(openai.BadRequestError) as e:
             client.chat.completions.create(model="target", messages=msg, **kwargs)
@@ -490,3 +491,110 @@ def test_native_job_events_and_submit_wait_print_the_answer(stack, tmp_path):
     finally:
         stack.env = old
     assert "phases" in r.stdout and "decode" in r.stdout
+
+
+# --- structured output: response_format (json_object, json_schema) and native params.json_schema ---------------
+
+
+def _answer_model():
+    from typing import Literal
+
+    from pydantic import BaseModel, Field
+
+    class Answer(BaseModel):  # every field bounded: the grammar ends within ~100 tokens of the tiny models
+        city: str = Field(max_length=8)
+        kind: Literal["city", "village"]
+        count: int
+        ok: bool
+
+    return Answer
+
+
+def _embedded_only(stack):
+    """Structured output is the worker's sampling, the same on either broker: run once (on the embedded stack)."""
+    if "SPECQ_BROKER_URL" in stack.env:
+        pytest.skip("the same code path as on the embedded stack")
+
+
+def test_structured_output_through_the_sdk_parse_helper_batches_and_native_jobs(stack):
+    _embedded_only(stack)
+    client = sdk(stack)
+    Answer = _answer_model()
+    msg = [{"role": "user", "content": "Welche Stadt? Antworte als JSON."}]
+    parse = getattr(client.chat.completions, "parse", None) or client.beta.chat.completions.parse
+    r = parse(model="target", messages=msg, response_format=Answer, max_tokens=200)
+    got = r.choices[0].message.parsed
+    assert isinstance(got, Answer) and r.choices[0].finish_reason == "stop", r.choices[0].message.content
+    job_id = r.choices[0].message.model_extra.get("specq", {}).get("job_id") or r.model_extra["specq"]["job_id"]
+    assert job(stack, job_id)["params"]["json_schema"]["required"] == ["city", "kind", "count", "ok"]
+    # json_schema as a dict, json_object, and on /v1/completions (as llama-server takes it)
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}, "b": {"type": "boolean"}},
+              "required": ["n", "b"], "additionalProperties": False}
+    r = client.chat.completions.create(model="target", messages=msg, max_tokens=100, response_format={
+        "type": "json_schema", "json_schema": {"name": "nb", "schema": schema, "strict": True}})
+    value = json.loads(r.choices[0].message.content)
+    assert set(value) == {"n", "b"} and isinstance(value["n"], int) and isinstance(value["b"], bool)
+    r = client.completions.create(model="target", prompt="JSON: ", max_tokens=100,
+                                  extra_body={"response_format": {"type": "json_schema", "json_schema": {
+                                      "name": "nb", "schema": schema}}})
+    assert set(json.loads(r.choices[0].text)) == {"n", "b"}
+    r = client.chat.completions.create(model="target", messages=msg, max_tokens=12,
+                                       response_format={"type": "json_object"})
+    text = r.choices[0].message.content
+    assert text.startswith("{")
+    if r.choices[0].finish_reason == "stop":
+        assert isinstance(json.loads(text), dict)
+    else:  # the object went on past max_tokens: cut there, finish_reason length
+        assert r.choices[0].finish_reason == "length" and r.usage.completion_tokens == 12
+    # a batch line and a native job
+    line = {"custom_id": "s", "method": "POST", "url": "/v1/chat/completions",
+            "body": {"model": "target", "max_tokens": 100, "messages": msg,
+                     "response_format": {"type": "json_schema", "json_schema": {"name": "nb", "schema": schema}}}}
+    fid = client.files.create(file=("s.jsonl", json.dumps(line).encode()), purpose="batch").id
+    b = wait_batch(client, client.batches.create(input_file_id=fid, endpoint="/v1/chat/completions",
+                                                 completion_window="24h").id)
+    (out,) = [json.loads(x) for x in client.files.content(b.output_file_id).text.splitlines()]
+    assert set(json.loads(out["response"]["body"]["choices"][0]["message"]["content"])) == {"n", "b"}
+    with rest(stack) as c:
+        job_id = c.post("/v1/jobs", json={"text": DOC[:300], "question": QUESTION,
+                                          "params": {"max_tokens": 100, "json_schema": schema}}).json()["id"]
+        deadline = time.monotonic() + 120
+        while (j := c.get(f"/v1/jobs/{job_id}").json())["status"] not in ("succeeded", "failed"):
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+        assert set(json.loads(j["result"]["text"])) == {"n", "b"}, j
+        bad = c.post("/v1/jobs", json={"text": "x", "question": "q", "params": {"json_schema": {"not": {}}}})
+        assert bad.status_code == 422 and "'not' is not supported" in bad.json()["error"]["message"]
+
+
+def test_schemas_the_grammar_cannot_honour_are_400_before_anything_is_queued(stack):
+    client = sdk(stack)
+    msg = [{"role": "user", "content": "x"}]
+    before = rest(stack).get("/v1/jobs").json()["total"]
+    for fmt, words in [
+        ({"type": "json_schema", "json_schema": {"name": "a", "schema": {
+            "type": "object", "properties": {"n": {"type": "integer", "maximum": 9}}}}}, "properties.n: keyword 'maximum'"),
+        ({"type": "json_schema", "json_schema": {"name": "a", "schema": {"type": "object", "required": ["x"]}}},
+         "'x', which is not in its properties"),
+        ({"type": "json_schema", "json_schema": {"name": "a", "schema": []}}, "must be a JSON Schema object"),
+        ({"type": "xml"}, "json_schema"),
+    ]:
+        with pytest.raises(openai.BadRequestError) as e:
+            client.chat.completions.create(model="target", messages=msg, response_format=fmt)
+        assert e.value.param == "response_format" and words in e.value.message, e.value.body
+        assert e.value.type == "invalid_request_error"
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model="target", messages=msg, response_format={"type": "json_object"},
+                                       extra_body={"specq": {"ignore_eos": True}})
+    assert "ignore_eos" in e.value.message
+    assert rest(stack).get("/v1/jobs").json()["total"] == before  # nothing queued
+
+
+def test_langchain_with_structured_output_json_schema(stack):
+    _embedded_only(stack)
+    langchain_openai = pytest.importorskip("langchain_openai")
+    llm = langchain_openai.ChatOpenAI(base_url=f"{stack.url}/v1", api_key=stack.keys["team-a"], model="target",
+                                      max_retries=0, max_tokens=200, temperature=0)
+    Answer = _answer_model()
+    got = llm.with_structured_output(Answer, method="json_schema").invoke("Welche Stadt? Antworte als JSON.")
+    assert isinstance(got, Answer)

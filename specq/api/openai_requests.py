@@ -5,7 +5,8 @@ Mapped: `temperature`, `top_p` (0 = greedy), `max_tokens` / `max_completion_toke
 `developer` messages are system messages; text content parts are joined. Accepted and ignored:
 neutral values (`n: 1`, zero penalties, `logprobs: false`, `top_logprobs: 0`, empty `logit_bias`,
 `tools: []`, `tool_choice: "none"`/`"auto"` without tools, `response_format: {"type": "text"}`,
-`modalities: ["text"]`) and informational fields (`user`, `store`, `metadata`, `service_tier`,
+`modalities: ["text"]`). `response_format` json_object / json_schema (chat and completions) is the job's
+`json_schema` (grammar-constrained output), checked here against what the grammar can honour. and informational fields (`user`, `store`, `metadata`, `service_tier`,
 `stream_options`, `parallel_tool_calls`, `reasoning_effort`, `verbosity`, `safety_identifier`,
 `prompt_cache_*`, `moderation`). Anything else that would change the output is a 400 naming the field.
 Requests run in mode `auto` (engine/policy/auto.py: a prompt-cache hit, baseline below the break-even length,
@@ -27,6 +28,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from ..contracts import InputError
+from ..engine.json_schema import JSON_OBJECT, check as check_schema
 from ..engine.options import RunParams
 from .errors import ApiError
 from . import openai_schemas as O
@@ -195,14 +197,42 @@ def _check_chat(req: O.ChatCompletionRequest) -> None:
         raise _unsupported("tool_choice", "no tool calls")
     if req.function_call not in (None, "none", "auto"):
         raise _unsupported("function_call", "no function calls")
-    fmt = req.response_format
-    if fmt is not None and not (isinstance(fmt, dict) and fmt.get("type") == "text" and len(fmt) == 1):
-        raise _unsupported("response_format", "text only")
     if req.modalities not in (None, ["text"]):
         raise _unsupported("modalities", "text only")
     for name in ("audio", "prediction", "web_search_options"):
         if getattr(req, name) is not None:
             raise _unsupported(name, "not available")
+
+
+def _response_format(fmt: Any) -> dict[str, Any] | None:
+    """The JSON Schema a `response_format` constrains the output to (None: free text); a 400 naming the
+    first part of the schema specq cannot honour (engine/json_schema.py) before anything is queued."""
+    if fmt is None:
+        return None
+    kind = fmt.get("type") if isinstance(fmt, dict) else None
+    if kind not in ("text", "json_object", "json_schema"):
+        raise _unsupported("response_format", 'type "text", "json_object" or "json_schema"')
+    extra = sorted(set(fmt) - {"type", "json_schema"} if kind == "json_schema" else set(fmt) - {"type"})
+    if extra:
+        raise bad(f"Unrecognized argument in response_format: {str(extra[0])[:40]}", "response_format")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return dict(JSON_OBJECT)
+    spec = fmt.get("json_schema")
+    if not isinstance(spec, dict):
+        raise bad("response_format.json_schema must be an object {name, schema, strict}", "response_format")
+    extra = sorted(set(spec) - {"name", "description", "schema", "strict"})
+    if extra:
+        raise bad(f"Unrecognized argument in response_format.json_schema: {str(extra[0])[:40]}", "response_format")
+    if not isinstance(spec.get("name", ""), str) or not isinstance(spec.get("strict", False), (bool, type(None))):
+        raise bad("response_format.json_schema: name must be a string and strict true or false", "response_format")
+    schema = spec.get("schema", JSON_OBJECT)
+    try:
+        check_schema(schema, "response_format.json_schema.schema")
+    except InputError as e:
+        raise bad(str(e), "response_format", "unsupported_schema" if "not supported" in str(e) else None) from None
+    return schema
 
 
 def _text(msg: O.ChatMessage, i: int) -> str:
@@ -252,6 +282,9 @@ def _params(req, max_tokens: int | None) -> dict[str, Any]:
         params["seed"] = req.seed
     if req.stop is not None:
         params["stop"] = [req.stop] if isinstance(req.stop, str) else list(req.stop)
+    schema = _response_format(req.response_format)
+    if schema is not None:
+        params["json_schema"] = schema
     return params
 
 

@@ -137,6 +137,7 @@ class CompletionRequest(_Generation):
     suffix: str | None = None
     best_of: Annotated[int, Field(ge=1, le=20)] | None = None
     logprobs: Annotated[int, Field(ge=0, le=5)] | None = None
+    response_format: Opaque = None  # not OpenAI's (it has none here), llama-server's: as on chat
 
 
 # --- responses (for /openapi.json; the routes build plain dicts with specq.openai_format) ------------------

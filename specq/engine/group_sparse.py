@@ -67,6 +67,7 @@ import time
 from typing import TYPE_CHECKING
 
 from .decode.loop import generate
+from .decode.grammar import guide_for
 from .options import RunParams
 from .decode.prefill import prefill_plan
 from .decode.sampling import Sampler
@@ -225,7 +226,7 @@ def _run_group(engine: "Engine", document: str, questions: list[str], params: Ru
         t_decode = time.perf_counter()
         gen = generate(ctx, prompt.tokens, logits, next_pos, max_tokens=p.max_tokens, sampler=sampler,
                        drafter=drafter, n_draft=n_draft, draft_min=p.draft_min, progress=on_token, accept=accept,
-                       ignore_eos=p.ignore_eos)
+                       ignore_eos=p.ignore_eos, guide=guide_for(engine.target, p.json_schema))
         t_end = time.perf_counter()
         own_doc = sum(1 for i in kept_own[j] if prompt.doc_start <= i < prompt.doc_end)
         timings["group_prefill"] = group_prefill_ms

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from ..contracts import InputError
+from . import json_schema
 
 Mode = Literal["auto", "baseline", "specprefill"]
 Positions = Literal["original", "compressed"]
@@ -238,6 +239,10 @@ class RunParams:
     #: (they are its question); -1 = its last paragraph, at most 256 tokens. Native jobs protect their
     #: whole question instead.
     protect_tail: int = -1
+    #: constrain the output to this JSON Schema (grammar-constrained sampling, engine/decode/grammar.py;
+    #: the supported keywords: engine/json_schema.py); {"type": "object"} = any JSON object (OpenAI's
+    #: response_format json_object); null = free text
+    json_schema: dict[str, Any] | None = None
 
     @classmethod
     def from_dict(cls, data: dict[str, Any] | None) -> "RunParams":
@@ -290,6 +295,11 @@ class RunParams:
                 raise InputError(message)
         if not isinstance(self.stop, list) or len(self.stop) > MAX_STOP_STRINGS:
             raise InputError(f"stop must be a list of at most {MAX_STOP_STRINGS} strings")
+        if self.json_schema is not None:
+            json_schema.check(self.json_schema)
+            if self.ignore_eos:
+                raise InputError("ignore_eos cannot be used with json_schema (the output ends where the schema's "
+                                 "JSON ends)")
         for text in self.stop:
             if not isinstance(text, str) or not text:
                 raise InputError("stop strings must be non-empty strings")
@@ -383,6 +393,10 @@ PARAM_CHOICES: dict[str, tuple[str, ...]] = {
 def _coerce(name: str, type_name: Any, value: Any) -> Any:
     """Coerce a JSON/CLI value to the field's type, with a message naming the field."""
     type_name = str(type_name)
+    if type_name.startswith("dict["):
+        if not isinstance(value, dict):
+            raise InputError(f"parameter {name} must be a JSON object")
+        return value
     if type_name == "list[str]":
         if not isinstance(value, list) or not all(isinstance(x, str) for x in value):
             raise InputError(f"parameter {name} must be a list of strings")

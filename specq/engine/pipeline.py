@@ -22,6 +22,7 @@ import numpy as np
 from .policy import auto, evidence
 from .llama import invariance
 from .decode.loop import generate
+from .decode.grammar import guide_for
 from .policy.evidence_key import EvidenceKey, effective_scoring, model_sha256
 from ..contracts import ContextLengthExceeded, EngineError, InputError, ModelError
 from .scoring.kept_spans import selection_record
@@ -374,6 +375,7 @@ class Engine:
         params = params or RunParams()
         report = checked_progress(progress, stop)
         t_start = time.perf_counter()
+        guide = guide_for(self.target, params.json_schema)  # a schema that cannot be a grammar fails here
         report("tokenize", 0, 1)
         prompt, mode, positions, warnings, timings, spec = self.prepare(
             document, params, messages=messages, raw=raw, scope=scope, reused_document=reused_document)
@@ -444,8 +446,11 @@ class Engine:
             accept=accept,
             ignore_eos=params.ignore_eos,
             after_first=save_prompt,
+            guide=guide,
         )
         t_end = time.perf_counter()
+        if guide is not None:  # part of `decode` (and of `ttft` for the first token)
+            timings["grammar"] = guide.ms
         timings["ttft"] = ((first[0] if first else t_end) - t_start) * 1000.0
         timings["decode"] = (t_end - t_decode) * 1000.0
         timings["total"] = (t_end - t_start) * 1000.0

@@ -21,6 +21,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from ..llama.binding import Context, Model
+from .grammar import Guide
 from .sampling import Sampler
 from .speculative import Draft, Drafter, DraftStats, verify
 
@@ -52,8 +53,10 @@ class SeqDecoder:
         accept: Callable[[int], bool] | None = None,
         seq: int = 0,
         ignore_eos: bool = False,
+        guide: Guide | None = None,
     ) -> None:
         self.model = model
+        self.guide = guide
         self.ignore_eos = ignore_eos
         self.max_tokens = max_tokens
         self.sampler = sampler
@@ -71,14 +74,19 @@ class SeqDecoder:
         self.finish = "length"
         self.done = False
         self._draft: Draft | None = None
-        self.tok = sampler.sample(first_logits)  # sampled, not yet in the cache
+        self.tok = self._sample(first_logits)  # sampled, not yet in the cache
         self._take(self.tok)
+
+    def _sample(self, logits: np.ndarray) -> int:
+        return self.sampler.sample(logits) if self.guide is None else self.guide.pick(logits, self.sampler)
 
     def _take(self, t: int) -> bool:
         """Emit token t (unless it ends the generation); False once the generation is over."""
         if self.model.is_eog(t) and not self.ignore_eos:
             self.finish, self.done = "stop", True
             return False
+        if self.guide is not None:
+            self.guide.accept(t)
         self.out.append(t)
         self.history.append(t)
         if self.progress is not None:
@@ -113,6 +121,8 @@ class SeqDecoder:
         if draft is not None:
             k = len(draft.tokens)
             rows = [ctx.logits_row(base + i) for i in range(k + 1)]
+            if self.guide is not None:
+                rows = self.guide.rows(draft.tokens, rows, self.sampler)
             emitted, n_acc = verify(draft, rows, self.sampler)
             if self.observe is not None:  # the last token and the accepted drafts stay in the cache
                 self.observe(ctx, range(base, base + 1 + n_acc), [tok] + list(draft.tokens[:n_acc]),
@@ -134,7 +144,7 @@ class SeqDecoder:
             if self.observe is not None:
                 self.observe(ctx, [base], [tok], [pos])
             self.pos = pos + 1
-            self.tok = self.sampler.sample(ctx.logits_row(base))
+            self.tok = self._sample(ctx.logits_row(base))
         self._take(self.tok)
 
     def result(self) -> Generation:
@@ -156,20 +166,21 @@ def generate(
     accept: Callable[[int], bool] | None = None,
     ignore_eos: bool = False,
     after_first: Callable[[], None] | None = None,
+    guide: Guide | None = None,
 ) -> Generation:
     """Decode after a prefill whose last logits are `first_logits`; new tokens go at `next_pos`, ...
 
     `accept(token)` is called with each emitted token; True ends the generation there (a stop string
     matched: finish_reason "stop"). `after_first()` runs once the first token is sampled and emitted,
     before anything more enters the context (the prompt cache's save: it delays the second token, not
-    the first).
+    the first). `guide`: the output constrained to a grammar (decode/grammar.py).
 
     The target's output is the same with or without a drafter (greedy: identical tokens; sampled:
     the same distribution).
     """
     dec = SeqDecoder(ctx.model, prompt_tokens, first_logits, next_pos, max_tokens=max_tokens, sampler=sampler,
                      n_batch=ctx.n_batch, drafter=drafter, n_draft=n_draft, draft_min=draft_min,
-                     progress=progress, accept=accept, ignore_eos=ignore_eos)
+                     progress=progress, accept=accept, ignore_eos=ignore_eos, guide=guide)
     if after_first is not None:
         after_first()
     while not dec.done:

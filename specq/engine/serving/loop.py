@@ -98,6 +98,7 @@ import numpy as np
 
 from ...contracts import DecodeError, Drained, RunCancelled
 from ..decode.loop import SeqDecoder
+from ..decode.grammar import guide_for
 from ..policy.auto import chose_group
 from ..llama.invariance import MAX_INVARIANT_BATCH, on_cpu
 from ..options import RunParams
@@ -180,6 +181,7 @@ class _Job:
     next_pos: int = 0
     offset: int = 0
     dec: SeqDecoder | None = None
+    guide: Any = None  # the grammar of its json_schema (decode/grammar.py), made at submit
     text: Any = None
     first: list = field(default_factory=list)
     t_admit: float = 0.0
@@ -326,6 +328,7 @@ class ServingEngine:
         try:
             job.params.validate()
             job.prompt = self.engine.tokenize_prompt(document, job.params, messages=messages, raw=raw)
+            job.guide = guide_for(self.engine.target, job.params.json_schema)
         except BaseException as e:
             job.future.set_exception(e)
             return JobHandle(self, job)
@@ -928,7 +931,7 @@ class ServingEngine:
         job.dec = SeqDecoder(eng.target, job.prompt.tokens, logits, job.next_pos, max_tokens=p.max_tokens,
                              sampler=Sampler(p.temperature, p.top_k, p.top_p, p.seed), n_batch=self._draft_rows,
                              drafter=job.drafter, n_draft=n_draft, draft_min=p.draft_min, progress=on_token,
-                             accept=accept, seq=job.slot, ignore_eos=p.ignore_eos)
+                             accept=accept, seq=job.slot, ignore_eos=p.ignore_eos, guide=job.guide)
         job.end_phase("sparse_prefill", _now())  # the first token (sampled above) is the prefill's
         job.timings["sparse_prefill"] = max(0.0, job.span_ms["sparse_prefill"] - job.timings.get("cache_restore", 0.0))
 
@@ -944,6 +947,8 @@ class ServingEngine:
         tm["ttft"] = ((job.first[0] if job.first else t_end) - job.t_submit) * 1000.0
         tm["total"] = (t_end - job.t_submit) * 1000.0
         tm["slot_wait"] = (job.t_admit - job.t_queued) * 1000.0
+        if job.guide is not None:  # part of `decode` (and of `ttft` for the first token)
+            tm["grammar"] = job.guide.ms
         wait = 0.0
         for ph in PHASES:
             tm[f"{ph}_engine"] = round(job.engine_ms[ph], 3)
