@@ -179,3 +179,34 @@ def test_calibrate_local_rows_are_listed_and_mode_auto_uses_them(tmp_path, tiny_
         assert mode == "baseline" and "keep=0.9" in spec.reason, spec.reason
     finally:
         e.close()
+
+
+def test_rows_go_through_the_service_with_an_admin_key_only(tmp_path, tiny_models):
+    """Without --local the rows are POSTed to the running service: a tenant key is refused (403, nothing stored,
+    the questions kept in the journal), an admin key's rerun writes them without running a question again."""
+    import httpx
+
+    from service_helpers import Stack, free_port, running
+
+    port = free_port()
+    env = {**_env(tmp_path, tiny_models), "SPECQ_API_PORT": str(port), "SPECQ_AUTH": "keys"}
+    st = Stack(env=env, port=port, logdir=tmp_path)
+    st.cli("db", "upgrade", check=True)
+    tenant = st.cli("keys", "create", "--tenant", "team-a", check=True).stdout.strip()
+    admin = st.cli("keys", "create", "--tenant", "ops", "--admin", check=True).stdout.strip()
+    f, journal = tmp_path / "qs.jsonl", tmp_path / "j.jsonl"
+    _questions(f, 2, 2)
+    args = ["--documents", str(f), "--journal", str(journal), "--max-tokens", "4", "--lengths", "1024", "--json"]
+    with running(st, ("api", "api")):
+        refused = _run({**env, "SPECQ_API_URL": st.url, "SPECQ_API_KEY": tenant}, *args)
+        assert refused.returncode == 1 and "POST /v1/evidence" in refused.stderr and "admin key" in refused.stderr, refused.stderr
+        assert journal.read_text().count('"unit"') == 4
+        r = _run({**env, "SPECQ_API_URL": st.url, "SPECQ_API_KEY": admin}, *args)
+        assert r.returncode == 0, r.stderr
+        report = json.loads(r.stdout)
+        assert report["ran"] == 0 and report["written_to"].startswith("service")
+        with httpx.Client(base_url=st.url, timeout=30, headers={"Authorization": f"Bearer {admin}"}) as c:
+            stored = [d for d in c.get("/v1/evidence").json()["data"] if d["origin"] == "store"]
+        assert sorted(d["id"] for d in stored) == sorted(w["id"] for w in report["rows"])
+        assert {d["metric"] for d in stored} == {"agreement", "token_f1", "loglik_delta"}
+        assert all(not d["passes"] and "2 documents < 8" in d["fails"] for d in stored)
