@@ -238,7 +238,7 @@ def calibrate_cmd(
     report = {"object": "calibration", "journal": str(journal), "ran": ran, "from_journal": len(plan) - ran,
               "questions": len(plan), "seconds": round(seconds, 1),
               "questions_per_hour": round(ran / seconds * 3600, 1) if ran and seconds > 0 else None,
-              "keys": sorted({json.dumps(w["key"], sort_keys=True) for w in written}),
+              "keys": sorted({json.dumps(recs[0]["key"], sort_keys=True) for recs in groups.values()}),
               "rows": written, "table": table, "png": None if why_no_png else str(png),
               "written_to": "local store" if local else "service (POST /v1/evidence)"}
     report["keys"] = [json.loads(k) for k in report["keys"]]
