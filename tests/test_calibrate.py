@@ -101,8 +101,10 @@ def test_an_interrupted_calibration_resumes_from_its_journal(tmp_path, tiny_mode
     assert {w["metric"] for w in report["rows"]} == {"answer_right", "agreement", "token_f1", "loglik_delta"}
     again = json.loads(_run(env, *args).stdout)  # nothing left: no question runs, no row is written twice
     assert again["ran"] == 0 and [w["id"] for w in again["rows"]] == [w["id"] for w in report["rows"]]
-    listed = subprocess.run(specq_cmd("evidence", "--json"), env=env, cwd=REPO, capture_output=True, text=True, timeout=120)
-    assert [r["origin"] for r in json.loads(listed.stdout)["data"]].count("store") == 4
+    from specq.storage import db, evidence as store
+
+    with db.session(f"sqlite:///{tmp_path / 'home' / 'specq.sqlite'}") as s:
+        assert sorted(r["id"] for r in store.list_rows(s)) == sorted(w["id"] for w in report["rows"])
 
 
 def test_the_teacher_forced_pass_is_exact_where_nothing_is_dropped(tiny_models):
