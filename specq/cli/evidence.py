@@ -58,10 +58,11 @@ def evidence_list(
     if as_json:
         print_list(rows)
         return
-    print_table(["origin", "in use", "arm", "length", "chunk rule", "scorer", "window", "n", "documents", "ratio", "bound",
-                 "passes", "shadow", "agreement", Column("why not", fold=True), Column("source", fold=True)],
-                [(r["origin"], "yes" if r["in_use"] else "no", r["arm"], r["length"], r["key"]["chunk_rule"], r["key"]["scorer"], r["key"]["window"] or "one pass",
-                  r["n"], len(r["documents"]), "-" if r["ratio"] is None else f"{r['ratio']:.3f}", f"{r['bound']:.3f}",
+    print_table(["origin", "in use", "arm", "metric", "length", "keep", "chunk rule", "scorer", "window", "n", "documents",
+                 "value", "bound", "passes", "shadow", "agreement", Column("why not", fold=True), Column("source", fold=True)],
+                [(r["origin"], "yes" if r["in_use"] else "no", r["arm"], r["metric"], r["length"], f"{r['key']['keep']:g}",
+                  r["key"]["chunk_rule"], r["key"]["scorer"], r["key"]["window"] or "one pass",
+                  r["n"], len(r["documents"]), "-" if r["value"] is None else f"{r['value']:.3f}", f"{r['bound']:.3f}",
                   "yes" if r["passes"] else "no", *_shadow_cells(r), r["fails"], r["source"]) for r in rows])
 
 

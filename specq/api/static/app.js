@@ -987,7 +987,7 @@
       + `${k.protect_tail >= 0 ? `, protect_tail ${k.protect_tail}` : ""}`;
     const tbody = h("tbody");
     const table = h("table", { class: "list evidence" },
-      h("thead", {}, h("tr", {}, ["origin", "arm", "length", "documents", "n", "ratio", "bound", "passes", "in-sample", "shadow checks", "agreement", "key", "source"]
+      h("thead", {}, h("tr", {}, ["origin", "arm", "metric", "length", "documents", "n", "value", "bound", "passes", "in-sample", "shadow checks", "agreement", "key", "source"]
         .map((t) => h("th", {}, t)))), tbody);
     const note = h("p", { class: "muted" });
     root.replaceChildren(h("h1", {}, "Quality evidence"), note, table);
@@ -1005,10 +1005,12 @@
       tbody.replaceChildren(...rows.map((r) => h("tr", { class: r.in_use ? null : "muted", dataset: { passes: r.passes ? "1" : "0" } },
         h("td", {}, r.origin + (r.in_use ? "" : " (superseded)")),
         h("td", {}, r.arm),
+        h("td", {}, r.metric || "answer_right"),
         h("td", { class: "num" }, fmtNum(r.length)),
         h("td", { class: "num" }, fmtNum(Object.keys(r.documents || {}).length)),
         h("td", { class: "num" }, fmtNum(r.n)),
-        h("td", { class: "num" }, typeof r.ratio === "number" ? r.ratio.toFixed(3) : "–"),
+        h("td", { class: "num", title: r.metric === "answer_right" ? "arm right / baseline right" : `mean ${r.metric} per question` },
+          typeof r.value === "number" ? r.value.toFixed(3) : typeof r.ratio === "number" ? r.ratio.toFixed(3) : "–"),
         h("td", { class: "num", title: r.bound_method }, typeof r.bound === "number" ? r.bound.toFixed(3) : "–"),
         h("td", { class: "evwhy" }, r.passes ? badge("passes") : r.fails),
         h("td", {}, r.in_sample ? h("span", { title: r.in_sample_why }, "yes") : ""),

@@ -38,7 +38,10 @@ In order:
    questions) was measured with exactly the job's resolved settings (evidence_key.EvidenceKey: both
    models by sha256, every scoring and selection setting, positions, prompt shape, backend; a job's
    keep may be larger than the row's); elsewhere baseline, and the reason names the first setting no
-   passing row has ("no evidence for max_keep=16 ..."). EngineOptions.auto_quality_min_tokens >= 0
+   passing row has ("no evidence for max_keep=16 ..."). Where rows of several metrics were measured for
+   the key at a length (`specq calibrate`: answer_right, agreement, token_f1, loglik_delta), the length
+   passes only when every one of them passes and one is answer_right or agreement (evidence.length_fails;
+   the label-free bars are provisional). EngineOptions.auto_quality_min_tokens >= 0
    replaces the evidence with "from this length on" (an operator's own measurement,
    SPECQ_AUTO_QUALITY_MIN_TOKENS; its reasons say "operator override"; -1, the default, uses the evidence).
 4. otherwise **specprefill**: a long one-off document.

@@ -17,6 +17,12 @@ the same key, metric, arm and length supersedes a shipped one only with at least
 row's documents plus `QUESTION_ALLOWANCE` tokens for template and question, joined across lengths
 with no failing row between — and, where there is none, why (the first key field no passing row
 has, or that no row passes). Nothing else is extrapolated.
+
+Metrics (evidence_metrics.py): `answer_right` (shipped rows, bench quality) and the label-free
+`agreement`, `token_f1`, `loglik_delta` that `specq calibrate` adds, one row per metric. How they
+combine: at a length, every metric row measured for the key must pass, and one of them must be
+answer_right or agreement (`length_fails`): a failing label-free row vetoes, but token_f1 or
+loglik_delta alone never turn specprefill on.
 """
 
 from __future__ import annotations
@@ -28,7 +34,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from .evidence_bound import METHOD, row_lower
+from . import evidence_metrics as em
+from .evidence_bound import METHOD
 from .evidence_key import FIELDS, EvidenceKey, first_difference
 
 #: prompt tokens on top of a measured document's: chat template + question
@@ -45,9 +52,15 @@ class PassBar:
     min_questions: int
 
 
-#: per metric: what a row must show to pass. answer_right: the lower bound of (arm right / baseline
-#: right) >= 0.95, over >= 8 documents and >= 40 questions (issue 47: no standing row has 8 documents)
-PASS_BARS: dict[str, PassBar] = {"answer_right": PassBar(0.95, 8, 40)}
+#: per metric (evidence_metrics.py): what a row must show to pass. answer_right: the lower bound of (arm
+#: right / baseline right) >= 0.95, over >= 8 documents and >= 40 questions (issue 47: no standing row has 8
+#: documents). The label-free metrics' bars are PROVISIONAL, not yet validated against labels (issue 48
+#: item 5 not run): agreement's mean >= 0.90, token_f1's >= 0.90, loglik_delta's (nats per answer token,
+#: sparse minus full context) >= -0.10, each as a clustered 90% lower bound.
+PASS_BARS: dict[str, PassBar] = {"answer_right": PassBar(0.95, 8, 40), "agreement": PassBar(0.90, 8, 40),
+                                 "token_f1": PassBar(0.90, 8, 40), "loglik_delta": PassBar(-0.10, 8, 40)}
+#: the provisional ones (docs/quality.md "Calibrate")
+PROVISIONAL_BARS = ("agreement", "token_f1", "loglik_delta")
 
 
 @dataclass(frozen=True)
@@ -74,16 +87,26 @@ class EvidenceRow:
         return sum(int(d["n"]) for d in self.documents.values())
 
     @property
-    def baseline_right(self) -> int:
+    def baseline_right(self) -> int | None:
+        """answer_right rows only (None for a label-free metric's)."""
+        if self.metric != "answer_right":
+            return None
         return sum(int(d["baseline_right"]) for d in self.documents.values())
 
     @property
-    def arm_right(self) -> int:
+    def arm_right(self) -> int | None:
+        if self.metric != "answer_right":
+            return None
         return sum(int(d["arm_right"]) for d in self.documents.values())
 
     @property
     def ratio(self) -> float | None:
         return self.arm_right / self.baseline_right if self.baseline_right else None
+
+    @property
+    def value(self) -> float | None:
+        """The point estimate the bound is of: answer_right's ratio, another metric's mean per question."""
+        return self.ratio if self.metric == "answer_right" else em.mean(self.documents)
 
     def fails_bar(self) -> str:
         """Why the row does not pass ("" = it passes)."""
@@ -112,15 +135,17 @@ class EvidenceRow:
                 "doc_tokens": list(self.doc_tokens), "n": self.n, "documents": self.documents,
                 "baseline_right": self.baseline_right, "arm_right": self.arm_right,
                 "ratio": None if self.ratio is None else round(self.ratio, 4),
+                "value": None if self.value is None else round(self.value, 4),
                 "bound_method": self.bound_method, "bound": round(self.bound, 4), "passes": self.passes,
                 "fails": self.fails_bar(), "in_sample": self.in_sample, "in_sample_why": self.in_sample_why,
                 "source": self.source, "provenance": self.provenance, "created_at": self.created_at,
                 "disabled": self.disabled}
 
     def summary(self) -> str:
-        r = "-" if self.ratio is None else f"{self.ratio:.2f}"
+        v = "-" if self.value is None else f"{self.value:.2f}"
+        what = "ratio" if self.metric == "answer_right" else self.metric
         return (f"{self.doc_tokens[0]:,}-{self.doc_tokens[1]:,}-token documents: n {self.n} ({len(self.documents)} documents), "
-                f"ratio {r}, {self.bound_method} 90% lower {self.bound:.2f}")
+                f"{what} {v}, {self.bound_method} 90% lower {self.bound:.2f}")
 
 
 def row_from_dict(data: Any) -> EvidenceRow:
@@ -143,34 +168,14 @@ def row_from_dict(data: Any) -> EvidenceRow:
     if (not isinstance(dt, (list, tuple)) or len(dt) != 2 or not all(isinstance(x, int) and not isinstance(x, bool) for x in dt)
             or not 0 < dt[0] <= dt[1]):
         raise ValueError("doc_tokens: must be [min, max] positive token counts")
-    docs = data.get("documents")
-    if not isinstance(docs, dict) or not docs:
-        raise ValueError("documents: must be a non-empty object of per-document counts")
-    clean: dict[str, dict[str, int]] = {}
-    for name, d in docs.items():
-        if not isinstance(name, str) or not name or len(name) > 200:
-            raise ValueError("documents: each document needs a name (its content hash) of 1-200 characters")
-        if not isinstance(d, dict):
-            raise ValueError(f"documents.{name}: must be an object of n, baseline_right, arm_right, both_right")
-        vals = {}
-        for c in ("n", "baseline_right", "arm_right", "both_right"):
-            v = d.get(c)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-                raise ValueError(f"documents.{name}.{c}: must be an integer >= 0")
-            vals[c] = v
-        if (vals["n"] < 1 or vals["baseline_right"] > vals["n"] or vals["arm_right"] > vals["n"]
-                or vals["both_right"] > min(vals["baseline_right"], vals["arm_right"])
-                or vals["baseline_right"] + vals["arm_right"] - vals["both_right"] > vals["n"]):
-            raise ValueError(f"documents.{name}: needs n >= 1, baseline_right and arm_right <= n, "
-                             "both_right <= each of them, and their union <= n")
-        clean[name] = vals
+    clean = em.check_documents(metric, data.get("documents"))
     for name, want in (("n", sum(d["n"] for d in clean.values())),):
         if name in data and data[name] != want:
             raise ValueError(f"n: {data[name]!r} is not the documents' total ({want})")
-    computed = row_lower(clean)
-    method = data.get("bound_method", METHOD)
-    if method != METHOD:
-        raise ValueError(f"bound_method: must be {METHOD}")
+    computed = em.row_bound(metric, clean)
+    method = data.get("bound_method", em.METHODS[metric])
+    if method != em.METHODS[metric]:
+        raise ValueError(f"bound_method: must be {em.METHODS[metric]}")
     given = data.get("bound")
     if given is not None:
         if not isinstance(given, (int, float)) or isinstance(given, bool) or not math.isfinite(given):
@@ -190,7 +195,7 @@ def row_from_dict(data: Any) -> EvidenceRow:
     if not isinstance(prov, dict):
         raise ValueError("provenance: must be an object")
     row = EvidenceRow(key=key, metric=metric, arm=arm, length=length, doc_tokens=(dt[0], dt[1]), documents=clean,
-                      bound=computed, in_sample=data.get("in_sample", False), provenance=prov, **texts)
+                      bound=computed, bound_method=method, in_sample=data.get("in_sample", False), provenance=prov, **texts)
     if data.get("passes") is True and not row.passes:
         raise ValueError(f"passes: the row does not pass ({row.fails_bar()})")
     return row
@@ -230,43 +235,70 @@ class Band:
     def describe(self) -> str:
         r0 = self.rows[0]
         what = "group-sparse answers, " if r0.arm == "group" else ""
-        return (f"{what}keep {r0.key.keep:g}, {r0.key.chunk_rule} chunk rule, measured >= "
-                f"{PASS_BARS[r0.metric].min_bound:.0%} of baseline ({'; '.join(r.summary() for r in self.rows)}; "
-                "docs/quality.md)")
+        metrics = sorted({r.metric for r in self.rows}, key=em.METRICS.index)
+        if metrics == ["answer_right"]:
+            held = f"measured >= {PASS_BARS['answer_right'].min_bound:.0%} of baseline"
+        else:
+            held = "measured " + ", ".join(f"{m} >= {PASS_BARS[m].min_bound:g}" + (" (provisional bar)" if m in PROVISIONAL_BARS else "")
+                                           for m in metrics)
+        return (f"{what}keep {r0.key.keep:g}, {r0.key.chunk_rule} chunk rule, {held} "
+                f"({'; '.join(r.summary() for r in self.rows)}; docs/quality.md)")
 
 
-def lookup(rows: Sequence[EvidenceRow], key: EvidenceKey | None, arm: str = "specprefill",
-           metric: str = "answer_right") -> tuple[tuple[Band, ...], str]:
+def length_fails(rows: Sequence[EvidenceRow]) -> str:
+    """Why the rows measured at one length (one per metric) do not let a key pass there ("" = they do):
+    every metric row measured must pass, and at least one of them must be a decisive metric
+    (evidence_metrics.DECISIVE: answer_right or agreement; token_f1 and loglik_delta alone never do)."""
+    bad = [r for r in rows if not r.passes]
+    if bad:
+        return "; ".join((f"{r.metric} " if r.metric != "answer_right" else "") + r.fails_bar() for r in bad)
+    if not any(r.metric in em.DECISIVE for r in rows):
+        return (f"only {', '.join(r.metric for r in rows)} measured (a pass needs an answer_right or agreement row "
+                "besides)")
+    return ""
+
+
+def lookup(rows: Sequence[EvidenceRow], key: EvidenceKey | None, arm: str = "specprefill") -> tuple[tuple[Band, ...], str]:
     """(bands, why): the prompt-length bands where `key` has passing `arm` rows (module doc); where there
-    are none, `why` says so ("" otherwise). `key` None: only whether any row passes (no key made)."""
-    live = [r for r in rows if r.arm == arm and r.metric == metric]
+    are none, `why` says so ("" otherwise). `key` None: only whether any row passes (no key made).
+
+    Several metrics (specq calibrate writes one row per metric): at each measured length the row with the most
+    documents, then questions, of each metric stands; a length passes only when every metric's row there passes
+    and one of them is answer_right or agreement (`length_fails`)."""
+    live = [r for r in rows if r.arm == arm]
     mine = [r for r in live if key is not None and first_difference(key, r.key) is None]
-    best: dict[int, EvidenceRow] = {}
-    for r in mine:  # per measured length, the row with the most documents, then questions (the later one on a tie)
-        if r.length not in best or (len(r.documents), r.n) >= (len(best[r.length].documents), best[r.length].n):
-            best[r.length] = r
+    best: dict[tuple[int, str], EvidenceRow] = {}
+    for r in mine:  # per measured length and metric, the row with the most documents, then questions (the later one on a tie)
+        at = (r.length, r.metric)
+        if at not in best or (len(r.documents), r.n) >= (len(best[at].documents), best[at].n):
+            best[at] = r
+    lengths: dict[int, list[EvidenceRow]] = {}
+    for (length, _), r in sorted(best.items(), key=lambda kv: (kv[0][0], em.METRICS.index(kv[0][1]))):
+        lengths.setdefault(length, []).append(r)
+    groups = sorted(lengths.values(), key=lambda rs: (min(r.doc_tokens[0] for r in rs), max(r.doc_tokens[1] for r in rs)))
     out: list[Band] = []
-    run: list[EvidenceRow] = []
-    for r in sorted(best.values(), key=lambda r: r.doc_tokens) + [None]:
-        if r is not None and r.passes:
-            run.append(r)
+    run: list[list[EvidenceRow]] = []
+    for g in groups + [None]:
+        if g is not None and not length_fails(g):
+            run.append(g)
             continue
         if run:
-            out.append(Band(run[0].doc_tokens[0], run[-1].doc_tokens[1] + QUESTION_ALLOWANCE, tuple(run)))
+            out.append(Band(min(r.doc_tokens[0] for r in run[0]), max(r.doc_tokens[1] for r in run[-1]) + QUESTION_ALLOWANCE,
+                            tuple(r for g_ in run for r in g_)))
             run = []
     if out:
         return tuple(out), ""
     what = "group-sparse" if arm == "group" else "specprefill"
-    if best:
+    if groups:
         return (), (f"{what} evidence for these settings does not pass ("
-                    + "; ".join(f"{r.length}: {r.fails_bar()}" for r in sorted(best.values(), key=lambda r: r.length))
+                    + "; ".join(f"{g[0].length}: {length_fails(g)}" for g in sorted(groups, key=lambda g: g[0].length))
                     + "; docs/quality.md)")
     passing = [r for r in live if r.passes]
     if not passing:
         off = [r for r in live if r.disabled]  # e.g. by shadow checks (shadow.py): the reason names it
         return (), (f"no {what} evidence row passes ({len(live)} rows"
                     + (f"; {len(off)} disabled, {off[0].length}: {off[0].disabled}" if off else "")
-                    + f"; a pass needs {_bar_text(metric)}; docs/quality.md)")
+                    + f"; a pass needs {_bar_text('answer_right')}; docs/quality.md)")
     # the passing row that matches the job longest: the field where it stops is the one to name
     if key is None:
         return (), f"no evidence for this job's settings ({len(passing)} passing {what} rows; docs/quality.md)"
@@ -297,8 +329,8 @@ def listing(shipped: Sequence[EvidenceRow], stored: Sequence[dict]) -> tuple[tup
 
 def with_documents(row: EvidenceRow, documents: dict) -> EvidenceRow:
     """`row` with other per-document counts, its bound recomputed (tests, the generator)."""
-    return replace(row, documents=documents, bound=row_lower(documents))
+    return replace(row, documents=documents, bound=em.row_bound(row.metric, documents))
 
 
-__all__ = ["EvidenceRow", "Band", "PassBar", "PASS_BARS", "QUESTION_ALLOWANCE", "SHIPPED_PATH", "row_from_dict", "load_rows",
+__all__ = ["EvidenceRow", "Band", "PassBar", "PASS_BARS", "PROVISIONAL_BARS", "length_fails", "QUESTION_ALLOWANCE", "SHIPPED_PATH", "row_from_dict", "load_rows",
            "shipped_rows", "merge", "listing", "lookup", "with_documents"]

@@ -18,7 +18,7 @@ documents (evidence.PASS_BARS). docs/quality.md "Evidence rows" says the same.
 from __future__ import annotations
 
 import math
-from typing import Mapping
+from typing import Mapping, Sequence
 
 METHOD = "min(document-bootstrap, exact-paired)"
 BOOTSTRAP_DRAWS = 20_000
@@ -83,18 +83,27 @@ def document_bootstrap_lower(documents: Mapping[str, Mapping[str, int]], conf: f
     """`documents`: per document {"n", "baseline_right", "arm_right"}; the one-sided `conf` lower bound
     of sum(arm_right) / sum(baseline_right) under resampling of documents. 0.0 with no baseline-right
     question at all."""
+    base = [int(d["baseline_right"]) for d in documents.values()]
+    arm = [int(d["arm_right"]) for d in documents.values()]
+    if sum(base) == 0:
+        return 0.0
+    return bootstrap_ratio_lower(arm, base, conf)
+
+
+def bootstrap_ratio_lower(num: Sequence[float], den: Sequence[float], conf: float = 0.9) -> float:
+    """The clustered bootstrap itself: per document a numerator and a denominator; each draw resamples
+    documents with replacement and takes sum(num) / sum(den) (0 where the drawn denominators sum to 0);
+    the `1 - conf` quantile. A mean metric (evidence_metrics.py) passes per-document sums and counts."""
     import numpy as np  # here, not at import: the API validates posted rows and otherwise never loads numpy
 
-    base = np.array([int(d["baseline_right"]) for d in documents.values()], dtype=np.int64)
-    arm = np.array([int(d["arm_right"]) for d in documents.values()], dtype=np.int64)
-    if base.sum() == 0:
-        return 0.0
-    k = len(base)
+    a0, b0 = np.asarray(num, dtype=np.float64), np.asarray(den, dtype=np.float64)
+    k = len(b0)
     rng = np.random.default_rng(SEED)
     picks = rng.integers(0, k, size=(BOOTSTRAP_DRAWS, k))
-    b, a = base[picks].sum(axis=1), arm[picks].sum(axis=1)
-    ratios = np.where(b > 0, a / np.maximum(b, 1), 0.0)
+    b, a = b0[picks].sum(axis=1), a0[picks].sum(axis=1)
+    ratios = np.where(b > 0, a / np.maximum(b, 1e-300), 0.0)
     return float(np.quantile(ratios, 1.0 - conf, method="lower"))
 
 
-__all__ = ["METHOD", "row_lower", "document_bootstrap_lower", "paired_exact_lower", "cp_lower", "binom_sf", "BOOTSTRAP_DRAWS"]
+__all__ = ["METHOD", "row_lower", "document_bootstrap_lower", "paired_exact_lower", "cp_lower", "binom_sf", "BOOTSTRAP_DRAWS",
+           "bootstrap_ratio_lower"]

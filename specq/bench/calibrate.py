@@ -1,0 +1,298 @@
+"""`specq calibrate`'s run (issue 48 item 1): questions about the user's documents (or the built-in task
+families), each answered by the loaded pair in baseline and in specprefill (engine/calibration.run_unit),
+journaled, then turned into evidence rows, one per metric (engine/policy/evidence_metrics.py).
+
+Input (`read_questions`): JSONL, one question a line: `{"text" | "path" | "document_id", "question",
+"answer"?}`. `path` is read relative to the file; `document_id` is a stored document (the caller
+resolves it: `resolve`). A document is named by the sha256 of its text, so lines that repeat a document
+count as one document in a row's clustered bound. A malformed line raises `InputLineError` naming the
+line, before anything runs. Without a file, `family_questions` makes the built-in families
+(bench/quality_tasks.py: 5 questions a document, graded by its grader).
+
+Lengths: a family question's length is the length it was made at; a file's document goes to the
+smallest `--lengths` edge at or above its token count (rows are per length, and mode auto's bands are
+the rows' measured document lengths). A document longer than every edge is an input error.
+
+Journal (`CalJournal`): one JSON line per finished unit (fsync'd), keyed by the run's settings; a rerun
+skips the units it holds, so an interrupted calibration resumes. Rows (`rows_for`) are made only for a
+(length, keep, key) group whose every planned unit is in the journal (a row is written once its n completes);
+`posted` lines record the rows written, so a rerun does not write them again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+from ..engine.calibration import document_sha256
+from ..engine.policy import evidence_metrics as em
+
+#: the default length edges for a file's documents (tokens)
+DEFAULT_EDGES = (2048, 4096, 8192, 16384, 32768)
+#: the built-in families' default length and questions per length (8 documents x 5: the pass bar's minimum)
+FAMILY_LENGTHS = (4000,)
+FAMILY_PER = 5
+FAMILY_N = 40
+
+
+class InputLineError(ValueError):
+    """A line of the questions file that cannot be used (message names the line)."""
+
+
+@dataclass
+class Question:
+    line: int  # 1-based line of the file (0 for a built-in family question)
+    document: str  # the text
+    question: str
+    answer: str | None = None
+    task: Any = None  # a built-in family's Task (its grader grades)
+    document_id: str = ""  # where the line named one (resolved by the caller)
+    length: int = 0  # the length it counts under
+    doc_sha256: str = ""
+    tokens: int = 0
+
+    def unit_id(self, keep: float) -> str:
+        h = hashlib.sha256(json.dumps([self.doc_sha256, self.question, self.answer, keep]).encode()).hexdigest()
+        return h[:24]
+
+    def grade(self, text: str) -> bool | None:
+        """Right or wrong against the reference, None where there is none."""
+        if self.task is not None:
+            from . import quality_tasks as qt
+
+            return qt.is_correct(self.task, text)
+        if self.answer is not None:
+            return em.answer_matches(text, self.answer)
+        return None
+
+
+def read_questions(path: Path) -> list[Question]:
+    """The questions of a JSONL file (module doc); InputLineError names the first bad line. `document_id`
+    lines come back with an empty `document` for the caller to resolve."""
+    try:
+        raw = path.read_bytes()
+    except OSError as e:
+        raise InputLineError(f"{path}: {e.strerror or e}") from None
+    out: list[Question] = []
+    for i, line in enumerate(raw.split(b"\n"), 1):
+        if not line.strip():
+            continue
+        where = f"{path}: line {i}"
+        try:
+            obj = json.loads(line.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError) as e:
+            raise InputLineError(f"{where}: not a JSON object ({str(e).splitlines()[0][:120]})") from None
+        if not isinstance(obj, dict):
+            raise InputLineError(f"{where}: not a JSON object")
+        extra = set(obj) - {"text", "path", "document_id", "question", "answer"}
+        if extra:
+            raise InputLineError(f"{where}: unknown field {sorted(extra)[0]!r} (fields: text | path | document_id, question, answer)")
+        given = [k for k in ("text", "path", "document_id") if k in obj]
+        if len(given) != 1:
+            raise InputLineError(f"{where}: needs exactly one of text, path, document_id")
+        src = given[0]
+        if not isinstance(obj[src], str) or not obj[src].strip():
+            raise InputLineError(f"{where}: {src} must be a non-empty string")
+        q = obj.get("question")
+        if not isinstance(q, str) or not q.strip():
+            raise InputLineError(f"{where}: question must be a non-empty string")
+        ans = obj.get("answer")
+        if ans is not None and (not isinstance(ans, str) or not ans.strip()):
+            raise InputLineError(f"{where}: answer must be a non-empty string when given")
+        text, doc_id = "", ""
+        if src == "text":
+            text = obj["text"]
+        elif src == "path":
+            p = Path(obj["path"])
+            p = p if p.is_absolute() else path.parent / p
+            try:
+                text = p.read_bytes().decode("utf-8")
+            except OSError as e:
+                raise InputLineError(f"{where}: path {obj['path']}: {e.strerror or e}") from None
+            except UnicodeDecodeError:
+                raise InputLineError(f"{where}: path {obj['path']}: not UTF-8 text") from None
+        else:
+            doc_id = obj["document_id"]
+        out.append(Question(line=i, document=text, question=q, answer=ans, document_id=doc_id))
+    if not out:
+        raise InputLineError(f"{path}: no questions")
+    return out
+
+
+def assign_lengths(questions: list[Question], count: Callable[[str], int], edges: Iterable[int]) -> None:
+    """Each file question's document hashed, counted (tokens) and put under the smallest edge >= its count."""
+    edges = sorted(set(int(e) for e in edges))
+    seen: dict[str, int] = {}
+    for q in questions:
+        if not q.document.strip():
+            raise InputLineError(f"line {q.line}: the document is empty")
+        q.doc_sha256 = document_sha256(q.document)
+        if q.doc_sha256 not in seen:
+            seen[q.doc_sha256] = count(q.document)
+        q.tokens = seen[q.doc_sha256]
+        fit = [e for e in edges if e >= q.tokens]
+        if not fit:
+            raise InputLineError(f"line {q.line}: the document has {q.tokens:,} tokens, more than the largest "
+                                 f"--lengths edge ({edges[-1]:,})")
+        q.length = fit[0]
+
+
+def family_questions(lengths: Iterable[int], n: int, count: Callable[[str], int], seed: int = 0) -> list[Question]:
+    """`n` questions per length from the built-in families (FAMILY_PER a document), graded by their grader."""
+    from . import quality_tasks as qt
+
+    out: list[Question] = []
+    for length in lengths:
+        done, f = 0, 0
+        while done < n:
+            for t in qt.make_family(f, length, count, seed=seed, per=FAMILY_PER)[: n - done]:
+                out.append(Question(line=0, document=t.document, question=t.question, answer=t.answer, task=t,
+                                    length=length, doc_sha256=document_sha256(t.document)))
+                done += 1
+            f += 1
+    return out
+
+
+@dataclass
+class CalJournal:
+    """Append-only JSONL of finished units and posted rows (module doc)."""
+
+    path: Path
+    settings_key: str
+    units: dict[str, dict] = field(default_factory=dict)
+    posted: dict[str, list] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if self.path.exists():
+            data = self.path.read_bytes()
+            if data and not data.endswith(b"\n"):  # a run killed mid-line: end the torn line
+                with self.path.open("ab") as f:
+                    f.write(b"\n")
+            for line in data.split(b"\n"):
+                try:
+                    rec = json.loads(line)
+                except ValueError:
+                    continue  # the torn line
+                if not isinstance(rec, dict) or rec.get("settings_key") != self.settings_key:
+                    continue
+                if "unit" in rec:
+                    self.units[rec["unit"]] = rec
+                elif "posted" in rec:
+                    self.posted[rec["posted"]] = rec.get("ids", [])
+
+    def _append(self, rec: dict) -> None:
+        with self.path.open("a", encoding="utf-8") as f:
+            f.write(json.dumps(rec, separators=(",", ":")) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+    def add_unit(self, unit: str, rec: dict) -> None:
+        rec = {"settings_key": self.settings_key, "unit": unit, **rec}
+        self._append(rec)
+        self.units[unit] = rec
+
+    def add_posted(self, group: str, ids: list) -> None:
+        self._append({"settings_key": self.settings_key, "posted": group, "ids": ids,
+                      "t": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+        self.posted[group] = ids
+
+
+def settings_key(settings: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def unit_record(q: Question, keep: float, result: dict[str, Any]) -> dict[str, Any]:
+    """The journal line of one finished unit: the engine's record, graded where a reference exists."""
+    rec = {"line": q.line, "doc": q.doc_sha256, "length": q.length, "keep": keep, "question": q.question, **result}
+    right_b, right_a = q.grade(result["baseline"]["text"]), q.grade(result["specprefill"]["text"])
+    if right_b is not None:
+        rec["baseline_right"], rec["arm_right"] = right_b, right_a
+    rec["values"] = {k: list(v) if isinstance(v, tuple) else v for k, v in em.question_values(rec).items()}
+    rec["t"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    return rec
+
+
+def group_id(length: int, keep: float, key: dict) -> str:
+    return f"{length}:{keep:g}:" + hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def rows_for(records: list[dict], *, source: str, provenance: dict[str, Any]) -> list[dict[str, Any]]:
+    """The evidence rows (row_from_dict's shape) of one group's unit records: one per metric measured
+    (answer_right only where the questions had references)."""
+    r0 = records[0]
+    docs_tokens = [int(r["doc_tokens"]) for r in records]
+    pairs = [(r["doc"], {k: tuple(v) if isinstance(v, list) else v for k, v in r["values"].items()}) for r in records]
+    out = []
+    for metric in em.METRICS:
+        docs = em.documents_for(metric, pairs)
+        if not docs:
+            continue
+        out.append({"key": r0["key"], "metric": metric, "arm": "specprefill", "length": int(r0["length"]),
+                    "doc_tokens": [max(1, min(docs_tokens)), max(1, max(docs_tokens))], "documents": docs,
+                    "bound_method": em.METHODS[metric], "in_sample": False, "source": source, "provenance": provenance,
+                    "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "disabled": ""})
+    return out
+
+
+def table_rows(groups: dict[str, list[dict]]) -> list[dict[str, Any]]:
+    """One line per (length, keep, key) group: questions, documents, each metric's mean (answer_right's
+    ratio), seconds per question."""
+    out = []
+    for gid, recs in sorted(groups.items(), key=lambda kv: (kv[1][0]["length"], kv[1][0]["keep"])):
+        pairs = [(r["doc"], {k: tuple(v) if isinstance(v, list) else v for k, v in r["values"].items()}) for r in recs]
+        line: dict[str, Any] = {"group": gid, "length": recs[0]["length"], "keep": recs[0]["keep"], "n": len(recs),
+                                "documents": len({r["doc"] for r in recs}),
+                                "doc_tokens": [min(r["doc_tokens"] for r in recs), max(r["doc_tokens"] for r in recs)],
+                                "seconds_per_question": round(sum(r["seconds"] for r in recs) / len(recs), 2)}
+        for metric in em.METRICS:
+            docs = em.documents_for(metric, pairs)
+            if not docs:
+                line[metric] = None
+            elif metric == "answer_right":
+                b = sum(d["baseline_right"] for d in docs.values())
+                line[metric] = round(sum(d["arm_right"] for d in docs.values()) / b, 4) if b else None
+            else:
+                line[metric] = round(em.mean(docs), 4)
+        out.append(line)
+    return out
+
+
+def plot(records: list[dict], path: Path) -> str:
+    """Fidelity (agreement per question, token F1) against prompt length, one series per keep; "" when
+    written, else why not (matplotlib missing)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "matplotlib is not installed: no PNG (pip install matplotlib)"
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    for keep in sorted({r["keep"] for r in records}):
+        mine = sorted((r for r in records if r["keep"] == keep), key=lambda r: r["prompt_tokens"])
+        x = [r["prompt_tokens"] for r in mine]
+        axes[0].plot(x, [r["values"]["token_f1"] for r in mine], "o", alpha=0.6, label=f"keep {keep:g}")
+        ll = [(r["prompt_tokens"], r["values"]["loglik_delta"]) for r in mine if "loglik_delta" in r["values"]]
+        axes[1].plot([a for a, _ in ll], [b for _, b in ll], "o", alpha=0.6, label=f"keep {keep:g}")
+    axes[0].set(xlabel="prompt tokens", ylabel="token F1 vs baseline's answer", ylim=(-0.05, 1.05),
+                title="answer fidelity")
+    axes[1].set(xlabel="prompt tokens", ylabel="log-lik. sparse - full (nats/token)", title="teacher-forced")
+    for ax in axes:
+        ax.legend()
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return ""
+
+
+__all__ = ["Question", "InputLineError", "read_questions", "assign_lengths", "family_questions", "CalJournal",
+           "settings_key", "unit_record", "group_id", "rows_for", "table_rows", "plot", "DEFAULT_EDGES", "FAMILY_LENGTHS",
+           "FAMILY_N"]

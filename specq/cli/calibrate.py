@@ -1,0 +1,260 @@
+"""`specq calibrate`: evidence rows for the loaded model pair on your own documents, no labels needed
+(issue 48 item 1; specq/bench/calibrate.py runs it, engine/calibration.py is one question's passes,
+docs/quality.md "Calibrate" says what the metrics mean and that their bars are provisional)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from .app import app
+from .common import fail, service_settings, with_models
+from .output import print_json, print_table
+
+
+def _floats(text: str, what: str) -> list[float]:
+    try:
+        vals = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise fail(f"--{what}: a comma-separated list of numbers, not {text!r}") from None
+    if not vals:
+        raise fail(f"--{what}: give at least one value")
+    return vals
+
+
+def _resolve_ids(questions, local: bool) -> None:
+    """`document_id` lines: the stored document's text (the local store with --local, else the service)."""
+    need = sorted({q.document_id for q in questions if q.document_id})
+    if not need:
+        return
+    texts: dict[str, str | None] = {}
+    if local:
+        from ..storage import db, documents
+
+        with db.session() as s:
+            for d in need:
+                doc = documents.get_document(s, d)
+                texts[d] = None if doc is None else doc.text
+    else:
+        from ..client import ApiError
+        from .common import client
+
+        with client() as c:
+            for d in need:
+                try:
+                    texts[d] = c.request("GET", f"/v1/documents/{d}/text", expect=("text",))["text"]
+                except ApiError as e:
+                    if e.status == 404:
+                        texts[d] = None
+                    else:
+                        raise fail(f"document {d}: {e}") from None
+    for q in questions:
+        if q.document_id:
+            if texts.get(q.document_id) is None:
+                raise fail(f"line {q.line}: no stored document {q.document_id!r}")
+            q.document = texts[q.document_id]
+
+
+def _write_rows(rows: list[dict], local: bool) -> list[str]:
+    """Each row through the service's POST /v1/evidence (admin key: SPECQ_API_KEY), or the local store."""
+    from ..engine.policy.evidence import row_from_dict
+
+    checked = [row_from_dict(r) for r in rows]  # a row that would not validate is never half-written
+    ids = []
+    if local:
+        from ..storage import db, evidence as store
+
+        with db.session() as s:
+            for r in checked:
+                ids.append(store.add_row(s, r.as_dict()).id)
+        return ids
+    from ..client import ApiError
+    from .common import client
+
+    with client() as c:
+        for r in rows:
+            try:
+                ids.append(c.request("POST", "/v1/evidence", json=r, expect=("id",))["id"])
+            except ApiError as e:
+                raise fail(f"POST /v1/evidence: {e} (rows are written by an admin key: SPECQ_API_KEY)") from None
+    return ids
+
+
+@app.command("calibrate")
+def calibrate_cmd(
+    documents: Path = typer.Option(None, "--documents", help="JSONL, one question a line: {\"text\" | \"path\" | \"document_id\", \"question\", \"answer\"?}. Without it: the built-in task families (graded)."),
+    target: str = typer.Option(None, help="Target model: registry name or GGUF path (default: SPECQ_TARGET, else the default pair's)."),
+    speculator: str = typer.Option(None, help="Speculator model: registry name or GGUF path; must share the target's vocabulary."),
+    lengths: str = typer.Option("", help="Comma-separated token lengths. With --documents: the edges documents are grouped under (default 2048,4096,8192,16384,32768; a document goes to the smallest edge >= its tokens). Built-in families: the lengths they are made at (default 4000)."),
+    keep: str = typer.Option("0.3", help="Keep fraction(s) to calibrate, comma-separated (each gets its own rows)."),
+    n: int = typer.Option(0, help="Questions per length: at most this many from --documents (0 = all), or this many built-in ones (0 = 40: 8 documents x 5)."),
+    max_tokens: int = typer.Option(32, help="Tokens each answer generates at most (the teacher-forced pass scores baseline's)."),
+    journal: Path = typer.Option(None, help="The resumable journal (default: $SPECQ_HOME/calibrate/<input+settings>.jsonl); rerun the same command to resume."),
+    plot_path: Path = typer.Option(None, "--plot", help="Where the PNG goes (default: beside the journal)."),
+    local: bool = typer.Option(False, "--local", help="Write the rows into the job store (SPECQ_DATABASE_URL) instead of POSTing them to the running service."),
+    as_json: bool = typer.Option(False, "--json", help="Print the report (key, rows, per-length table, journal, PNG) as JSON."),
+) -> None:
+    """Calibrate mode auto for your model pair: each question runs baseline, specprefill with the same settings,
+    and baseline's answer teacher-forced under both contexts; rows of answer_right (where answers exist),
+    agreement, token_f1 and loglik_delta are written once a length's questions are all done."""
+    from ..bench import calibrate as cal
+    from ..contracts import EngineError
+    from ..engine.calibration import run_unit
+    from ..engine.options import RunParams
+
+    keeps = _floats(keep, "keep")
+    if any(not 0.0 < k <= 1.0 for k in keeps):
+        raise fail("--keep: each value must be in (0, 1]")
+    edges = [int(x) for x in _floats(lengths, "lengths")] if lengths else []
+    if any(e <= 0 for e in edges):
+        raise fail("--lengths: positive token counts")
+    if n < 0 or max_tokens < 1:
+        raise fail("--n must be >= 0 and --max-tokens >= 1")
+    questions = None
+    if documents is not None:
+        try:
+            questions = cal.read_questions(documents)
+        except cal.InputLineError as e:
+            raise fail(str(e)) from None
+    if local:
+        from ..storage import db
+        from .common import service_ready_db
+
+        service_ready_db(upgrade=db.is_sqlite())
+    if questions is not None:
+        _resolve_ids(questions, local)
+
+    opts = with_models(service_settings().engine_options(), target=target, speculator=speculator)
+    opts.cache_bytes = 0  # each pass prefills: a cache hit would change what ran, never the answer
+    try:
+        from ..engine.pipeline import Engine
+
+        engine = Engine(opts)
+        engine.speculator  # refused here, before any question runs, where the vocabularies differ
+    except EngineError as e:
+        raise fail(str(e)) from None
+    count = lambda s: len(engine.target.tokenize(s, add_special=False, parse_special=False))  # noqa: E731
+    try:
+        if questions is not None:
+            cal.assign_lengths(questions, count, edges or cal.DEFAULT_EDGES)
+            if n:
+                per: dict[int, int] = {}
+                kept_q = []
+                for q in questions:
+                    per[q.length] = per.get(q.length, 0) + 1
+                    if per[q.length] <= n:
+                        kept_q.append(q)
+                questions = kept_q
+        else:
+            questions = cal.family_questions(edges or cal.FAMILY_LENGTHS, n or cal.FAMILY_N, count)
+    except cal.InputLineError as e:
+        raise fail(str(e)) from None
+
+    from ..engine.policy.evidence_key import model_sha256
+
+    base = RunParams(max_tokens=max_tokens)
+    settings = {"target_sha256": model_sha256(engine.target_path), "speculator_sha256": model_sha256(engine.speculator.path),
+                "params": dataclasses.asdict(base), "backend": engine.info.backend}
+    skey = cal.settings_key(settings)
+    if journal is None:
+        from ..config import specq_home
+
+        src = cal.settings_key({"input": str(documents.resolve()) if documents else "families", "edges": edges})
+        journal = specq_home() / "calibrate" / f"{src}-{skey}.jsonl"
+    jr = cal.CalJournal(journal, skey)
+    plan = [(q, k) for k in keeps for q in questions]
+    todo = [(q, k) for q, k in plan if q.unit_id(k) not in jr.units]
+    typer.echo(f"journal: {journal} ({len(plan) - len(todo)} of {len(plan)} questions already done)", err=True)
+
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    t_run = time.perf_counter()
+    try:
+        with Progress(TextColumn("{task.description}", markup=False), BarColumn(), MofNCompleteColumn(),
+                      TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), console=Console(stderr=True),
+                      transient=True) as bar:
+            task = bar.add_task("calibrating", total=len(todo))
+            for q, k in todo:
+                def progress(phase: str, done: int, total: int, _q=q, _k=k) -> None:
+                    bar.update(task, description=f"keep {_k:g}, {_q.length}: {phase} {done}/{total}")
+
+                params = RunParams(max_tokens=max_tokens, keep=k)
+                result = run_unit(engine, q.document, q.question, params, progress)
+                jr.add_unit(q.unit_id(k), cal.unit_record(q, k, result))
+                bar.advance(task)
+    except KeyboardInterrupt:
+        typer.echo(f"interrupted: {len(jr.units)} questions in {journal}; rerun the same command to resume", err=True)
+        raise typer.Exit(130) from None
+    except (EngineError, ValueError) as e:
+        raise fail(f"calibrate: {e} ({len(jr.units)} questions kept in {journal}; rerun to resume)") from None
+    ran = len(todo)
+
+    # rows: per (length, keep), once every planned question of it is in the journal; per resolved key
+    from ..bench.quality import cpu_model, git_describe
+
+    groups: dict[str, list[dict]] = {}
+    complete: dict[tuple, bool] = {}
+    for q, k in plan:
+        rec = jr.units.get(q.unit_id(k))
+        complete[(q.length, k)] = complete.get((q.length, k), True) and rec is not None
+        if rec is not None:
+            groups.setdefault(cal.group_id(q.length, k, rec["key"]), []).append(rec)
+    prov = {"command": "specq calibrate " + " ".join(sys.argv[2:] if sys.argv[1:2] == ["calibrate"] else sys.argv[1:]),
+            "git_describe": git_describe(), "cpu": cpu_model(), "backend": engine.info.backend,
+            "target": engine.target_path.name, "speculator": engine.speculator.path.name, "journal": str(journal),
+            "input": str(documents) if documents else "built-in families (bench/quality_tasks.py)",
+            "note": "label-free metrics' bars are provisional (docs/quality.md, Calibrate)"}
+    written: list[dict[str, Any]] = []
+    for gid, recs in groups.items():
+        length, k = recs[0]["length"], recs[0]["keep"]
+        if not complete[(length, k)]:
+            continue
+        rows = cal.rows_for(recs, source=f"calibrate:{journal}", provenance=prov)
+        if gid in jr.posted:
+            ids = jr.posted[gid]
+        else:
+            ids = _write_rows(rows, local)
+            jr.add_posted(gid, ids)
+        from ..engine.policy.evidence import row_from_dict
+
+        for rid, r in zip(ids, rows):
+            written.append({**row_from_dict(r).as_dict(), "id": rid})
+    table = cal.table_rows(groups)
+    for line in table:
+        mine = [w for w in written if cal.group_id(w["length"], w["key"]["keep"], w["key"]) == line["group"]]
+        line["rows"] = {w["metric"]: {"id": w["id"], "bound": w["bound"], "passes": w["passes"], "fails": w["fails"]}
+                        for w in mine}
+    png = plot_path or journal.with_suffix(".png")
+    all_recs = [r for recs in groups.values() for r in recs]
+    why_no_png = cal.plot(all_recs, png) if all_recs else "nothing calibrated"
+    seconds = time.perf_counter() - t_run
+    report = {"object": "calibration", "journal": str(journal), "ran": ran, "from_journal": len(plan) - ran,
+              "questions": len(plan), "seconds": round(seconds, 1),
+              "questions_per_hour": round(ran / seconds * 3600, 1) if ran and seconds > 0 else None,
+              "keys": sorted({json.dumps(recs[0]["key"], sort_keys=True) for recs in groups.values()}),
+              "rows": written, "table": table, "png": None if why_no_png else str(png),
+              "written_to": "local store" if local else "service (POST /v1/evidence)"}
+    report["keys"] = [json.loads(k) for k in report["keys"]]
+    if as_json:
+        print_json(report)
+        return
+    cols = ["length", "keep", "documents", "n", "tokens", "answer right", "agreement", "token F1", "loglik Δ", "s/question",
+            "rows passing"]
+    print_table(cols, [(t["length"], f"{t['keep']:g}", t["documents"], t["n"], f"{t['doc_tokens'][0]:,}-{t['doc_tokens'][1]:,}",
+                        "-" if t["answer_right"] is None else f"{t['answer_right']:.3f}", f"{t['agreement']:.3f}",
+                        f"{t['token_f1']:.3f}", "-" if t["loglik_delta"] is None else f"{t['loglik_delta']:+.3f}",
+                        t["seconds_per_question"],
+                        (", ".join(f"{m}{'' if v['passes'] else ' no'}" for m, v in t["rows"].items()) or "not written (n incomplete)"))
+                       for t in table])
+    for key in report["keys"]:
+        typer.echo(f"key: {json.dumps(key, sort_keys=True)}")
+    typer.echo(f"{len(written)} rows {'in the local store' if local else 'on the service'}; `specq evidence` lists them; "
+               f"{ran} questions run now, {len(plan) - ran} from the journal", err=True)
+    typer.echo(f"plot: {png}" if not why_no_png else why_no_png, err=True)
