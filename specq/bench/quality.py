@@ -330,7 +330,7 @@ def run_recall(engine, settings: QualitySettings, journal: Journal, say: Say = p
     arms = {name: scorer_arm(name, settings.window) for name in settings.scorers}  # fails before any work
     count = _count(engine)
     scorer = engine.scorer()
-    cache = engine.spec_cache() if settings.family else None
+    cache = engine.spec_cache() if settings.family or settings.code_kinds else None
     for L in settings.lengths:
         for task, scope in tasks_for(settings, L, count):
             if journal.done("recall", task.id):

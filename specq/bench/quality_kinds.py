@@ -217,7 +217,7 @@ def bug_sites(doc: Doc) -> list[tuple[Func, int, str, str]]:
     stripped = [x.strip() for x in lines]
     out = []
     for f in doc.funcs:
-        if f.name not in uniq or f.end - f.def_line < 5 or f.name.startswith("__"):
+        if f.name not in uniq or f.end - f.def_line < 3 or f.name.startswith("__"):
             continue
         for n in sorted((n for n in ast.walk(f.node) if isinstance(n, ast.Compare)), key=lambda n: (n.lineno, n.col_offset)):
             if len(n.ops) != 1 or type(n.ops[0]) not in FLIPS or n.lineno != n.end_lineno:

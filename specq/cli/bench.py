@@ -516,7 +516,7 @@ def bench_quality(
                                              "instead of scoring again; tasks without a matching file are scored."),
     family: int = typer.Option(0, help="Questions per document (up to; 0 = one document per task). Families reuse the "
                                        "document's KV through the service's caches, as a user's second question does."),
-    cache_bytes: int = typer.Option(2 << 30, help="With --family: bytes of saved KV (speculator windows, target prompts)."),
+    cache_bytes: int = typer.Option(2 << 30, help="With --family (or the non-lookup kinds, always families): bytes of saved KV (speculator windows, target prompts)."),
     cache_dir: str = typer.Option("", help="With --family: keep that saved KV in this directory too, so a resumed run "
                                            "does not prefill a family's document again (SPECQ_CACHE_DIR)."),
     threads: int = typer.Option(2, help="CPU threads."),
@@ -567,7 +567,8 @@ def bench_quality(
         if len(journal) != 1:
             raise fail("recall, answer and group write one --journal")
         opts = with_models(EngineOptions(n_gpu_layers=n_gpu_layers, n_threads=threads, n_ctx=max(sizes) + 1024,
-                                         cache_bytes=cache_bytes if family else 0, cache_dir=cache_dir if family else ""),
+                                         cache_bytes=cache_bytes if family or settings.code_kinds else 0,
+                                         cache_dir=cache_dir if family or settings.code_kinds else ""),
                            target=target, speculator=speculator)
         try:
             from ..engine.pipeline import Engine
