@@ -435,7 +435,13 @@ def _spec_params(settings: QualitySettings, question: str = "", task: qt.Task | 
     return RunParams(question=question, mode="specprefill", keep=settings.keep, scorer=settings.scorer,
                      lookahead=settings.lookahead, pool=settings.pool, window=settings.window, chunk=settings.chunk,
                      min_tokens=0, max_tokens=answer_tokens(task, settings) if task is not None else settings.max_tokens,
-                     chunk_rule=settings.chunk_rule)
+                     chunk_rule=settings.chunk_rule, task=task_kind(task) if task is not None else "")
+
+
+def task_kind(task: qt.Task) -> str:
+    """The kind a task's specprefill run declares (RunParams.task, so its journal's key names it): the lookup
+    kinds of quality_tasks.py are all `lookup`."""
+    return task.kind if task.kind in qk.KINDS else "lookup"
 
 
 def evidence_fields(engine, task: qt.Task, prompt, params: RunParams, positions: str, shape: str = "native") -> dict[str, Any]:
@@ -545,7 +551,7 @@ def run_group(engine, settings: QualitySettings, journal: Journal, say: Say = pr
                 rec = {**_task_record(task, L, settings), "family": scope, "closed_book": closed[task.id]}
                 r = by_id.get(task.id)
                 if r is not None:
-                    p = _spec_params(settings, task.question)
+                    p = _spec_params(settings, task.question, task)
                     rec.update(evidence_fields(engine, task, engine.tokenize_prompt(task.document, p), p, r.spec.positions))
                     g = r.group or {}
                     rec["group"] = {"text": r.text, **judge(task, r.text), "size": g.get("size"),

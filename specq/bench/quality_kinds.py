@@ -22,6 +22,7 @@ functions. Nothing is planted except review's flipped operators. Deterministic f
 from __future__ import annotations
 
 import ast
+import bisect
 import random
 import re
 from dataclasses import dataclass, field
@@ -39,6 +40,8 @@ FLIPS = {ast.Lt: ("<", "<="), ast.LtE: ("<=", "<"), ast.Gt: (">", ">="), ast.GtE
          ast.NotEq: ("!=", "=="), ast.Is: (" is ", " is not "), ast.IsNot: (" is not ", " is "),
          ast.In: (" in ", " not in "), ast.NotIn: (" not in ", " in ")}
 _SKIP_PARAMS = {"self", "cls", "args", "kwargs"}
+#: no token of code is longer than this many characters on average over a window (windows' search bound)
+MAX_CHARS_PER_TOKEN = 8
 
 Count = Callable[[str], int]
 
@@ -85,11 +88,17 @@ def windows(text: str, length: int, count: Count) -> list[tuple[int, int]]:
     cut_points (a stretch that cannot reach 90% before a long statement, and the file's tail, are left out)."""
     lines = text.splitlines(keepends=True)
     cuts = cut_points(lines, ast.parse(text))
+    offset = [0]
+    for x in lines:
+        offset.append(offset[-1] + len(x))
+    cut_at = [offset[c] for c in cuts]
     out: list[tuple[int, int]] = []
     i = 0
     while i < len(cuts) - 1:
         a = cuts[i]
         lo, hi, best = i + 1, len(cuts) - 1, None
+        # (tokenize no more than can fit)
+        hi = max(lo, min(hi, bisect.bisect_right(cut_at, offset[a] + MAX_CHARS_PER_TOKEN * length) - 1))
         while lo <= hi:  # the last cut that keeps the window within `length`
             mid = (lo + hi) // 2
             if count("".join(lines[a:cuts[mid]])) <= length:

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from .evidence_bound import METHOD, row_lower
+from ..options import TASK_KINDS
 from .evidence_key import FIELDS, EvidenceKey, first_difference
 
 #: prompt tokens on top of a measured document's: chat template + question
@@ -119,7 +120,7 @@ class EvidenceRow:
 
     def summary(self) -> str:
         r = "-" if self.ratio is None else f"{self.ratio:.2f}"
-        return (f"{self.doc_tokens[0]:,}-{self.doc_tokens[1]:,}-token documents: n {self.n} ({len(self.documents)} documents), "
+        return (f"{self.key.task} questions on {self.doc_tokens[0]:,}-{self.doc_tokens[1]:,}-token documents: n {self.n} ({len(self.documents)} documents), "
                 f"ratio {r}, {self.bound_method} 90% lower {self.bound:.2f}")
 
 
@@ -130,6 +131,8 @@ def row_from_dict(data: Any) -> EvidenceRow:
     if not isinstance(data, dict):
         raise ValueError("row: must be an object")
     key = EvidenceKey.from_dict(data.get("key"))
+    if key.task is None:
+        raise ValueError(f"key.task: a row names the kind of its questions ({', '.join(TASK_KINDS)})")
     metric = data.get("metric", "answer_right")
     if metric not in PASS_BARS:
         raise ValueError(f"metric: must be one of {', '.join(PASS_BARS)}")
@@ -235,10 +238,22 @@ class Band:
                 "docs/quality.md)")
 
 
+#: the metric each task kind's rows are measured by: a summary has no answer-right (bench/quality_grade.py); its
+#: label-free fidelity (the calibrate issue's) has no pass bar yet, so no summary row can pass
+KIND_METRIC = {"summary": "fidelity"}
+
+
 def lookup(rows: Sequence[EvidenceRow], key: EvidenceKey | None, arm: str = "specprefill",
            metric: str = "answer_right") -> tuple[tuple[Band, ...], str]:
     """(bands, why): the prompt-length bands where `key` has passing `arm` rows (module doc); where there
-    are none, `why` says so ("" otherwise). `key` None: only whether any row passes (no key made)."""
+    are none, `why` says so ("" otherwise). `key` None: only whether any row passes (no key made). A key
+    whose task is not declared (None) has the bands where every kind of TASK_KINDS has (`every_kind`)."""
+    if key is not None and key.task is None:
+        return every_kind(rows, key, arm)
+    if key is not None:
+        metric = KIND_METRIC.get(key.task or "", metric)
+    if metric not in PASS_BARS:
+        return (), f"{key.task if key else ''} questions: unmeasured ({metric} has no pass bar yet; docs/quality.md)"
     live = [r for r in rows if r.arm == arm and r.metric == metric]
     mine = [r for r in live if key is not None and first_difference(key, r.key) is None]
     best: dict[int, EvidenceRow] = {}
@@ -274,6 +289,26 @@ def lookup(rows: Sequence[EvidenceRow], key: EvidenceKey | None, arm: str = "spe
     return (), f"no evidence for {key.describe(name)} (passing rows have {row.key.describe(name)}; docs/quality.md)"
 
 
+def every_kind(rows: Sequence[EvidenceRow], key: EvidenceKey, arm: str = "specprefill") -> tuple[tuple[Band, ...], str]:
+    """A job that declares no task (issue 49: it cannot be assumed to be a lookup): the lengths where every kind
+    of TASK_KINDS is measured and passes with the job's other settings — each kind's bands (`lookup`)
+    intersected; an unmeasured or failing kind blocks, and `why` names the first such kind and its reason."""
+    out: list[Band] | None = None
+    for kind in TASK_KINDS:
+        bands, why = lookup(rows, replace(key, task=kind), arm)
+        if not bands:
+            return (), f"task not declared (params.task), so every kind must pass, and {kind}: {why}"
+        if out is None:
+            out = list(bands)
+            continue
+        out = [Band(max(a.lo, b.lo), min(a.hi, b.hi), a.rows + b.rows) for a in out for b in bands
+               if max(a.lo, b.lo) <= min(a.hi, b.hi)]
+        if not out:
+            return (), (f"task not declared (params.task), so every kind must pass, and no length has every kind "
+                        f"passing (the first without overlap: {kind}; docs/quality.md)")
+    return tuple(out or ()), ""
+
+
 def _bar_text(metric: str) -> str:
     bar = PASS_BARS[metric]
     return (f">= {bar.min_documents} documents, >= {bar.min_questions} questions, a clustered lower bound >= "
@@ -298,5 +333,5 @@ def with_documents(row: EvidenceRow, documents: dict) -> EvidenceRow:
     return replace(row, documents=documents, bound=row_lower(documents))
 
 
-__all__ = ["EvidenceRow", "Band", "PassBar", "PASS_BARS", "QUESTION_ALLOWANCE", "SHIPPED_PATH", "row_from_dict", "load_rows",
+__all__ = ["EvidenceRow", "Band", "KIND_METRIC", "every_kind", "PassBar", "PASS_BARS", "QUESTION_ALLOWANCE", "SHIPPED_PATH", "row_from_dict", "load_rows",
            "shipped_rows", "merge", "listing", "lookup", "with_documents"]
