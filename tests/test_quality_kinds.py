@@ -248,3 +248,51 @@ def test_the_kind_table_marks_rows_of_few_baseline_right_answers_inconclusive():
     assert rows["summary"]["metric"] == "ids_named" and rows["summary"]["baseline"] == 0.5 and "inconclusive" not in rows["summary"]
     text = table_markdown({"recall": [], "recall_full_vs_windowed": [], "answer": [], "kinds": kind_rows(recs)})
     assert "| review | 4,000 |" in text and "inconclusive" in text and "ids_named" in text
+
+
+@pytest.mark.engine
+def test_the_kinds_run_end_to_end_on_the_tiny_pair_and_journal_their_key(tiny_models, tmp_path):
+    """answer and recall halves over a one-file catalogue (tiny random-weight models: the answers are noise, the
+    records are what is checked): every record names its kind, graded by quality_grade (summary: ids_named, no
+    answer-right), and holds the full EvidenceKey with that task kind; the report has the kind table."""
+    import platform
+
+    from specq.bench.quality_report import read_journal
+    from specq.engine.options import EngineOptions
+    from specq.engine.pipeline import Engine
+    from specq.engine.policy.evidence_key import EvidenceKey
+
+    path = stdlib_dir() / "shutil.py"
+    entry = qd.SourceFile("stdlib:shutil.py", "stdlib", "shutil.py", platform.python_version(), qd.sha256_of(path), "reported")
+    cat = tmp_path / "cat.json"
+    cat.write_text(json.dumps({"documents": [entry.fingerprint()]}))
+    eng = Engine(EngineOptions(target=str(tiny_models.target), speculator=str(tiny_models.speculator), n_gpu_layers=0,
+                               n_ctx=4096, n_threads=2, cache_bytes=256 << 20))
+    try:
+        s = q.QualitySettings(lengths=[1500], n=4, kinds=list(qk.KINDS), per_kind=1, max_tokens=4, chunk=16, catalogue=str(cat),
+                              scorers=["windowed"], keeps=[0.3], answer_floor=False)  # (random weights never stop)
+        s.check()
+        q.run_answer(eng, s, q.Journal(tmp_path / "a.jsonl", s), say=lambda m: None)
+        q.run_recall(eng, s, q.Journal(tmp_path / "r.jsonl", s), say=lambda m: None)
+    finally:
+        eng.close()
+    answers = [r for r in read_journal(tmp_path / "a.jsonl") if r["half"] == "answer"]
+    assert len(answers) == 4 and {r["kind"] for r in answers} <= set(qk.KINDS) and len({r["kind"] for r in answers}) >= 2
+    for r in answers:
+        assert r["family"].startswith("kinds-reported-L1500-s0-")
+        if "specprefill" not in r:
+            continue
+        key = EvidenceKey.from_dict(r["key"])
+        assert key.task == r["kind"] and key.prompt_shape == "native"
+        for arm in ("baseline", "specprefill"):
+            if r["kind"] == "summary":
+                assert r[arm]["correct"] is None and 0.0 <= r[arm]["ids_named"] <= 1.0
+            else:
+                assert isinstance(r[arm]["correct"], bool) and "grade" in r[arm]
+        assert "max_tokens" not in r  # (no floor: max_tokens alone)
+    assert q.answer_tokens(qk.questions(SOURCE, 400, "x", ["summary"])[0], q.QualitySettings(max_tokens=4)) == 160
+    recalls = [r for r in read_journal(tmp_path / "r.jsonl") if r["half"] == "recall"]
+    assert len(recalls) == 4 and all(r["evidence_chunks"] and "0.3" in r["kept"]["windowed"] for r in recalls)
+    report = q.build_report([tmp_path / "a.jsonl"])
+    assert {r["kind"] for r in report["kinds"]} == {r["kind"] for r in answers if "specprefill" in r}
+    assert not report["answer"]  # the kinds are not mixed into the lookups' rows

@@ -84,6 +84,10 @@ class QualitySettings:
     shape: str = "native"
     #: the non-lookup kinds: questions per kind per document
     per_kind: int = 2
+    #: the non-lookup kinds: another document catalogue than bench/kinds-documents.json (tests)
+    catalogue: str = ""
+    #: the non-lookup kinds generate at least quality_kinds.ANSWER_TOKENS (off: max_tokens alone; tests)
+    answer_floor: bool = True
 
     @property
     def code_kinds(self) -> bool:
@@ -114,7 +118,8 @@ class QualitySettings:
         if self.chunk_rule != "mean":  # (journals written before the rule existed ranked by means)
             d["chunk_rule"] = self.chunk_rule
         if self.code_kinds:  # (the lookup kinds' journals keep their key)
-            d.update(split=self.split, per_kind=self.per_kind)
+            d.update(split=self.split, per_kind=self.per_kind, **({"catalogue": self.catalogue} if self.catalogue else {}),
+                     **({} if self.answer_floor else {"answer_floor": False}))
         if self.shape != "native" and half != "recall":
             d["shape"] = self.shape
         return hashlib.sha1(json.dumps(d, sort_keys=True).encode()).hexdigest()[:10]
@@ -262,10 +267,10 @@ def tasks_for(settings: QualitySettings, length: int, count) -> "Iterator[tuple[
     cache and the target's prompt cache reuse the document's KV for its later questions)."""
     if settings.code_kinds:  # always families: one window of a real file, its questions of every kind asked
         done, f = 0, settings.start
-        limit = qk.max_families(length, settings.split)
+        limit = qk.max_families(length, settings.split, settings.catalogue or None)
         while done < settings.n and f < limit:
             fam = qk.family(f, length, count, kinds=settings.kinds, split=settings.split, seed=settings.seed,
-                            per_kind=settings.per_kind)
+                            per_kind=settings.per_kind, catalogue=settings.catalogue or None)
             for t in fam[: settings.n - done]:
                 yield t, t.meta["family"]
             done += len(fam[: settings.n - done])
@@ -412,7 +417,7 @@ def judge(task: qt.Task, text: str) -> dict[str, Any]:
 
 
 def answer_tokens(task: qt.Task, settings: QualitySettings) -> int:
-    return max(settings.max_tokens, qk.ANSWER_TOKENS.get(task.kind, 0))
+    return max(settings.max_tokens, qk.ANSWER_TOKENS.get(task.kind, 0) if settings.answer_floor else 0)
 
 
 def _task_record(task: qt.Task, length: int, settings: QualitySettings) -> dict[str, Any]:

@@ -105,8 +105,9 @@ def windows(text: str, length: int, count: Count) -> list[tuple[int, int]]:
                 best, lo = mid, mid + 1
             else:
                 hi = mid - 1
-        if best is None:
-            break
+        if best is None:  # one statement longer than the window: start after it
+            i += 1
+            continue
         if best == len(cuts) - 1 and count("".join(lines[a:cuts[best]])) < 0.9 * length:
             break  # the file's short tail
         if count("".join(lines[a:cuts[best]])) < 0.9 * length:  # a long function next: no document here
