@@ -229,6 +229,8 @@ def test_settings_keep_the_kinds_apart_and_key_the_split():
     res = CliRunner().invoke(app, ["bench", "quality", "answer", "--journal", "/nonexistent/j.jsonl", "--kinds", "review",
                                    "--shape", "xml"])
     assert res.exit_code != 0 and "shape must be native or chat" in res.output
+    res = CliRunner().invoke(app, ["run", "-", "-q", "Any bugs?", "--task", "qa"], input="x = 1\n")
+    assert res.exit_code != 0 and "task must be lookup, two-place, aggregation, review or summary" in res.output
 
 
 def _rec(kind, doc, base, spec, cb=False, **extra):

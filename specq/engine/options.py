@@ -23,6 +23,8 @@ Scorer = Literal["windowed", "sliding", "full"]
 Draft = Literal["none", "ngram", "model", "mtp", "eagle3", "auto"]
 Selection = Literal["global", "per-window"]
 ChunkRule = Literal["border", "mean", "scope"]
+#: a job's task kind (RunParams.task); "" = not declared
+TaskKind = Literal["", "lookup", "two-place", "aggregation", "review", "summary"]
 #: the chunk rules (selection.rank_scores) and the default one: named here once
 CHUNK_RULES: tuple[str, ...] = typing.get_args(ChunkRule)
 DEFAULT_CHUNK_RULE: ChunkRule = "border"
@@ -159,7 +161,7 @@ class EngineOptions:
 
 
 #: the kinds of question a job may declare (RunParams.task); evidence rows are per kind (docs/quality.md "Task kinds")
-TASK_KINDS = ("lookup", "two-place", "aggregation", "review", "summary")
+TASK_KINDS: tuple[str, ...] = typing.get_args(TaskKind)[1:]
 
 
 @dataclass
@@ -209,7 +211,7 @@ class RunParams:
     #: the kind of question (TASK_KINDS: lookup, two-place, aggregation, review, summary): mode auto then reads
     #: that kind's evidence rows only; "" (not declared): auto runs specprefill only at lengths where every kind
     #: is measured and passes (engine/policy/evidence.py; docs/quality.md "Task kinds")
-    task: str = ""
+    task: TaskKind = ""
     #: specprefill with per-window selection: the target prefills each window's chunks while the
     #: speculator scores the next one (two threads; the same kept set and answer as the serial run
     #: with per-window selection). Pays off with the speculator on its own GPU (--speculator-gpu)
