@@ -48,14 +48,15 @@ def _decide(e: Engine, params: RunParams, chat: bool = False, **kw):
     return mode, spec.reason, e.evidence_key(prompt, params, positions, shape)
 
 
-BASE = dict(question=QUESTION, window=256, max_tokens=2)
+BASE = dict(question=QUESTION, window=256, max_tokens=2, task="lookup")  # (a declared task: an undeclared job needs every kind)
 
 
 def test_the_job_key_resolves_what_runs(eng):
     _, _, key = _decide(eng, RunParams(**BASE))
     assert (key.scorer, key.window, key.backend, key.prompt_shape, key.positions, key.score_math) == (
         "windowed", 256, "cpu", "native", "original", "numpy")
-    assert len(key.target_sha256) == 64 and key.target_sha256 != key.speculator_sha256 and key.task is None
+    assert len(key.target_sha256) == 64 and key.target_sha256 != key.speculator_sha256 and key.task == "lookup"
+    assert _decide(eng, RunParams(**{**BASE, "task": ""}))[2].task is None  # not declared
     # the window left to the engine: a document that fits one window is one pass, the `full` scorer's
     _, _, auto_window = _decide(eng, RunParams(question=QUESTION, max_tokens=2))
     _, _, full = _decide(eng, RunParams(question=QUESTION, scorer="full", max_tokens=2))
@@ -74,6 +75,7 @@ JOB_CASES = [
     (dict(scorer="sliding"), False, "scorer"),
     (dict(selection="per-window"), False, "selection"),
     (dict(positions="compressed"), False, "positions"),
+    (dict(task="review"), False, "task"),
     (dict(), True, "prompt_shape"),
 ]
 
@@ -111,7 +113,7 @@ ROW_CASES = [
     ("target_sha256", dict(target_sha256="1" * 64)),
     ("speculator_sha256", dict(speculator_sha256="2" * 64)),
     ("backend", dict(backend="cuda")),
-    ("task", dict(task="qa")),
+    ("task", dict(task="two-place")),
     ("score_math", dict(score_math="torch")),
 ]
 
@@ -125,6 +127,41 @@ def test_a_row_differing_in_one_field_is_no_evidence(eng, field, row_change):
         assert mode == "baseline" and reason.startswith(f"auto: no evidence for {field}="), reason
     finally:
         eng.set_evidence(evidence.shipped_rows())
+
+
+def test_a_job_that_declares_no_task_needs_every_kind_measured(eng, monkeypatch):
+    """Issue 49: a job cannot be assumed to be a lookup. Undeclared, it runs specprefill only where every kind's
+    row passes, and the reason names the first kind that does not (here: no two-place row); with every kind's row
+    it runs specprefill, citing the rows of every kind. A summary has no pass bar yet (its metric is the label-free
+    fidelity): this test lets it be measured by answer-right to reach the passing case."""
+    _, _, key = _decide(eng, RunParams(**BASE))
+    undeclared = RunParams(**{**BASE, "task": ""})
+    eng.set_evidence((_row(key),))
+    try:
+        mode, reason, _ = _decide(eng, undeclared)
+        assert mode == "baseline", reason
+        assert reason.startswith("auto: task not declared (params.task), so every kind must pass, and two-place: "
+                                 "no evidence for task=two-place"), reason
+        every = tuple(_row(dataclasses.replace(key, task=k)) for k in ("lookup", "two-place", "aggregation", "review", "summary"))
+        eng.set_evidence(every)
+        mode, reason, _ = _decide(eng, undeclared)
+        assert mode == "baseline" and "summary questions: unmeasured (fidelity has no pass bar yet" in reason, reason
+        monkeypatch.setattr(evidence, "KIND_METRIC", {})
+        mode, reason, _ = _decide(eng, undeclared)
+        assert mode == "specprefill" and all(f"{k} questions on" in reason for k in ("lookup", "review", "summary")), reason
+        assert _decide(eng, RunParams(**{**BASE, "task": "review"}))[0] == "specprefill"  # declared: its own rows
+    finally:
+        eng.set_evidence(evidence.shipped_rows())
+
+
+def test_a_bad_task_is_refused_and_a_row_must_name_one(eng):
+    from specq.contracts import InputError
+
+    with pytest.raises(InputError, match="task must be lookup, two-place"):
+        RunParams(question=QUESTION, task="qa").validate()
+    _, _, key = _decide(eng, RunParams(**BASE))
+    with pytest.raises(ValueError, match="key.task: a row names the kind"):
+        _row(dataclasses.replace(key, task=None))
 
 
 def test_protect_tail_and_pipelined(eng):

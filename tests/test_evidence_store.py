@@ -58,14 +58,14 @@ def test_migration_0007_goes_down_and_up(url):
 
 
 def _tiny_key(tiny_models) -> dict:
-    """The key a worker on the tiny pair resolves for DOC with params {window: 256} (native prompt)."""
+    """The key a worker on the tiny pair resolves for DOC with params {window: 256, task: lookup} (native prompt)."""
     from specq.engine.options import EngineOptions, RunParams
     from specq.engine.pipeline import Engine
 
     e = Engine(EngineOptions(target=str(tiny_models.target), speculator=str(tiny_models.speculator), n_gpu_layers=0,
                              n_ctx=4096, n_threads=2))
     try:
-        params = RunParams(question="What is the value of item 7?", window=256)
+        params = RunParams(question="What is the value of item 7?", window=256, task="lookup")
         prompt = e.tokenize_prompt(DOC, params)
         return e.evidence_key(prompt, params, "original" if e.gaps_supported else "compressed").as_dict()
     finally:
@@ -82,7 +82,7 @@ def test_posted_rows_reach_a_running_worker_without_a_restart(tiny_models, tmp_p
                    SPECQ_CACHE_BYTES="0")
     st = Stack(env=env, port=port, logdir=tmp_path)
     st.cli("db", "upgrade", check=True)
-    params = {"window": 256, "max_tokens": 2}
+    params = {"window": 256, "max_tokens": 2, "task": "lookup"}  # (declared: an undeclared job needs every kind's rows)
     with running(st, ("api", "api"), ("worker", "worker")):
         with httpx.Client(base_url=st.url, timeout=30) as c:
             listed = c.get("/v1/evidence").json()

@@ -404,8 +404,8 @@ def test_journals_hold_the_full_evidence_key(tiny_models, tmp_path):
         for r in recs:
             key = EvidenceKey.from_dict(r["key"])
             assert set(FIELDS) <= set(r["key"]) and len(r["doc_sha256"]) == 64
-            assert (key.scorer, key.window, key.chunk, key.keep, key.positions, key.prompt_shape) == (
-                "windowed", 600, 16, 0.3, "original", "native")
+            assert (key.scorer, key.window, key.chunk, key.keep, key.positions, key.prompt_shape, key.task) == (
+                "windowed", 600, 16, 0.3, "original", "native", "lookup")  # (the lookup kinds declare `lookup`)
     src = dict(journal="a.jsonl", length=1200, commit="test", where="test", one_pass=True)
     row = build_row(src, root=tmp_path)
     assert row["provenance"]["filled"] == {} and "notes" not in row["provenance"]

@@ -65,7 +65,8 @@ DEFAULTS: dict[str, tuple[Any, str]] = {
     "speculator_sha256": (SPECULATOR_0_5B.sha256, f"registry sha256 of {SPECULATOR_0_5B.name} (the default speculator)"),
     "backend": ("cpu", "a CPU run (docs/quality.md)"),
     "prompt_shape": ("native", "bench quality runs native prompts (document, then question)"),
-    "task": (None, "no task kind recorded"),
+    "task": ("lookup", "every question of these journals is a lookup (needle, multikey, raises, const: one fact "
+                       "answered by a number or an identifier; issue 49)"),
     "positions": ("original", "RunParams default; the CPU runs used the project's patched llama-cpp-python"),
     "score_math": ("numpy", "the CPU's score math (auto = numpy without a GPU)"),
     "max_keep": (0, "RunParams default"),
@@ -91,6 +92,8 @@ def _doc_name(rec: dict) -> str:
 def _key(rec: dict, doc_max: int, one_pass: bool) -> tuple[EvidenceKey, dict[str, str]]:
     """The record's key: its own `key` (journals since issue 47), else filled (what, and from where)."""
     if isinstance(rec.get("key"), dict):
+        if rec["key"].get("task") is None:  # journals before issue 49 ran their lookups without declaring them
+            return EvidenceKey.from_dict({**rec["key"], "task": DEFAULTS["task"][0]}), {"task": f"'lookup': {DEFAULTS['task'][1]}"}
         return EvidenceKey.from_dict(rec["key"]), {}
     st = rec.get("settings", {})
     filled = {k: f"{v!r}: {why}" for k, (v, why) in DEFAULTS.items()}

@@ -41,6 +41,8 @@ from ..engine.scoring.kept_spans import token_char_bounds
 from ..engine.options import RunParams, Scorer
 from ..engine.scoring.scorer import plan_windows
 from ..engine.scoring.selection import CHUNK_RULES, DEFAULT_CHUNK_RULE, chunk_order, window_budget
+from . import quality_grade as qg
+from . import quality_kinds as qk
 from . import quality_tasks as qt
 from .quality_report import aggregate, read_journal
 
@@ -76,6 +78,32 @@ class QualitySettings:
     #: scoring again, e.g. to rank an earlier run's scores by a new chunk rule; a task whose saved
     #: document differs is scored anew. Records say `scores_from`. Not part of the settings key.
     scores_from: str = ""
+    #: the non-lookup kinds (quality_kinds.py): which side of the document catalogue (tuning | reported)
+    split: str = "reported"
+    #: answer: native (document, then question) or chat (document and question in one OpenAI user message)
+    shape: str = "native"
+    #: the non-lookup kinds: questions per kind per document
+    per_kind: int = 2
+    #: the non-lookup kinds: another document catalogue than bench/kinds-documents.json (tests)
+    catalogue: str = ""
+    #: the non-lookup kinds generate at least quality_kinds.ANSWER_TOKENS (off: max_tokens alone; tests)
+    answer_floor: bool = True
+
+    @property
+    def code_kinds(self) -> bool:
+        """Whether these settings ask the non-lookup kinds (quality_kinds.py) instead of quality_tasks.py's."""
+        return any(k in qk.KINDS for k in self.kinds)
+
+    def check(self) -> None:
+        """ValueError for settings no run can follow."""
+        if self.code_kinds and any(k not in qk.KINDS for k in self.kinds):
+            raise ValueError(f"kinds {', '.join(qk.KINDS)} run apart from {', '.join(qt.KINDS)} (other documents)")
+        if self.split not in ("tuning", "reported"):
+            raise ValueError("split must be tuning or reported")
+        if self.shape not in ("native", "chat"):
+            raise ValueError("shape must be native or chat")
+        if self.per_kind < 1:
+            raise ValueError("per_kind must be >= 1")
 
     def key(self, half: str) -> str:
         """What a journal record must match to count as done (not n/start/lengths: they pick tasks)."""
@@ -89,6 +117,11 @@ class QualitySettings:
             d["family"] = self.family
         if self.chunk_rule != "mean":  # (journals written before the rule existed ranked by means)
             d["chunk_rule"] = self.chunk_rule
+        if self.code_kinds:  # (the lookup kinds' journals keep their key)
+            d.update(split=self.split, per_kind=self.per_kind, **({"catalogue": self.catalogue} if self.catalogue else {}),
+                     **({} if self.answer_floor else {"answer_floor": False}))
+        if self.shape != "native" and half != "recall":
+            d["shape"] = self.shape
         return hashlib.sha1(json.dumps(d, sort_keys=True).encode()).hexdigest()[:10]
 
 
@@ -232,6 +265,17 @@ def tasks_for(settings: QualitySettings, length: int, count) -> "Iterator[tuple[
     """(task, cache scope) in order: tasks start…start+n-1, each its own document (scope ""), or, with
     `family`, families start, start+1, … until n tasks (scope: the family, so the speculator's window
     cache and the target's prompt cache reuse the document's KV for its later questions)."""
+    if settings.code_kinds:  # always families: one window of a real file, its questions of every kind asked
+        done, f = 0, settings.start
+        limit = qk.max_families(length, settings.split, settings.catalogue or None)
+        while done < settings.n and f < limit:
+            fam = qk.family(f, length, count, kinds=settings.kinds, split=settings.split, seed=settings.seed,
+                            per_kind=settings.per_kind, catalogue=settings.catalogue or None)
+            for t in fam[: settings.n - done]:
+                yield t, t.meta["family"]
+            done += len(fam[: settings.n - done])
+            f += 1
+        return
     if not settings.family:
         for i in range(settings.start, settings.start + settings.n):
             yield qt.make_task(i, length, count, seed=settings.seed, kinds=settings.kinds), ""
@@ -291,7 +335,7 @@ def run_recall(engine, settings: QualitySettings, journal: Journal, say: Say = p
     arms = {name: scorer_arm(name, settings.window) for name in settings.scorers}  # fails before any work
     count = _count(engine)
     scorer = engine.scorer()
-    cache = engine.spec_cache() if settings.family else None
+    cache = engine.spec_cache() if settings.family or settings.code_kinds else None
     for L in settings.lengths:
         for task, scope in tasks_for(settings, L, count):
             if journal.done("recall", task.id):
@@ -354,7 +398,26 @@ def run_recall(engine, settings: QualitySettings, journal: Journal, say: Say = p
 
 
 def closed_book_question(task: qt.Task) -> str:
+    if task.kind in qk.KINDS:
+        return qk.closed_book(task)
     return task.question.replace("In the code above, ", "In the Python standard library's source code, ")
+
+
+def judge(task: qt.Task, text: str) -> dict[str, Any]:
+    """An answer's grade as a record holds it: {"correct"} for the lookup kinds; for the others also "score" and
+    "grade" (quality_grade.py), and for a summary "correct" None (it has no answer-right) and "ids_named"."""
+    if task.kind not in qk.KINDS:
+        return {"correct": qt.is_correct(task, text)}
+    g = qg.grade(task, text)
+    out: dict[str, Any] = {"correct": g.right, "score": round(g.score, 4), "grade": g.detail}
+    if task.kind == "summary":
+        out["ids_named"] = round(g.score, 4)
+        out["fidelity"] = g.fidelity
+    return out
+
+
+def answer_tokens(task: qt.Task, settings: QualitySettings) -> int:
+    return max(settings.max_tokens, qk.ANSWER_TOKENS.get(task.kind, 0) if settings.answer_floor else 0)
 
 
 def _task_record(task: qt.Task, length: int, settings: QualitySettings) -> dict[str, Any]:
@@ -362,27 +425,35 @@ def _task_record(task: qt.Task, length: int, settings: QualitySettings) -> dict[
     return {"task": task.id, "kind": task.kind, "planted": task.planted, "length": length, "depth": task.depth,
             "answer": task.answer, "source": task.source, "settings": {"keep": settings.keep, "scorer": settings.scorer,
                                                                           "chunk_rule": settings.chunk_rule,
-                                                                          **({"window": settings.window} if settings.window else {})}}
+                                                                          **({"window": settings.window} if settings.window else {}),
+                                                                          **({"shape": settings.shape} if settings.shape != "native" else {})}}
 
 
 def _closed_book(engine, task: qt.Task, settings: QualitySettings) -> dict[str, Any]:
     """The question asked without its document: {"text", "correct"} (a right one is left out of the ratio)."""
-    cb = engine.run("", RunParams(question=closed_book_question(task), mode="baseline", max_tokens=settings.max_tokens))
-    return {"text": cb.text, "correct": qt.is_correct(task, cb.text)}
+    cb = engine.run("", RunParams(question=closed_book_question(task), mode="baseline", max_tokens=answer_tokens(task, settings)))
+    return {"text": cb.text, **judge(task, cb.text)}
 
 
-def _spec_params(settings: QualitySettings, question: str = "") -> RunParams:
-    """The specprefill runs of the answer and group halves."""
+def _spec_params(settings: QualitySettings, question: str = "", task: qt.Task | None = None) -> RunParams:
+    """The specprefill runs of the answer and group halves (`task`: its answer tokens)."""
     return RunParams(question=question, mode="specprefill", keep=settings.keep, scorer=settings.scorer,
                      lookahead=settings.lookahead, pool=settings.pool, window=settings.window, chunk=settings.chunk,
-                     min_tokens=0, max_tokens=settings.max_tokens, chunk_rule=settings.chunk_rule)
+                     min_tokens=0, max_tokens=answer_tokens(task, settings) if task is not None else settings.max_tokens,
+                     chunk_rule=settings.chunk_rule, task=task_kind(task) if task is not None else "")
 
 
-def evidence_fields(engine, task: qt.Task, prompt, params: RunParams, positions: str) -> dict[str, Any]:
+def task_kind(task: qt.Task) -> str:
+    """The kind a task's specprefill run declares (RunParams.task, so its journal's key names it): the lookup
+    kinds of quality_tasks.py are all `lookup`."""
+    return task.kind if task.kind in qk.KINDS else "lookup"
+
+
+def evidence_fields(engine, task: qt.Task, prompt, params: RunParams, positions: str, shape: str = "native") -> dict[str, Any]:
     """What an evidence row needs of a record (issue 47 item 3): the full EvidenceKey the specprefill run ran
     with (engine/policy/evidence_key.py: resolved scorer and window, positions, both models' sha256, ...) and the
     document's content hash (rows count questions per document by it)."""
-    return {"key": engine.evidence_key(prompt, params, positions, "native").as_dict(),
+    return {"key": engine.evidence_key(prompt, params, positions, shape).as_dict(),
             "doc_sha256": hashlib.sha256(task.document.encode("utf-8")).hexdigest()}
 
 
@@ -419,23 +490,31 @@ def run_answer(engine, settings: QualitySettings, journal: Journal, say: Say = p
                 old = None
                 rec["closed_book"] = _closed_book(engine, task, settings)
             if not rec["closed_book"]["correct"]:
-                base = RunParams(question=task.question, mode="baseline", max_tokens=settings.max_tokens)
-                spec = _spec_params(settings, task.question)
+                tokens = answer_tokens(task, settings)
+                base = RunParams(question=task.question, mode="baseline", max_tokens=tokens)
+                spec = _spec_params(settings, task.question, task)
+                chat = [("user", f"{task.document}\n\n{task.question}")] if settings.shape == "chat" else None
                 prompt, ev, _, _ = task_prompt(engine, task, spec)
+                if chat is not None:  # the key and the kept tokens are the chat prompt's
+                    prompt = engine.tokenize_prompt("", spec, messages=chat)
                 if old is not None:
                     rec["baseline"] = {**old["baseline"], "reused_from": baselines_path}
                 else:
-                    rb = engine.run(task.document, base, scope=scope)
-                    rec["baseline"] = {"text": rb.text, "correct": qt.is_correct(task, rb.text), "ttft_ms": round(rb.timings_ms["ttft"], 1),
+                    rb = engine.run(task.document, base, scope=scope, messages=chat)
+                    rec["baseline"] = {"text": rb.text, **judge(task, rb.text), "ttft_ms": round(rb.timings_ms["ttft"], 1),
                                        "cache_restored_bytes": rb.spec.cache.get("bytes_restored", 0)}
-                rs = engine.run(task.document, spec, scope=scope)
+                rs = engine.run(task.document, spec, scope=scope, messages=chat)
                 kept = set(rs.kept_indices)
                 ev_tokens = [prompt.doc_start + c * settings.chunk for c in ev]
                 rec["doc_tokens"] = len(prompt.document)
-                rec["specprefill"] = {"text": rs.text, "correct": qt.is_correct(task, rs.text), "ttft_ms": round(rs.timings_ms["ttft"], 1),
-                                      "evidence_kept": all(t in kept for t in ev_tokens), "kept_tokens": rs.usage.kept_tokens,
+                rec["specprefill"] = {"text": rs.text, **judge(task, rs.text), "ttft_ms": round(rs.timings_ms["ttft"], 1),
+                                      # (chat: the evidence's chunks are located in the native prompt only)
+                                      "evidence_kept": all(t in kept for t in ev_tokens) if chat is None else None,
+                                      "kept_tokens": rs.usage.kept_tokens,
                                       "windows": rs.spec.windows, "cache_restored_bytes": rs.spec.cache.get("bytes_restored", 0)}
-                rec.update(evidence_fields(engine, task, prompt, spec, rs.spec.positions))
+                if tokens != settings.max_tokens:
+                    rec["max_tokens"] = tokens
+                rec.update(evidence_fields(engine, task, prompt, spec, rs.spec.positions, settings.shape))
                 if scope:
                     rec["family"] = scope
             rec["load1"] = round(os.getloadavg()[0], 2)
@@ -457,7 +536,7 @@ def run_group(engine, settings: QualitySettings, journal: Journal, say: Say = pr
     union of their kept chunks, each question's tail + answer on top). Same settings as the answer half,
     so each record pairs with that half's baseline and specprefill answers by task id
     (quality_report.group_rows). Journaled per family (a family is one engine call)."""
-    if not settings.family:
+    if not settings.family and not settings.code_kinds:
         raise ValueError("the group half needs families (--family)")
     count = _count(engine)
     for L in settings.lengths:
@@ -477,10 +556,10 @@ def run_group(engine, settings: QualitySettings, journal: Journal, say: Say = pr
                 rec = {**_task_record(task, L, settings), "family": scope, "closed_book": closed[task.id]}
                 r = by_id.get(task.id)
                 if r is not None:
-                    p = _spec_params(settings, task.question)
+                    p = _spec_params(settings, task.question, task)
                     rec.update(evidence_fields(engine, task, engine.tokenize_prompt(task.document, p), p, r.spec.positions))
                     g = r.group or {}
-                    rec["group"] = {"text": r.text, "correct": qt.is_correct(task, r.text), "size": g.get("size"),
+                    rec["group"] = {"text": r.text, **judge(task, r.text), "size": g.get("size"),
                                     "fallback": g.get("fallback"), "union_kept_fraction": g.get("union_kept_fraction"),
                                     "own_kept_tokens": r.usage.kept_tokens, "ttft_ms": round(r.timings_ms["ttft"], 1),
                                     "wall_ms": g.get("wall_ms")}
@@ -489,7 +568,7 @@ def run_group(engine, settings: QualitySettings, journal: Journal, say: Say = pr
                 journal.append("group", rec)
             if results:
                 g = results[0].group or {}
-                right = sum(qt.is_correct(t, r.text) for t, r in zip(open_, results))
+                right = sum(bool(judge(t, r.text)["correct"]) for t, r in zip(open_, results))
                 say(f"group {scope}: {len(open_)} questions, right {right}, union {g.get('union_kept_fraction')}, "
                     f"fallback {g.get('fallback') or 'none'}, wall {(g.get('wall_ms') or 0) / 1000:.1f} s, load {os.getloadavg()[0]:.2f}")
 

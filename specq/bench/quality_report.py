@@ -21,7 +21,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any, Iterable
 
-from ..engine.policy.evidence_bound import cp_lower  # (the exact bound lives beside evidence rows' bounds)
+from ..engine.policy.evidence_bound import cp_lower, row_lower  # (the exact bound lives beside evidence rows' bounds)
 from ..engine.options import CHUNK_RULES
 
 
@@ -149,7 +149,7 @@ def aggregate(records: list[dict], conf: float = 0.9) -> dict[str, Any]:
     answer_rows = []
     groups: dict[tuple[int, str, int, str], list] = defaultdict(list)  # (length, scorer, window, rule): journals of
     for r in records:                                                    # other scorers keep their own rows
-        if r.get("half") == "answer":
+        if r.get("half") == "answer" and r.get("kind") not in CODE_KINDS:
             st = r.get("settings", {})
             groups[(r["length"], st.get("scorer", "windowed"), st.get("window", 0), answer_rule(r))].append(r)
     for (L, _scorer, window, rule), rs in sorted(groups.items()):
@@ -168,7 +168,54 @@ def aggregate(records: list[dict], conf: float = 0.9) -> dict[str, Any]:
             "by_kind": _answer_by_kind(open_),
         })
     return {"recall": recall_rows, "recall_full_vs_windowed": pair_rows, "recall_window_arms": arm_rows, "answer": answer_rows,
-            "group": group_rows(records, conf), "load1_median": statistics.median(loads) if loads else None}
+            "kinds": kind_rows(records), "group": group_rows(records, conf), "load1_median": statistics.median(loads) if loads else None}
+
+
+#: the non-lookup kinds (bench/quality_kinds.py), reported per kind; summary has no answer-right (its ids_named)
+CODE_KINDS = ("two-place", "aggregation", "review", "summary")
+#: a kind's row with fewer baseline-right answers is inconclusive: shown, never passing (issue 49)
+MIN_BASELINE_RIGHT = 10
+
+
+def kind_rows(records: list[dict]) -> list[dict]:
+    """The non-lookup kinds' answer records per (kind, length, shape, keep): answered questions (closed-book-right
+    left out), documents, accuracies, the ratio and its document-clustered 90% lower bound (evidence_bound.row_lower,
+    the evidence rows' bound), evidence kept, and `inconclusive` (< MIN_BASELINE_RIGHT baseline-right answers); for
+    summary the mean share of the reference's identifiers each arm's answer names instead."""
+    groups: dict[tuple, list] = defaultdict(list)
+    for r in records:
+        if r.get("half") == "answer" and r.get("kind") in CODE_KINDS:
+            st = r.get("settings", {})
+            groups[(r["kind"], r["length"], st.get("shape", "native"), st.get("keep"))].append(r)
+    out = []
+    for (kind, L, shape, keep), rs in sorted(groups.items(), key=lambda kv: (CODE_KINDS.index(kv[0][0]), kv[0][1:])):
+        open_ = [r for r in rs if not r["closed_book"].get("correct") and "baseline" in r and "specprefill" in r]
+        row: dict[str, Any] = {"kind": kind, "length": L, "shape": shape, "keep": keep, "tasks": len(rs),
+                               "closed_book_right": sum(bool(r["closed_book"].get("correct")) for r in rs), "n": len(open_),
+                               "documents": len({r.get("doc_sha256") or r.get("family") for r in open_})}
+        ev = [r["specprefill"]["evidence_kept"] for r in open_ if r["specprefill"].get("evidence_kept") is not None]
+        row["evidence_kept"] = sum(ev) / len(ev) if ev else None
+        if kind == "summary":
+            b = [r["baseline"].get("ids_named", 0.0) for r in open_]
+            sp = [r["specprefill"].get("ids_named", 0.0) for r in open_]
+            row.update(metric="ids_named", baseline=statistics.mean(b) if b else None, specprefill=statistics.mean(sp) if sp else None)
+            row["ratio"] = row["specprefill"] / row["baseline"] if row["baseline"] else None
+            out.append(row)
+            continue
+        docs: dict[str, dict[str, int]] = {}
+        for r in open_:
+            d = docs.setdefault(r.get("doc_sha256") or r.get("family") or r["task"], {"n": 0, "baseline_right": 0, "arm_right": 0, "both_right": 0})
+            base, spec = bool(r["baseline"]["correct"]), bool(r["specprefill"]["correct"])
+            d["n"] += 1
+            d["baseline_right"] += base
+            d["arm_right"] += spec
+            d["both_right"] += base and spec
+        b = sum(d["baseline_right"] for d in docs.values())
+        a = sum(d["arm_right"] for d in docs.values())
+        row.update(metric="answer_right", baseline=b / len(open_) if open_ else None, specprefill=a / len(open_) if open_ else None,
+                   ratio=a / b if b else None, lower=row_lower(docs) if docs else None, inconclusive=b < MIN_BASELINE_RIGHT)
+        out.append(row)
+    return out
 
 
 def answer_rule(record: dict) -> str:
@@ -260,6 +307,17 @@ def table_markdown(agg: dict[str, Any]) -> str:
             lines.append(f"| {r['length']:,} | {r['scorer']}{'@' + str(r['window']) if r.get('window') else ''} {r['keep']} {r.get('chunk_rule', 'mean')} | {r['tasks']} | {r['closed_book_right']} | {r['n']} ({r.get('documents', r['n'])}) | "
                          f"{_f(r['baseline_acc'])} | {_f(r['specprefill_acc'])} | {_f(r['ratio'])} | {_f(r['ratio_lower'])} | "
                          f"{r['baseline_only']} | {r['specprefill_only']} | {_f(r['evidence_kept'])} | {tt} |")
+        lines.append("")
+    if agg.get("kinds"):
+        lines += ["Task kinds beyond lookups (summary: share of the reference's identifiers named, not answer right); "
+                  f"fewer than {MIN_BASELINE_RIGHT} baseline-right answers: inconclusive:", "",
+                  "| kind | doc tokens | shape | keep | n (documents) | closed-book right | baseline | specprefill | ratio | "
+                  "90% lower (clustered) | evidence kept | |",
+                  "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+        for r in agg["kinds"]:
+            lines.append(f"| {r['kind']} | {r['length']:,} | {r['shape']} | {r['keep']} | {r['n']} ({r['documents']}) | {r['closed_book_right']} | "
+                         f"{_f(r['baseline'])} | {_f(r['specprefill'])} | {_f(r['ratio'])} | {_f(r.get('lower'))} | {_f(r['evidence_kept'])} | "
+                         f"{'inconclusive' if r.get('inconclusive') else r['metric'] if r['metric'] != 'answer_right' else ''} |")
         lines.append("")
     if agg.get("group"):
         lines += ["Group-sparse (one target prefill on the union of a family's kept chunks) vs the same questions' "

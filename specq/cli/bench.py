@@ -490,7 +490,13 @@ def bench_quality(
     n: int = typer.Option(200, help="Tasks per length."),
     start: int = typer.Option(0, help="First task index (tasks are numbered per length)."),
     seed: int = typer.Option(0, help="Task seed."),
-    kinds: str = typer.Option("needle,multikey,raises,const", help="Task kinds, rotated: needle, multikey (planted), raises, const (not planted)."),
+    kinds: str = typer.Option("needle,multikey,raises,const", help="Task kinds, rotated: needle, multikey (planted), raises, const (not planted); "
+                                                             "or, apart from those, two-place, aggregation, review, summary (questions about whole "
+                                                             "windows of real source files, bench/kinds-documents.json; docs/quality.md)."),
+    split: str = typer.Option("reported", help="two-place/aggregation/review/summary: which documents of the catalogue, "
+                                                "tuning (to choose a default on) or reported (rows that vouch for one)."),
+    shape: str = typer.Option("native", help="answer: native (document, then question) or chat (both in one OpenAI user message)."),
+    per_kind: int = typer.Option(2, help="two-place/aggregation/review/summary: questions per kind per document (up to)."),
     scorers: str = typer.Option("windowed,full", help="recall: scorers (windowed, full, sliding, windowed@W: windows of W document tokens, a window-size arm); windowed also yields windowed-max / windowed-z."),
     keeps: str = typer.Option("0.2,0.3,0.5", help="recall: keep levels (all from one scoring pass)."),
     keep: float = typer.Option(0.3, help="answer: keep of the specprefill runs."),
@@ -508,7 +514,7 @@ def bench_quality(
                                              "instead of scoring again; tasks without a matching file are scored."),
     family: int = typer.Option(0, help="Questions per document (up to; 0 = one document per task). Families reuse the "
                                        "document's KV through the service's caches, as a user's second question does."),
-    cache_bytes: int = typer.Option(2 << 30, help="With --family: bytes of saved KV (speculator windows, target prompts)."),
+    cache_bytes: int = typer.Option(2 << 30, help="With --family (or the non-lookup kinds, always families): bytes of saved KV (speculator windows, target prompts)."),
     cache_dir: str = typer.Option("", help="With --family: keep that saved KV in this directory too, so a resumed run "
                                            "does not prefill a family's document again (SPECQ_CACHE_DIR)."),
     threads: int = typer.Option(2, help="CPU threads."),
@@ -525,7 +531,7 @@ def bench_quality(
 
     if half not in ("recall", "answer", "group", "report"):
         raise fail(f"half must be recall, answer, group or report, not {half!r}")
-    if half == "group" and not family:
+    if half == "group" and not family and not any(k.strip() in ("two-place", "aggregation", "review", "summary") for k in kinds.split(",")):
         raise fail("the group half needs --family (questions per document)")
     try:
         sizes = [int(x.replace("_", "")) for x in lengths.split(",") if x.strip()]
@@ -534,6 +540,7 @@ def bench_quality(
         raise fail("--lengths must be token counts and --keeps numbers") from None
     from ..bench import quality as q
     from ..bench.quality_report import plot as draw, table_markdown
+    from ..bench.quality_kinds import KINDS as CODE_KINDS
     from ..bench.quality_tasks import KINDS
 
     from ..engine.options import CHUNK_RULES
@@ -543,18 +550,23 @@ def bench_quality(
     if baseline_from is not None and half != "answer":
         raise fail("--baseline-from is an option of the answer half")
     kind_list = [k.strip() for k in kinds.split(",") if k.strip()]
-    if any(k not in KINDS for k in kind_list):
-        raise fail(f"--kinds: known kinds are {', '.join(KINDS)}")
+    if not kind_list or any(k not in KINDS + CODE_KINDS for k in kind_list):
+        raise fail(f"--kinds: known kinds are {', '.join(KINDS + CODE_KINDS)}")
     settings = q.QualitySettings(lengths=sizes, n=n, start=start, seed=seed, kinds=kind_list,
                                  scorers=[s.strip() for s in scorers.split(",") if s.strip()], keeps=keep_list, keep=keep,
                                  scorer=scorer, window=window, max_tokens=max_tokens, family=family, chunk_rule=chunk_rule,
-                                 scores_dir=scores_dir, scores_from=scores_from)
+                                 scores_dir=scores_dir, scores_from=scores_from, split=split, shape=shape, per_kind=per_kind)
+    try:
+        settings.check()
+    except ValueError as e:
+        raise fail(f"--kinds/--split/--shape/--per-kind: {e}") from None
     engine = None
     if half != "report":
         if len(journal) != 1:
             raise fail("recall, answer and group write one --journal")
         opts = with_models(EngineOptions(n_gpu_layers=n_gpu_layers, n_threads=threads, n_ctx=max(sizes) + 1024,
-                                         cache_bytes=cache_bytes if family else 0, cache_dir=cache_dir if family else ""),
+                                         cache_bytes=cache_bytes if family or settings.code_kinds else 0,
+                                         cache_dir=cache_dir if family or settings.code_kinds else ""),
                            target=target, speculator=speculator)
         try:
             from ..engine.pipeline import Engine

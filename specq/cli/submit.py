@@ -34,6 +34,7 @@ def submit_cmd(
     window: int = typer.Option(None, help="Document tokens per scoring window (0 = auto: one window up to 8,192 tokens, else 4,096)."),
     selection: str = typer.Option(None, help="How specprefill spends the keep budget: global (whole document) or per-window (each scoring window)."),
     chunk_rule: str = typer.Option(None, help="How chunks are ranked: border (the default: a chunk also scores the spans over its borders, so a line the chunk grid cuts is kept whole), mean (its mean score) or scope (border, and a line's header, the nearest less-indented line above it, ranks nearly as high as the line: a raise keeps its def; better recall, worse answers at 4K)."),
+    task: str = typer.Option(None, help="What kind of question this is (lookup, two-place, aggregation, review, summary): mode auto reads that kind's quality evidence; not given, auto needs every kind's (docs/quality.md)."),
     pipelined: bool = typer.Option(None, "--pipelined/--no-pipelined", help="Prefill each window's kept chunks while the next window is scored (needs --selection per-window)."),
     max_tokens: int = typer.Option(None, help="Tokens to generate at most."),
     temperature: float = typer.Option(None, help="0 = greedy."),
@@ -63,7 +64,7 @@ def submit_cmd(
 
     given = dict(mode=mode, positions=positions, keep=keep, scorer=scorer, lookahead=lookahead, chunk=chunk,
                  max_keep=max_keep, min_tokens=min_tokens, pool=pool, window=window, selection=selection,
-                 chunk_rule=chunk_rule, pipelined=pipelined, max_tokens=max_tokens,
+                 chunk_rule=chunk_rule, pipelined=pipelined, task=task, max_tokens=max_tokens,
                  temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, draft=draft, n_draft=n_draft,
                  draft_min=draft_min, p_min=p_min, ngram=ngram)
     params = {k: v for k, v in given.items() if v is not None}

@@ -24,6 +24,8 @@ Scorer = Literal["windowed", "sliding", "full"]
 Draft = Literal["none", "ngram", "model", "mtp", "eagle3", "auto"]
 Selection = Literal["global", "per-window"]
 ChunkRule = Literal["border", "mean", "scope"]
+#: a job's task kind (RunParams.task); "" = not declared
+TaskKind = Literal["", "lookup", "two-place", "aggregation", "review", "summary"]
 #: the chunk rules (selection.rank_scores) and the default one: named here once
 CHUNK_RULES: tuple[str, ...] = typing.get_args(ChunkRule)
 DEFAULT_CHUNK_RULE: ChunkRule = "border"
@@ -159,6 +161,10 @@ class EngineOptions:
         return self.n_threads or (os.cpu_count() or 1)
 
 
+#: the kinds of question a job may declare (RunParams.task); evidence rows are per kind (docs/quality.md "Task kinds")
+TASK_KINDS: tuple[str, ...] = typing.get_args(TaskKind)[1:]
+
+
 @dataclass
 class RunParams:
     """What one job asks for. Unknown keys are refused by `RunParams.from_dict`."""
@@ -203,6 +209,10 @@ class RunParams:
     #: answers at 4K, so not the default).
     #: docs/history.md "Chunk borders" and "Header lines" measure them; mode auto's quality bands are per rule
     chunk_rule: ChunkRule = DEFAULT_CHUNK_RULE
+    #: the kind of question (TASK_KINDS: lookup, two-place, aggregation, review, summary): mode auto then reads
+    #: that kind's evidence rows only; "" (not declared): auto runs specprefill only at lengths where every kind
+    #: is measured and passes (engine/policy/evidence.py; docs/quality.md "Task kinds")
+    task: TaskKind = ""
     #: specprefill with per-window selection: the target prefills each window's chunks while the
     #: speculator scores the next one (two threads; the same kept set and answer as the serial run
     #: with per-window selection). Pays off with the speculator on its own GPU (--speculator-gpu)
@@ -284,6 +294,7 @@ class RunParams:
         checks: list[tuple[bool, str]] = [
             (self.pool % 2 == 1, "pool must be an odd number >= 1"),
             (self.window == 0 or self.window >= 64, "window must be 0 (auto) or >= 64 tokens"),
+            (self.task == "" or self.task in TASK_KINDS, f"task must be {_or(TASK_KINDS)} (or left out: not declared)"),
             (isinstance(self.pipelined, bool), "pipelined must be true or false"),
             (not self.pipelined or self.selection == "per-window",
              "pipelined needs selection per-window (a window's chunks are chosen as soon as it is scored)"),
@@ -425,6 +436,6 @@ def _coerce(name: str, type_name: Any, value: Any) -> Any:
 ENGINE_OPTION_NAMES = tuple(f.name for f in dataclasses.fields(EngineOptions))
 RUN_PARAM_NAMES = tuple(f.name for f in dataclasses.fields(RunParams))
 
-__all__ = ["EngineOptions", "RunParams", "ENGINE_OPTION_NAMES", "RUN_PARAM_NAMES", "PARAM_BOUNDS", "PARAM_CHOICES",
+__all__ = ["EngineOptions", "RunParams", "TASK_KINDS", "ENGINE_OPTION_NAMES", "RUN_PARAM_NAMES", "PARAM_BOUNDS", "PARAM_CHOICES",
            "MAX_PROMPT_TEXT_BYTES", "Bound", "MAX_STOP_STRINGS",
            "MAX_STOP_BYTES", "DEFAULT_PROTECT_TAIL"]

@@ -347,7 +347,7 @@ class Engine:
         return EvidenceKey(
             target_sha256=target_sha, speculator_sha256=spec_sha,
             backend="cpu" if invariance.on_cpu(self.options, self.info.backend) else self.info.backend,
-            prompt_shape=shape, task=None, positions=positions, score_math=score_math, scorer=scorer, window=window,
+            prompt_shape=shape, task=params.task or None, positions=positions, score_math=score_math, scorer=scorer, window=window,
             chunk_rule=params.chunk_rule, keep=params.keep, max_keep=params.max_keep, chunk=params.chunk,
             lookahead=params.lookahead, pool=params.pool, selection=params.selection, pipelined=params.pipelined,
             protect_tail=-1 if shape == "native" else params.protect_tail,

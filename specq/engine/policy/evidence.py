@@ -36,6 +36,7 @@ from typing import Any, Iterable, Sequence
 
 from . import evidence_metrics as em
 from .evidence_bound import METHOD
+from ..options import TASK_KINDS
 from .evidence_key import FIELDS, EvidenceKey, first_difference
 
 #: prompt tokens on top of a measured document's: chat template + question
@@ -144,8 +145,8 @@ class EvidenceRow:
     def summary(self) -> str:
         v = "-" if self.value is None else f"{self.value:.2f}"
         what = "ratio" if self.metric == "answer_right" else self.metric
-        return (f"{self.doc_tokens[0]:,}-{self.doc_tokens[1]:,}-token documents: n {self.n} ({len(self.documents)} documents), "
-                f"{what} {v}, {self.bound_method} 90% lower {self.bound:.2f}")
+        return (f"{self.key.task} questions on {self.doc_tokens[0]:,}-{self.doc_tokens[1]:,}-token documents: n {self.n} "
+                f"({len(self.documents)} documents), {what} {v}, {self.bound_method} 90% lower {self.bound:.2f}")
 
 
 def row_from_dict(data: Any) -> EvidenceRow:
@@ -155,6 +156,8 @@ def row_from_dict(data: Any) -> EvidenceRow:
     if not isinstance(data, dict):
         raise ValueError("row: must be an object")
     key = EvidenceKey.from_dict(data.get("key"))
+    if key.task is None:
+        raise ValueError(f"key.task: a row names the kind of its questions ({', '.join(TASK_KINDS)})")
     metric = data.get("metric", "answer_right")
     if metric not in PASS_BARS:
         raise ValueError(f"metric: must be one of {', '.join(PASS_BARS)}")
@@ -258,13 +261,23 @@ def length_fails(rows: Sequence[EvidenceRow]) -> str:
     return ""
 
 
+#: task kinds whose rows cannot pass yet: a summary has no answer-right (bench/quality_grade.py), and exact
+#: agreement is not its measure; its label-free fidelity has no validated pass bar yet (docs/quality.md)
+KIND_METRIC = {"summary": "fidelity"}
+
+
 def lookup(rows: Sequence[EvidenceRow], key: EvidenceKey | None, arm: str = "specprefill") -> tuple[tuple[Band, ...], str]:
     """(bands, why): the prompt-length bands where `key` has passing `arm` rows (module doc); where there
-    are none, `why` says so ("" otherwise). `key` None: only whether any row passes (no key made).
+    are none, `why` says so ("" otherwise). `key` None: only whether any row passes (no key made). A key
+    whose task is not declared (None) has the bands where every kind of TASK_KINDS has (`every_kind`).
 
     Several metrics (specq calibrate writes one row per metric): at each measured length the row with the most
     documents, then questions, of each metric stands; a length passes only when every metric's row there passes
     and one of them is answer_right or agreement (`length_fails`)."""
+    if key is not None and key.task is None:
+        return every_kind(rows, key, arm)
+    if key is not None and key.task in KIND_METRIC:
+        return (), (f"{key.task} questions: unmeasured ({KIND_METRIC[key.task]} has no pass bar yet; docs/quality.md)")
     live = [r for r in rows if r.arm == arm]
     mine = [r for r in live if key is not None and first_difference(key, r.key) is None]
     best: dict[tuple[int, str], EvidenceRow] = {}
@@ -308,6 +321,26 @@ def lookup(rows: Sequence[EvidenceRow], key: EvidenceKey | None, arm: str = "spe
     return (), f"no evidence for {key.describe(name)} (passing rows have {row.key.describe(name)}; docs/quality.md)"
 
 
+def every_kind(rows: Sequence[EvidenceRow], key: EvidenceKey, arm: str = "specprefill") -> tuple[tuple[Band, ...], str]:
+    """A job that declares no task (issue 49: it cannot be assumed to be a lookup): the lengths where every kind
+    of TASK_KINDS is measured and passes with the job's other settings — each kind's bands (`lookup`)
+    intersected; an unmeasured or failing kind blocks, and `why` names the first such kind and its reason."""
+    out: list[Band] | None = None
+    for kind in TASK_KINDS:
+        bands, why = lookup(rows, replace(key, task=kind), arm)
+        if not bands:
+            return (), f"task not declared (params.task), so every kind must pass, and {kind}: {why}"
+        if out is None:
+            out = list(bands)
+            continue
+        out = [Band(max(a.lo, b.lo), min(a.hi, b.hi), a.rows + b.rows) for a in out for b in bands
+               if max(a.lo, b.lo) <= min(a.hi, b.hi)]
+        if not out:
+            return (), (f"task not declared (params.task), so every kind must pass, and no length has every kind "
+                        f"passing (the first without overlap: {kind}; docs/quality.md)")
+    return tuple(out or ()), ""
+
+
 def _bar_text(metric: str) -> str:
     bar = PASS_BARS[metric]
     return (f">= {bar.min_documents} documents, >= {bar.min_questions} questions, a clustered lower bound >= "
@@ -332,5 +365,6 @@ def with_documents(row: EvidenceRow, documents: dict) -> EvidenceRow:
     return replace(row, documents=documents, bound=em.row_bound(row.metric, documents))
 
 
-__all__ = ["EvidenceRow", "Band", "PassBar", "PASS_BARS", "PROVISIONAL_BARS", "length_fails", "QUESTION_ALLOWANCE", "SHIPPED_PATH", "row_from_dict", "load_rows",
+__all__ = ["EvidenceRow", "Band", "KIND_METRIC", "every_kind", "PassBar", "PASS_BARS", "PROVISIONAL_BARS", "length_fails",
+           "QUESTION_ALLOWANCE", "SHIPPED_PATH", "row_from_dict", "load_rows",
            "shipped_rows", "merge", "listing", "lookup", "with_documents"]

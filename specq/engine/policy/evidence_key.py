@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-from ..options import DEFAULT_WINDOW, ONE_PASS_TOKENS
+from ..options import DEFAULT_WINDOW, ONE_PASS_TOKENS, TASK_KINDS
 
 #: the prompt shapes a key may name
 PROMPT_SHAPES = ("native", "chat", "completion")
@@ -42,7 +42,7 @@ class EvidenceKey:
     speculator_sha256: str
     backend: str  # cpu | cuda
     prompt_shape: str  # native | chat | completion
-    task: Optional[str]  # the job's task kind; None = not given
+    task: Optional[str]  # the task kind (options.TASK_KINDS); a job's None = not declared (a row always names one)
     positions: str  # original | compressed, after the library probe
     score_math: str  # numpy | torch: the speculator's score implementation
     scorer: str  # effective: full (one pass) | windowed | sliding
@@ -101,6 +101,8 @@ class EvidenceKey:
                               ("chunk_rule", ("border", "mean", "scope")), ("selection", ("global", "per-window"))):
             if getattr(self, name) not in choices:
                 raise ValueError(f"key.{name}: must be one of {', '.join(choices)}")
+        if self.task is not None and self.task not in TASK_KINDS:
+            raise ValueError(f"key.task: must be one of {', '.join(TASK_KINDS)}")
         if not 0.0 < self.keep <= 1.0:
             raise ValueError("key.keep: must be in (0, 1]")
         for name, lo in (("max_keep", 0), ("chunk", 1), ("lookahead", 1), ("pool", 1), ("window", 0), ("protect_tail", -1)):
