@@ -174,11 +174,16 @@ def test_calibrate_local_rows_are_listed_and_mode_auto_uses_them(tmp_path, tiny_
         with db.session(f"sqlite:///{tmp_path / 'home' / 'specq.sqlite'}") as s:
             assert EvidenceWatch().refresh(s, e)
         doc = _doc(5)
-        _, mode, _, _, _, spec = e.prepare(doc, RunParams(question="What is the value of item 6?", keep=1.0, max_tokens=4))
+        # the rows are lookups (calibrate --task, default lookup): a job that declares that kind uses them
+        q = "What is the value of item 6?"
+        _, mode, _, _, _, spec = e.prepare(doc, RunParams(question=q, keep=1.0, max_tokens=4, task="lookup"))
         assert mode == "specprefill", spec.reason
         assert "one-off long document" in spec.reason and "agreement >= 0.9 (provisional bar)" in spec.reason
-        _, mode, _, _, _, spec = e.prepare(doc, RunParams(question="What is the value of item 6?", keep=0.9, max_tokens=4))
+        _, mode, _, _, _, spec = e.prepare(doc, RunParams(question=q, keep=0.9, max_tokens=4, task="lookup"))
         assert mode == "baseline" and "keep=0.9" in spec.reason, spec.reason
+        # a job that declares no kind needs every kind's rows (issue 49): the other kinds are unmeasured
+        _, mode, _, _, _, spec = e.prepare(doc, RunParams(question=q, keep=1.0, max_tokens=4))
+        assert mode == "baseline" and "task not declared" in spec.reason, spec.reason
     finally:
         e.close()
 

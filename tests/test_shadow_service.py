@@ -33,14 +33,15 @@ CLAIM_SHARE = 0.5
 
 
 def _key(models) -> dict:
-    """The key a worker on `models` resolves for DOC with params {window: 256} (native prompt)."""
+    """The key a worker on `models` resolves for DOC with params {window: 256, task: lookup} (native prompt; a job
+    must declare its kind to use one kind's rows, issue 49)."""
     from specq.engine.options import EngineOptions, RunParams
     from specq.engine.pipeline import Engine
 
     e = Engine(EngineOptions(target=str(models.target), speculator=str(models.speculator), n_gpu_layers=0,
                              n_ctx=4096, n_threads=2))
     try:
-        params = RunParams(question="What is the value of item 7?", window=256)
+        params = RunParams(question="What is the value of item 7?", window=256, task="lookup")
         prompt = e.tokenize_prompt(DOC, params)
         return e.evidence_key(prompt, params, "original" if e.gaps_supported else "compressed").as_dict()
     finally:
@@ -93,7 +94,7 @@ def _checks_after(c: httpx.Client, before: int, timeout: float = 60.0) -> dict:
 
 
 def _ask(c: httpx.Client, q: str, **params) -> dict:
-    job = c.post("/v1/jobs", json={"text": DOC, "question": q, "params": {"window": 256, **params}}).json()
+    job = c.post("/v1/jobs", json={"text": DOC, "question": q, "params": {"window": 256, "task": "lookup", **params}}).json()
     done = wait_job(c, job["id"], timeout=120)
     assert done["status"] == "succeeded", done
     return done

@@ -95,6 +95,7 @@ def calibrate_cmd(
     keep: str = typer.Option("0.3", help="Keep fraction(s) to calibrate, comma-separated (each gets its own rows)."),
     n: int = typer.Option(0, help="Questions per length: at most this many from --documents (0 = all), or this many built-in ones (0 = 40: 8 documents x 5)."),
     max_tokens: int = typer.Option(32, help="Tokens each answer generates at most (the teacher-forced pass scores baseline's)."),
+    task_kind: str = typer.Option("lookup", "--task", help="The kind of question the lines ask (lookup, two-place, aggregation, review): the rows are that kind's, used by jobs that declare it as params.task; a job that declares none needs every kind's rows (docs/quality.md). The built-in families are lookups."),
     journal: Path = typer.Option(None, help="The resumable journal (default: $SPECQ_HOME/calibrate/<input+settings>.jsonl); rerun the same command to resume."),
     plot_path: Path = typer.Option(None, "--plot", help="Where the PNG goes (default: beside the journal)."),
     local: bool = typer.Option(False, "--local", help="Write the rows into the job store (SPECQ_DATABASE_URL) instead of POSTing them to the running service."),
@@ -116,6 +117,12 @@ def calibrate_cmd(
         raise fail("--lengths: positive token counts")
     if n < 0 or max_tokens < 1:
         raise fail("--n must be >= 0 and --max-tokens >= 1")
+    from ..engine.options import TASK_KINDS
+
+    if task_kind not in TASK_KINDS or task_kind == "summary":
+        raise fail(f"--task: one of {', '.join(k for k in TASK_KINDS if k != 'summary')} (summary rows have no pass bar yet)")
+    if documents is None and task_kind != "lookup":
+        raise fail("--task: the built-in families are lookups (give --documents for questions of another kind)")
     questions = None
     if documents is not None:
         try:
@@ -158,7 +165,7 @@ def calibrate_cmd(
 
     from ..engine.policy.evidence_key import model_sha256
 
-    base = RunParams(max_tokens=max_tokens)
+    base = RunParams(max_tokens=max_tokens, task=task_kind)
     settings = {"target_sha256": model_sha256(engine.target_path), "speculator_sha256": model_sha256(engine.speculator.path),
                 "params": dataclasses.asdict(base), "backend": engine.info.backend}
     skey = cal.settings_key(settings)
@@ -185,7 +192,7 @@ def calibrate_cmd(
                 def progress(phase: str, done: int, total: int, _q=q, _k=k) -> None:
                     bar.update(task, description=f"keep {_k:g}, {_q.length}: {phase} {done}/{total}")
 
-                params = RunParams(max_tokens=max_tokens, keep=k)
+                params = RunParams(max_tokens=max_tokens, keep=k, task=task_kind)
                 result = run_unit(engine, q.document, q.question, params, progress)
                 jr.add_unit(q.unit_id(k), cal.unit_record(q, k, result))
                 bar.advance(task)

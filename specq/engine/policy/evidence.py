@@ -274,8 +274,8 @@ def lookup(rows: Sequence[EvidenceRow], key: EvidenceKey | None, arm: str = "spe
     Several metrics (specq calibrate writes one row per metric): at each measured length the row with the most
     documents, then questions, of each metric stands; a length passes only when every metric's row there passes
     and one of them is answer_right or agreement (`length_fails`)."""
-    if key is not None and key.task is None:
-        return every_kind(rows, key, arm)
+    if key is not None and key.task is None and any(r.passes for r in rows if r.arm == arm):
+        return every_kind(rows, key, arm)  # (where no row passes at all, the reason below says just that)
     if key is not None and key.task in KIND_METRIC:
         return (), (f"{key.task} questions: unmeasured ({KIND_METRIC[key.task]} has no pass bar yet; docs/quality.md)")
     live = [r for r in rows if r.arm == arm]
