@@ -148,6 +148,14 @@ def open_source(settings: ServiceSettings, job_id: str):
     return StoreSource(job_id)
 
 
+def row_poll_s(settings: ServiceSettings) -> float:
+    """Seconds between a feed's reads of its job's row, outside the end of a job (module doc)."""
+    url = settings.resolved_broker_url
+    if not settings.embedded_broker and url.startswith(("redis://", "rediss://", "unix://")):
+        return STATUS_POLL_S
+    return min(STORE_POLL_S, STATUS_POLL_S)
+
+
 def read_rows(job_ids: list[str]) -> dict[str, dict[str, Any]]:
     """What the streams show of each job's row (a job that does not exist is left out), with its result
     once it succeeded; one query per 500 jobs."""
@@ -340,4 +348,4 @@ def feeds_running() -> int:
 
 
 __all__ = ["JobFeed", "Piece", "StoreSource", "RedisSource", "open_source", "read_rows", "RowReader", "subscribe", "feeds_running",
-           "STATUS_POLL_S", "DELTA_POLL_S", "STORE_POLL_S", "END_POLL_S", "END_WINDOW_S"]
+           "row_poll_s", "STATUS_POLL_S", "DELTA_POLL_S", "STORE_POLL_S", "END_POLL_S", "END_WINDOW_S"]
