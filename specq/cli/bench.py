@@ -391,6 +391,10 @@ def bench_serve(
                    f"{s['group_union_copies']} copied head + union from another slot; union {s['group_union_fraction_p50']} "
                    f"of the document (p50), own selection {s['group_own_fraction_p50']}; "
                    f"{s['group_prefilled_tokens']} target tokens prefilled by members")
+    if s.get("breakdown_ms"):
+        typer.echo("  where the time went (ms, p50 / p90 over the jobs; server stamps, GET /v1/jobs/{id} trace):")
+        for gap, v in s["breakdown_ms"].items():
+            typer.echo(f"    {gap:<32} {v['p50']:>10.1f} {v['p90']:>10.1f}  ({v['n']} jobs)")
     for e in s["errors"]:
         typer.echo(f"error: {e}", err=True)
     if out:
