@@ -343,7 +343,9 @@ def bench_serve(
 ) -> None:
     """Jobs/min, client and engine TTFT p50/p95 and decode tokens/s of a workload sent to a running service:
     through OpenAI /v1/chat/completions with streaming (the same client for specq and llama-server), or with
-    --documents through specq's stored documents and native jobs (its per-job modes and cache hits reported)."""
+    --documents through specq's stored documents and native jobs (its per-job modes and cache hits reported).
+    For specq, also where each job's time went: p50/p90 of the gaps between its server-side stamps (GET
+    /v1/jobs/{id} `trace`) and the client's send and first text."""
     import json
 
     from ..bench.serve import Workload, plot as draw, run_serve_bench
