@@ -5,8 +5,8 @@ For each round, each stack (`embedded`: `specq up` on SQLite + the embedded brok
 api` + `specq worker` on the local Redis and a throwaway PostgreSQL database) and each code tree
 (`NAME=PATH`, e.g. the commit before a change, `git archive`d into a folder, and this checkout), it starts
 the service from that tree on tiny random-weight models (CPU, written here), runs `specq bench serve`'s
-driver (this checkout's client: the same client for every tree) with arrival per-doc, then t0, and stops
-it. The trees alternate inside each round, so a load that changes over the run touches both.
+driver (this checkout's client: the same client for every tree) with arrival per-doc, then t0
+(`--arrivals`), and stops it. The trees alternate inside each round, so a load that changes over the run touches both.
 
     git archive 9cba8d2 | tar -x -C /tmp/before
     .venv/bin/python scripts/measure_followup_latency.py --tree before=/tmp/before --tree after=. \\
@@ -114,6 +114,7 @@ def main() -> None:
     ap.add_argument("--questions", type=int, default=4)
     ap.add_argument("--doc-tokens", type=int, default=400)
     ap.add_argument("--max-tokens", type=int, default=16)
+    ap.add_argument("--arrivals", nargs="+", default=["per-doc", "t0"], choices=["per-doc", "t0"])
     ap.add_argument("--json", type=Path)
     a = ap.parse_args()
     from specq.bench.provenance import Start, provenance
@@ -131,7 +132,7 @@ def main() -> None:
                 for name, tree in trees:
                     home = Path(tempfile.mkdtemp(dir=tmp))
                     with _service(tree, stack, models, home, _free_port()) as url:
-                        for arrival in ("per-doc", "t0"):
+                        for arrival in a.arrivals:
                             w = Workload(docs=a.docs, doc_tokens=a.doc_tokens, questions=a.questions,
                                          max_tokens=a.max_tokens, arrival=arrival, chars_per_token=1.0,
                                          mode="baseline", seed=rnd)
