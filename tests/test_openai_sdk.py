@@ -152,6 +152,30 @@ def test_chat_streams_before_the_job_ends_and_deltas_join_to_the_answer(stack):
         assert arrivals[0] < finished, (arrivals[0], finished)
 
 
+def test_a_streamed_chat_has_its_trace_in_order(stack):
+    """GET /v1/jobs/{id}'s `trace`: every stamp of a streamed chat (storage.trace), in the order the job
+    passed them, and the client's first text after the server's."""
+    client = sdk(stack)
+    sent = time.time()
+    stream = client.chat.completions.create(model="target", messages=[{"role": "user", "content": "Hallo?"}],
+                                            max_tokens=8, temperature=0, stream=True)
+    job_id, first_text = None, None
+    for chunk in stream:
+        job_id = job_id or chunk.model_extra["specq"]["job_id"]
+        if first_text is None and chunk.choices and chunk.choices[0].delta.content:
+            first_text = time.time()
+    deadline = time.monotonic() + 10
+    while (trace := job(stack, job_id)["trace"])["first_byte"] is None:  # written once the response was sent
+        assert time.monotonic() < deadline, trace
+        time.sleep(0.05)
+    assert all(trace[k] is not None for k in trace), trace
+    order = ["accepted", "stored", "claimed", "engine_start", "first_token", "engine_done", "done"]
+    assert [trace[k] for k in order] == sorted(trace[k] for k in order), trace
+    assert trace["stored"] <= trace["queued"] and trace["first_token"] <= trace["first_text"], trace
+    assert trace["accepted"] <= trace["first_byte"] <= trace["first_text"], trace
+    assert sent <= trace["accepted"] and trace["first_text"] <= first_text, (sent, first_text, trace)
+
+
 def test_a_single_user_message_with_a_long_document_is_scored(stack):
     r = sdk(stack).chat.completions.create(model="target", max_tokens=4,
                                            messages=[{"role": "user", "content": DOC + "\n\n" + QUESTION}])

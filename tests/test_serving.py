@@ -252,6 +252,12 @@ def test_bench_serve_reports_a_workload_run_against_the_service(stack):
     # at a time (the CPU scores on that thread too), so jobs/min cannot pass the rate it allows
     assert s["prefill_floor_ms_p50"] > 0 and s["jobs_per_min"] <= s["jobs_per_min_prefill_floor"], s
     assert report["provenance"]["measured_from"] == "client" and report["provenance"]["host"]["cores"] >= 1
+    # where the time went: every gap of the breakdown from the jobs' server stamps and the client's clock
+    from specq.bench.serve import GAPS
+
+    b = s["breakdown_ms"]
+    assert set(b) == {g for g, _, _ in GAPS} and all(v["n"] == 3 for v in b.values()), b
+    assert b["stored_to_claimed"]["p50"] >= 0 and b["engine_start_to_first_token"]["p50"] > 0, b
     # a job the worker fails (a document past the worker's 8,192-token context) is counted as an error
     # with the server's message, not as a silent zero (as the first H200 run of 2026-12-02 saw it)
     big = run_serve_bench(stack.url, Workload(docs=1, doc_tokens=9000, max_tokens=4, chars_per_token=1.0),

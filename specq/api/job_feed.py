@@ -1,8 +1,14 @@
 """One poller per followed job, shared by every stream of it (job events, streamed and waiting chat
 completions).
 
-A `JobFeed` reads the job's row every STATUS_POLL_S and its answer text from the worker's publisher
-(Redis pub/sub, or the store's `job_deltas` on the embedded default), and hands both to each subscribed
+A `JobFeed` reads its answer text from the worker's publisher (Redis pub/sub, or the store's
+`job_deltas` on the embedded default) and the job's row when the publisher says the job is ending (the
+last delta is marked `final`; on Redis the worker also announces the end once the job's row is written,
+`worker.stream.RedisChannel.clear`): then it reads the row at once and every END_POLL_S until it is
+terminal, for END_WINDOW_S. So a stream's `done` follows the worker's last write by a row read, not by
+up to a poll interval. The row is also read every STATUS_POLL_S (the safety net: progress, a job that
+fails or is cancelled without text, an event lost), on the embedded default every STORE_POLL_S (no
+pub/sub there; a queued job's text is read only once its row says it runs). It hands both to each subscribed
 stream's queue. So 300 streams on one job cost one row read per interval and one Redis subscription, not
 300 of each. A stream that subscribes late gets the latest row and the text so far first. The feeds of
 different jobs read their rows through one `RowReader`, which puts the reads asked for within BATCH_S
@@ -33,8 +39,15 @@ from ..storage import db, deltas, jobs, results
 
 log = logging.getLogger("specq.api")
 
-#: seconds between reads of the job's row (status, progress)
+#: seconds between reads of the job's row (status, progress): the safety net under the publisher's events
 STATUS_POLL_S = 0.25
+#: embedded default (no pub/sub, and the worker clears a job's rows once it ended, maybe before a feed
+#: read its final row): seconds between reads of the row; feeds' reads are batched (RowReader)
+STORE_POLL_S = 0.1
+#: after the publisher's last delta or end notice: seconds between reads of the row until it is terminal
+END_POLL_S = 0.02
+#: ... for at most this many seconds (a worker that cannot write the result: the safety net goes on)
+END_WINDOW_S = 2.0
 #: seconds between reads of job_deltas on the embedded default
 DELTA_POLL_S = 0.05
 #: row reads asked for within this many seconds go to the store together (`RowReader`)
@@ -46,6 +59,8 @@ class Piece:
     attempt: int
     offset: int
     text: str
+    #: the attempt's last delta: the job's row is about to turn terminal
+    final: bool = False
 
 
 class StoreSource:
@@ -56,6 +71,8 @@ class StoreSource:
 
     def __init__(self, job_id: str) -> None:
         self.job_id, self.attempt, self.seq = job_id, 0, -1
+        #: never set: the last row is marked `final` (but the worker may clear the rows before they are read)
+        self.ended = False
 
     async def start(self) -> list[Piece]:
         return await self.next(0)
@@ -71,7 +88,7 @@ class StoreSource:
             rows = deltas.read_after(s, self.job_id, self.attempt, self.seq)
         if rows:
             self.attempt, self.seq = rows[-1].attempt, rows[-1].seq
-        return [Piece(r.attempt, r.offset, r.text) for r in rows]
+        return [Piece(r.attempt, r.offset, r.text, r.final) for r in rows]
 
     async def close(self) -> None:
         pass
@@ -90,6 +107,8 @@ class RedisSource:
         self.redis = aioredis.Redis.from_url(url, socket_connect_timeout=3)
         self.channel, self.text_key, self.attempt_key = redis_keys(job_id)
         self.pubsub = self.redis.pubsub(ignore_subscribe_messages=True)
+        #: the worker announced the job's end (its row is written): the feed reads the row and resets this
+        self.ended = False
 
     async def start(self) -> list[Piece]:
         await self.pubsub.subscribe(self.channel)
@@ -105,8 +124,11 @@ class RedisSource:
             if message.get("type") == "message":
                 try:
                     d = json.loads(message["data"])
-                    out.append(Piece(int(d["attempt"]), int(d["offset"]), str(d["text"])))
-                except (ValueError, KeyError, TypeError):
+                    if d.get("ended"):
+                        self.ended = True
+                    else:
+                        out.append(Piece(int(d["attempt"]), int(d["offset"]), str(d["text"]), bool(d.get("final"))))
+                except (ValueError, KeyError, TypeError, AttributeError):
                     pass
             message = await self.pubsub.get_message(timeout=0)
         return out
@@ -124,6 +146,14 @@ def open_source(settings: ServiceSettings, job_id: str):
     if not settings.embedded_broker and url.startswith(("redis://", "rediss://", "unix://")):
         return RedisSource(url, job_id)
     return StoreSource(job_id)
+
+
+def row_poll_s(settings: ServiceSettings) -> float:
+    """Seconds between a feed's reads of its job's row, outside the end of a job (module doc)."""
+    url = settings.resolved_broker_url
+    if not settings.embedded_broker and url.startswith(("redis://", "rediss://", "unix://")):
+        return STATUS_POLL_S
+    return min(STORE_POLL_S, STATUS_POLL_S)
 
 
 def read_rows(job_ids: list[str]) -> dict[str, dict[str, Any]]:
@@ -225,21 +255,31 @@ class JobFeed:
             del _feeds[self.key]
         self._send(item)
 
+    @staticmethod
+    def _interval(row: dict[str, Any], source, fast_until: float) -> float:
+        """Seconds until the next read of a row that is not terminal (module doc)."""
+        if time.monotonic() < fast_until:
+            return END_POLL_S
+        if source.polls:
+            return min(STORE_POLL_S, STATUS_POLL_S)
+        return STATUS_POLL_S
+
     async def run(self) -> None:
         source = None
         try:
             source = open_source(self.settings, self.job_id)
             self._pieces(await source.start())
             next_poll = 0.0
+            fast_until = 0.0  # reading the row every END_POLL_S until then: the job is ending
             while self.queues:
                 if time.monotonic() >= next_poll:
                     row = await _reader().read(self.job_id)
-                    next_poll = time.monotonic() + STATUS_POLL_S
                     if row is None or row["status"] in JOB_TERMINAL:
                         if row is not None:
                             self._pieces(await source.next(0))
                         self._end(("row", row))
                         return
+                    next_poll = time.monotonic() + self._interval(row, source, fast_until)
                     if row != self.row:
                         self.row = row
                         self._send(("row", row))
@@ -247,7 +287,11 @@ class JobFeed:
                 if source.polls and self.row is not None and self.row["status"] == "queued":
                     await asyncio.sleep(wait)  # no text before it runs: its deltas are read from then on
                 else:
-                    self._pieces(await source.next(wait))
+                    pieces = await source.next(wait)
+                    self._pieces(pieces)
+                    if source.ended or any(p.final for p in pieces):  # the job is ending: read its row now
+                        source.ended = False
+                        next_poll, fast_until = 0.0, time.monotonic() + END_WINDOW_S
         except Exception as e:
             self._end(("error", e))
         finally:
@@ -304,4 +348,4 @@ def feeds_running() -> int:
 
 
 __all__ = ["JobFeed", "Piece", "StoreSource", "RedisSource", "open_source", "read_rows", "RowReader", "subscribe", "feeds_running",
-           "STATUS_POLL_S", "DELTA_POLL_S"]
+           "row_poll_s", "STATUS_POLL_S", "DELTA_POLL_S", "STORE_POLL_S", "END_POLL_S", "END_WINDOW_S"]

@@ -23,6 +23,7 @@ the job, then sends only its id to the broker by task name.
 from __future__ import annotations
 
 import json
+import time
 from typing import Any, Callable
 
 from fastapi import APIRouter, Depends, Path, Query, Request
@@ -38,7 +39,7 @@ from ..settings import ServiceSettings
 from ..storage import db, jobs, lifecycle, limits, results
 from ..storage.errors import InputTooLarge
 from ..storage.keys import Caller
-from ..storage.models import JOB_STATUSES
+from ..storage.models import JOB_STATUSES, unix
 from ..storage.quotas import QuotaExceeded, reserve_queued
 from . import schemas as S
 from .errors import ApiError, describe, from_validation, json_error, responses
@@ -303,9 +304,11 @@ async def _read_form(request: Request) -> tuple[str, str | None, dict, str | Non
 
 
 def _store_and_enqueue(settings: ServiceSettings, text: str, params: RunParams | dict, filename: str | None,
-                       tenant: str, **fields: Any) -> dict[str, Any]:
+                       tenant: str, stamps: dict[str, Any] | None = None, **fields: Any) -> dict[str, Any]:
     """Store the job (`fields`: kind, model, messages of an OpenAI request), then queue it; the response
-    body, built before the job is queued."""
+    body, built before the job is queued. `stamps` (OpenAI routes) gets the job's trace stamp `queued`
+    (storage.trace) and `created`, its created_at in unix seconds (the answer's `created`: no second
+    read of the row)."""
     from ..broker import enqueue_job
 
     with db.session() as s:
@@ -327,6 +330,8 @@ def _store_and_enqueue(settings: ServiceSettings, text: str, params: RunParams |
             message = f"could not queue the job: broker unreachable ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
             jobs.mark_failed(s, job.id, message)
             raise ApiError(503, message, "unavailable") from None
+        if stamps is not None:
+            stamps.update(queued=time.time(), created=unix(job.created_at))
         return body
 
 

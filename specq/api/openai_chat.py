@@ -27,18 +27,19 @@ import asyncio
 import contextlib
 import json
 import logging
+import time
 from typing import Any, Callable
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.background import BackgroundTask
 from starlette.concurrency import run_in_threadpool
 
 from .. import openai_format as F
 from ..contracts import is_context_length_error
 from ..settings import ServiceSettings
-from ..storage import db, jobs
+from ..storage import db, jobs, trace
 from ..storage.keys import Caller
-from ..storage.models import unix
 from . import openai_schemas as O
 from .errors import ApiError, responses
 from .events import SSE_HEADERS
@@ -68,7 +69,8 @@ def openai_router(settings: ServiceSettings, caller_of: Callable[..., Caller], c
                  responses={200: {"content": STREAM_DOC}, **errors})
     async def chat(request: Request, caller: Caller = Depends(caller_of)):
         raw = await _json_body(request)
-        return await _answer(request, settings, caller, await run_in_threadpool(_chat_spec, raw, catalog))
+        accepted = time.time()
+        return await _answer(request, settings, caller, await run_in_threadpool(_chat_spec, raw, catalog), accepted)
 
     @router.post("/v1/completions", summary="A text completion of a raw prompt (OpenAI format)",
                  operation_id="createCompletion", response_model=O.ChatCompletion,
@@ -76,7 +78,9 @@ def openai_router(settings: ServiceSettings, caller_of: Callable[..., Caller], c
                  responses={200: {"content": STREAM_DOC}, **errors})
     async def completions(request: Request, caller: Caller = Depends(caller_of)):
         raw = await _json_body(request)
-        return await _answer(request, settings, caller, await run_in_threadpool(_completion_spec, raw, catalog))
+        accepted = time.time()
+        return await _answer(request, settings, caller, await run_in_threadpool(_completion_spec, raw, catalog),
+                             accepted)
 
     return router
 
@@ -104,12 +108,16 @@ async def _json_body(request: Request) -> bytes:
     return await request.body()
 
 
-async def _answer(request: Request, settings: ServiceSettings, caller: Caller, spec: JobSpec):
+async def _answer(request: Request, settings: ServiceSettings, caller: Caller, spec: JobSpec, accepted: float):
+    """Store and queue the job, then follow it. Its trace stamps (storage.trace) are written once the
+    response was sent (a background task), so they cost the answer no store round trip."""
+    stamps: dict[str, Any] = {"accepted": accepted}
     created = await run_in_threadpool(store_and_enqueue, settings, spec.text, spec.params, None, caller.tenant,
-                                      kind=spec.kind, model=spec.model, messages=spec.messages)
+                                      stamps, kind=spec.kind, model=spec.model, messages=spec.messages)
     job_id = created["id"]
     headers = {"X-Specq-Job-Id": job_id}
-    stamp = await run_in_threadpool(_created_at, job_id)
+    stamp = stamps.pop("created")
+    background = BackgroundTask(run_in_threadpool, _save_stamps, job_id, stamps)
     if spec.stream:
         events = _Events(follow(settings, job_id))
         try:
@@ -121,13 +129,15 @@ async def _answer(request: Request, settings: ServiceSettings, caller: Caller, s
         if done is not None and done["status"] != "succeeded":
             await events.close()
             raise _failed(spec, job_id, done, headers)
-        return StreamingResponse(_chunks(spec, job_id, stamp, events, held), media_type="text/event-stream",
-                                 headers={**SSE_HEADERS, **headers})
+        return StreamingResponse(_chunks(spec, job_id, stamp, events, held, stamps), media_type="text/event-stream",
+                                 headers={**SSE_HEADERS, **headers}, background=background)
     done = await _wait(request, settings, job_id)
     if done["status"] != "succeeded":
         raise _failed(spec, job_id, done, headers)
     result = await run_in_threadpool(_result, job_id)
-    return JSONResponse(F.completion_object(job_id, spec.kind, spec.model, stamp, result), headers=headers)
+    stamps["first_byte"] = time.time()
+    return JSONResponse(F.completion_object(job_id, spec.kind, spec.model, stamp, result), headers=headers,
+                        background=background)
 
 
 def _failed(spec: JobSpec, job_id: str, done: dict[str, Any], headers: dict[str, str]) -> ApiError:
@@ -210,10 +220,12 @@ async def _hold(request: Request, settings: ServiceSettings, job_id: str, events
         raise
 
 
-def _created_at(job_id: str) -> int:
-    with db.session() as s:
-        job = jobs.get_job(s, job_id)
-        return unix(job.created_at) if job is not None else 0
+def _save_stamps(job_id: str, stamps: dict[str, float]) -> None:
+    try:
+        with db.session() as s:
+            trace.add_stamps(s, job_id, stamps)
+    except Exception as e:  # best effort: the trace is a measurement, the answer was sent
+        log.warning("job %s: could not store its trace stamps: %s", job_id, e)
 
 
 def _result(job_id: str) -> dict[str, Any]:
@@ -258,7 +270,8 @@ def _data(obj: Any) -> bytes:
     return ("data: " + json.dumps(obj, ensure_ascii=False, allow_nan=False) + "\n\n").encode("utf-8")
 
 
-async def _chunks(spec: JobSpec, job_id: str, created: int, events: _Events, held: list[tuple[str, Any]]):
+async def _chunks(spec: JobSpec, job_id: str, created: int, events: _Events, held: list[tuple[str, Any]],
+                  stamps: dict[str, float]):
     kind, model, usage = spec.kind, spec.model, spec.include_usage
     finished = False
 
@@ -272,12 +285,14 @@ async def _chunks(spec: JobSpec, job_id: str, created: int, events: _Events, hel
                 return
 
     try:
+        stamps["first_byte"] = time.time()
         yield _data(F.chunk(job_id, kind, model, created, text="", role=True, with_usage=usage,
                             specq={"job_id": job_id}))
         async for name, data in all_events():
             if name == "keepalive":
                 yield b": keep-alive\n\n"
             elif name == "delta":
+                stamps.setdefault("first_text", time.time())
                 yield _data(F.chunk(job_id, kind, model, created, text=data["text"], with_usage=usage))
             elif name == "reset":
                 finished = True

@@ -245,11 +245,32 @@ class JobSummary(Response):
     batch_name: str | None = Field(None, description="its batch's name (`metadata.name`), if it has one")
 
 
+class JobTrace(Response):
+    """Where the job's time went, from the server's clocks: unix seconds, null where not known
+    (storage.trace). The OpenAI routes' requests have every stamp; a native job (POST /v1/jobs) has
+    no `accepted`, `queued`, `first_byte`, `first_text`; a job that did not succeed has only its row's
+    `stored`, `claimed` and `done`. `queued` and `claimed` race (a worker may claim before the send
+    returns)."""
+
+    accepted: float | None = Field(None, description="the request's body was read (OpenAI routes)")
+    stored: float | None = Field(None, description="the job's row was written (created_at)")
+    queued: float | None = Field(None, description="the broker took its message (OpenAI routes)")
+    claimed: float | None = Field(None, description="a worker claimed it (started_at of the last attempt)")
+    engine_start: float | None = Field(None, description="the worker handed it to the engine")
+    first_token: float | None = Field(None, description="its first answer text left the engine")
+    first_byte: float | None = Field(None, description="the response's first chunk was sent (OpenAI routes)")
+    first_text: float | None = Field(None, description="the first chunk with answer text was sent (streamed "
+                                                       "OpenAI requests)")
+    engine_done: float | None = Field(None, description="the engine returned its result")
+    done: float | None = Field(None, description="the job's end was written (finished_at)")
+
+
 class JobOut(JobSummary):
     """GET /v1/jobs/{id}: the job, its input and, once it succeeded, its result."""
 
     input: JobInputOut | None = None
     result: dict[str, Any] | None = Field(None, description="the run result object (docs/result.md)")
+    trace: JobTrace | None = Field(None, description="where its time went (server clocks)")
 
 
 class JobDocument(Response):

@@ -11,6 +11,7 @@ from typing import Any
 
 from ..storage import jobs, results
 from ..storage.sanitize import safe_dict
+from ..storage.trace import job_trace
 
 #: params keys left out of list rows: prompt texts of up to 64 KiB each (GET /v1/jobs/{id} has them)
 LIST_OMITS = ("question", "system")
@@ -54,6 +55,7 @@ def job_view(s, job) -> dict[str, Any]:
     result = results.get_result(s, job.id) if job.status == "succeeded" else None
     d["result"] = safe_dict(result) if result is not None else None
     d["ran"] = ran((d["result"] or {}).get("spec"))
+    d["trace"] = job_trace(job, d["result"])
     inp = jobs.get_input(s, job.id)
     d.update(jobs.list_labels(s, [job.id]).get(job.id) or NO_LABELS)
     d["input"] = None if inp is None else {"filename": inp.filename, "size_bytes": inp.size_bytes,

@@ -26,6 +26,11 @@ gaps drawn from `seed`, so two runs of one workload send at the same offsets: `a
 sustained random arrivals, e.g. to measure what idle-time work such as shadow checks
 (SPECQ_SHADOW_RATE) costs the jobs that arrive while it runs.
 
+Breakdown (`breakdown_ms`, specq): per gap between the job's server-side stamps (GET /v1/jobs/{id}
+`trace`: accepted, stored, queued, claimed, engine start, first token, first text sent, engine done,
+done) and the client's send and first text, p50/p90 over the jobs: where a job's time went before its
+first token and after it.
+
 Per job: client TTFT (request sent -> first streamed answer text; on the documents path "sent" is
 before the POST /v1/jobs), end time, output tokens (the usage of the last chunk or of the `done`
 event, else the content chunks counted) and specq's engine-side timings (`timings_ms`: `ttft` from the
@@ -105,6 +110,11 @@ class JobRecord:
     spec: dict[str, Any] = field(default_factory=dict)
     #: the documents path: `reset` events (a retried attempt restarted the answer)
     resets: int = 0
+    #: wall clock (unix s) of the request's send and of its first answer text here, for the breakdown
+    sent_unix: float = 0.0
+    first_unix: float | None = None
+    #: specq, read after the run: the job's server-side stamps (GET /v1/jobs/{id} `trace`, unix s)
+    trace: dict[str, float | None] = field(default_factory=dict)
 
     @property
     def ttft_ms(self) -> float | None:
@@ -164,7 +174,7 @@ def _recorded(rec: JobRecord, t0: float) -> Iterator[None]:
 
 
 async def _one(client, url: str, body: dict, rec: JobRecord, t0: float) -> None:
-    rec.sent_s = time.perf_counter() - t0
+    rec.sent_s, rec.sent_unix = time.perf_counter() - t0, time.time()
     with _recorded(rec, t0):
         async with client.stream("POST", url, json=body) as r:
             if r.status_code != 200:
@@ -186,7 +196,7 @@ async def _one(client, url: str, body: dict, rec: JobRecord, t0: float) -> None:
                     if text:
                         rec.chunks += 1
                         if rec.first_s is None:
-                            rec.first_s = time.perf_counter() - t0
+                            rec.first_s, rec.first_unix = time.perf_counter() - t0, time.time()
                 usage = chunk.get("usage")
                 if usage:
                     rec.output_tokens = int(usage.get("completion_tokens") or 0)
@@ -294,7 +304,7 @@ def job_params(w: Workload) -> dict[str, Any]:
 
 async def _follow_job(client, body: dict, rec: JobRecord, t0: float) -> None:
     """POST /v1/jobs, then its events until `done` (docs/service.md "Job events")."""
-    rec.sent_s = time.perf_counter() - t0
+    rec.sent_s, rec.sent_unix = time.perf_counter() - t0, time.time()
     with _recorded(rec, t0):
         r = await client.post("/v1/jobs", json=body)
         if r.status_code != 202:
@@ -320,7 +330,7 @@ async def _follow_job(client, body: dict, rec: JobRecord, t0: float) -> None:
                 if event == "delta" and data.get("text"):
                     rec.chunks += 1
                     if rec.first_s is None:
-                        rec.first_s = time.perf_counter() - t0
+                        rec.first_s, rec.first_unix = time.perf_counter() - t0, time.time()
                 elif event == "reset":
                     rec.resets += 1
                 elif event == "status":
@@ -365,17 +375,23 @@ async def _details(base_url: str, recs: list[JobRecord], api_key: str, timeout: 
 
     async def one(client, rec: JobRecord) -> None:
         async with sem:
-            try:
-                r = await client.get(f"/v1/jobs/{rec.job_id}")
-                if r.status_code != 200:
+            for _ in range(10):
+                try:
+                    r = await client.get(f"/v1/jobs/{rec.job_id}")
+                    if r.status_code != 200:
+                        return
+                    v = r.json()
+                except Exception:
                     return
-                v = r.json()
-            except Exception:
-                return
+                trace = v.get("trace") or {}
+                if v.get("kind") == "job" or trace.get("first_byte") or v.get("status") != "succeeded":
+                    break
+                await asyncio.sleep(0.1)  # the API writes a chat's stamps just after its answer was sent
         rec.queue_wait_ms = v.get("queue_wait_ms")
         rec.attempts = int(v.get("attempts") or rec.attempts)
         rec.worker = str(v.get("worker") or "")
         rec.started_at, rec.finished_at = str(v.get("started_at") or ""), str(v.get("finished_at") or "")
+        rec.trace = {k: t for k, t in (v.get("trace") or {}).items() if isinstance(t, (int, float))}
         doc = (v.get("input") or {}).get("document_id")
         if doc and not rec.document_id:
             rec.document_id = str(doc)
@@ -461,7 +477,39 @@ def summarize(recs: list[JobRecord], w: Workload) -> dict[str, Any]:
         "queue_wait_ms_p95": _pct([r.queue_wait_ms for r in ok if r.queue_wait_ms is not None], 0.95),
         **first_and_later(ok),
         **reuse(ok),
+        "breakdown_ms": breakdown(ok),
     }
+
+
+#: the breakdown's gaps, in the order a job passes them: (name, from, to); "sent" and "client_first_text"
+#: are the client's clocks, the rest the server's (storage.trace; the same host's clock in a local run)
+GAPS = (
+    ("send_to_accept", "sent", "accepted"),
+    ("accept_to_stored", "accepted", "stored"),
+    ("stored_to_queued", "stored", "queued"),
+    ("stored_to_claimed", "stored", "claimed"),
+    ("claimed_to_engine_start", "claimed", "engine_start"),
+    ("engine_start_to_first_token", "engine_start", "first_token"),
+    ("first_token_to_first_text_sent", "first_token", "first_text"),
+    ("first_text_sent_to_client", "first_text", "client_first_text"),
+    ("first_token_to_engine_done", "first_token", "engine_done"),
+    ("engine_done_to_done", "engine_done", "done"),
+)
+
+
+def breakdown(recs: list[JobRecord]) -> dict[str, dict[str, float | None]]:
+    """Per gap of GAPS: p50 and p90 in ms over the jobs that have both stamps, and how many had them
+    (a native job has no `accepted`/`queued`/`first_text`: the OpenAI routes stamp those)."""
+    out: dict[str, dict[str, float | None]] = {}
+    for name, a, b in GAPS:
+        ms = []
+        for r in recs:
+            t = {**r.trace, "sent": r.sent_unix or None, "client_first_text": r.first_unix}
+            if t.get(a) is not None and t.get(b) is not None:
+                ms.append((t[b] - t[a]) * 1000.0)
+        if ms:
+            out[name] = {"p50": _pct(ms, 0.5), "p90": _pct(ms, 0.9), "n": len(ms)}
+    return out
 
 
 def first_and_later(recs: list[JobRecord]) -> dict[str, Any]:

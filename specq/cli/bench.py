@@ -344,7 +344,9 @@ def bench_serve(
 ) -> None:
     """Jobs/min, client and engine TTFT p50/p95 and decode tokens/s of a workload sent to a running service:
     through OpenAI /v1/chat/completions with streaming (the same client for specq and llama-server), or with
-    --documents through specq's stored documents and native jobs (its per-job modes and cache hits reported)."""
+    --documents through specq's stored documents and native jobs (its per-job modes and cache hits reported).
+    For specq, also where each job's time went: p50/p90 of the gaps between its server-side stamps (GET
+    /v1/jobs/{id} `trace`) and the client's send and first text."""
     import json
 
     from ..bench.serve import Workload, check_arrival, plot as draw, run_serve_bench
@@ -389,6 +391,10 @@ def bench_serve(
                    f"{s['group_union_copies']} copied head + union from another slot; union {s['group_union_fraction_p50']} "
                    f"of the document (p50), own selection {s['group_own_fraction_p50']}; "
                    f"{s['group_prefilled_tokens']} target tokens prefilled by members")
+    if s.get("breakdown_ms"):
+        typer.echo("  where the time went (ms, p50 / p90 over the jobs; server stamps, GET /v1/jobs/{id} trace):")
+        for gap, v in s["breakdown_ms"].items():
+            typer.echo(f"    {gap:<32} {v['p50']:>10.1f} {v['p90']:>10.1f}  ({v['n']} jobs)")
     for e in s["errors"]:
         typer.echo(f"error: {e}", err=True)
     if out:

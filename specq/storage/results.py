@@ -18,8 +18,9 @@ from .models import Job, PhaseTiming, Result, utcnow
 _COLUMNS = ("text", "finish_reason", "usage", "timings_ms", "spec", "engine", "draft")
 _PHASE_ORDER = {p: i for i, p in enumerate(CORE_PHASES + SCORE_PHASES + CACHE_PHASES)}
 #: result keys batch exports leave out unless asked (`get_results(detail=True)`): per-job detail that a
-#: page about one job reads, not a table of many (`selection`: kept spans and chunk scores, docs/result.md)
-DETAIL_KEYS = ("selection",)
+#: page about one job reads, not a table of many (`selection`: kept spans and chunk scores, docs/result.md;
+#: `trace`: the job's time stamps, storage.trace)
+DETAIL_KEYS = ("selection", "trace")
 
 
 def _result_dict(result: Any) -> dict[str, Any]:

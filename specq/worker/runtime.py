@@ -550,6 +550,7 @@ class WorkerRuntime:
         publisher = DeltaPublisher(self.channel, job_id, job.attempts, token=token, on_fenced=watcher.fence)
         if self.watchdog is not None:  # the engine holds the job from here until it returns
             self.watchdog.enter(job_id, watcher.deadline)
+        engine_start = time.time()  # the job's trace (storage.trace)
         try:
             try:
                 reuse = {"scope": job.tenant, "reused_document": inp.document_id is not None}
@@ -606,6 +607,8 @@ class WorkerRuntime:
             return self._retry_or_fail(s, job, token, f"{_describe(e)}")
         watcher.stop()
         ms = (time.monotonic() - t0) * 1000.0
+        stamps = {"engine_start": engine_start, "first_token": publisher.first_at, "engine_done": time.time()}
+        result = {**(result.to_dict() if hasattr(result, "to_dict") else dict(result)), "trace": stamps}
         try:
             if watcher.fenced is not None:  # refused after the engine's last progress call
                 raise watcher.fenced

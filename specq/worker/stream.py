@@ -3,7 +3,8 @@
 `DeltaPublisher` is fed the text that became final (the engine's `on_text`, already in whole UTF-8
 characters with stop strings held back: specq.engine.decode.textstream) and publishes it at most once every
 `interval` (~50 ms) per job, from a thread of its own, so the engine never waits on Redis or the
-store. `finish()` publishes what is left with `final` set. Where it goes (`make_channel`):
+store. `finish()` publishes what is left with `final` set; once the job's row is written, `clear()`
+tells the job's streams on Redis that it ended. Where it goes (`make_channel`):
 
 * Redis broker — `RedisChannel`: the attempt's text so far under `specq:job:<id>:text` (and its
   attempt number under `…:attempt`), APPENDed in the same MULTI as the PUBLISH of the delta on
@@ -88,7 +89,10 @@ class RedisChannel:
                          "its text was refused")
 
     def clear(self, job_id: str) -> None:
-        pass  # the keys expire; a late subscriber still finds the text
+        """The job's row is written (it ended): tell its streams, so they read the row now instead of at
+        their next poll (api.job_feed). The keys expire; a late subscriber still finds the text."""
+        channel, _, _ = redis_keys(job_id)
+        self.redis.publish(channel, '{"ended": true}')
 
 
 class StoreChannel:
@@ -125,6 +129,8 @@ class DeltaPublisher:
         self._offset = 0  # characters published so far
         self._seq = 0
         self._last = 0.0
+        #: time.time() of the first text fed (the job's first token as text: its trace's `first_token`)
+        self.first_at: float | None = None
         self._final = False
         self._failed = False
         self._cond = threading.Condition()
@@ -134,6 +140,8 @@ class DeltaPublisher:
     def feed(self, text: str) -> None:
         if not text:
             return
+        if self.first_at is None:
+            self.first_at = time.time()
         with self._cond:
             self._pending += text
             self._cond.notify()
