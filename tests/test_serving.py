@@ -16,6 +16,7 @@ tokens alike, is bit-identical.
 
 from __future__ import annotations
 
+import json
 import re
 import signal
 
@@ -261,17 +262,29 @@ def test_bench_serve_reports_a_workload_run_against_the_service(stack):
     kill9(stack, "worker-bench")
 
 
-def test_bench_serve_mixed_workload_same_seed_same_job_list(stack):
+def test_bench_serve_mixed_workload_same_seed_same_job_list(stack, tmp_path):
     """The mixed workload against this real service (2 slots): document lengths drawn log-uniform,
     output lengths uniform, Poisson arrivals, all from the seed. Two runs with one seed send the same
-    job list (lengths, output lengths, offsets); every job streams its own planned output length; each
+    job list (lengths, output lengths, offsets; the second run through `specq bench serve` itself); every
+    job streams its own planned output length; each
     row carries its planned and measured lengths and the summary its per-band rows."""
+    from typer.testing import CliRunner
+
     from specq.bench.serve import Workload, run_serve_bench
+    from specq.cli import app
 
     _worker(stack, "worker-bench-mixed", 2)
     w = Workload(docs=4, lengths_mix="60:400", max_tokens_mix="2:6", arrival="poisson:20", seed=5,
                  chars_per_token=1.0, length_bands="150")
-    runs = [run_serve_bench(stack.url, w, kind="specq", timeout=240) for _ in range(2)]
+    runs = [run_serve_bench(stack.url, w, kind="specq", timeout=240)]
+    # the second run through the command line (its flags, its printed band rows, its JSON)
+    out = tmp_path / "mixed.json"
+    got = CliRunner().invoke(app, ["bench", "serve", "--url", stack.url, "--docs", "4", "--lengths-mix", "60:400",
+                                   "--max-tokens-mix", "2:6", "--arrival", "poisson:20", "--seed", "5",
+                                   "--chars-per-token", "1", "--length-bands", "150", "--out", str(out)])
+    assert got.exit_code == 0, got.output
+    assert "band <150: 3/3 jobs" in got.output and "band >=150: 1/1 jobs" in got.output, got.output
+    runs.append(json.loads(out.read_text()))
     plans = [[(j["planned_doc_tokens"], j["planned_max_tokens"], j["planned_offset_s"]) for j in r["jobs"]] for r in runs]
     assert plans[0] == plans[1] and len(set(plans[0])) == 4, plans
     for r in runs:
