@@ -607,7 +607,8 @@ def run_serve_bench(base_url: str, w: Workload, *, kind: str = "specq", model: s
         report["documents"] = uploads
     if mixed:  # each row's planned lengths and offset (the same for both servers), the per-band summary
         for row, job in zip(report["jobs"], job_plan(w)):
-            row.update(planned_doc_tokens=job.doc_tokens, planned_max_tokens=job.max_tokens, planned_offset_s=job.offset_s)
+            row.update(planned_doc_tokens=job.doc_tokens, planned_max_tokens=job.max_tokens,
+                       planned_offset_s=job.offset_s)
         summary["mixed"] = workloads.mixed_summary(report["jobs"], edges)
     return report
 
@@ -636,5 +637,5 @@ def plot(reports: list[dict[str, Any]], path: str) -> None:
     fig.savefig(path, dpi=120)
 
 
-__all__ = ["Workload", "JobRecord", "build_requests", "job_plan", "job_params", "make_document", "question_text", "run_serve_bench",
+__all__ = ["Workload", "JobRecord", "build_requests", "job_params", "make_document", "question_text", "run_serve_bench",
            "summarize", "reuse", "plot"]
