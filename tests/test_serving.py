@@ -16,6 +16,7 @@ tokens alike, is bit-identical.
 
 from __future__ import annotations
 
+import json
 import re
 import signal
 
@@ -265,6 +266,46 @@ def test_bench_serve_reports_a_workload_run_against_the_service(stack):
     assert big["succeeded"] == 0 and len(big["errors"]) == 1, big
     assert "exceeds the target's context" in big["errors"][0], big
     kill9(stack, "worker-bench")
+
+
+def test_bench_serve_mixed_workload_same_seed_same_job_list(stack, tmp_path):
+    """The mixed workload against this real service (2 slots): document lengths drawn log-uniform,
+    output lengths uniform, Poisson arrivals, all from the seed. Two runs with one seed send the same
+    job list (lengths, output lengths, offsets; the second run through `specq bench serve` itself); every
+    job streams its own planned output length; each
+    row carries its planned and measured lengths and the summary its per-band rows."""
+    from typer.testing import CliRunner
+
+    from specq.bench.serve import Workload, run_serve_bench
+    from specq.cli import app
+
+    _worker(stack, "worker-bench-mixed", 2)
+    w = Workload(docs=4, lengths_mix="60:400", max_tokens_mix="2:6", arrival="poisson:20", seed=5,
+                 chars_per_token=1.0, length_bands="150")
+    runs = [run_serve_bench(stack.url, w, kind="specq", timeout=240)]
+    # the second run through the command line (its flags, its printed band rows, its JSON)
+    out = tmp_path / "mixed.json"
+    got = CliRunner().invoke(app, ["bench", "serve", "--url", stack.url, "--docs", "4", "--lengths-mix", "60:400",
+                                   "--max-tokens-mix", "2:6", "--arrival", "poisson:20", "--seed", "5",
+                                   "--chars-per-token", "1", "--length-bands", "150", "--out", str(out)])
+    assert got.exit_code == 0, got.output
+    assert "band <150: 3/3 jobs" in got.output and "band >=150: 1/1 jobs" in got.output, got.output
+    runs.append(json.loads(out.read_text()))
+    plans = [[(j["planned_doc_tokens"], j["planned_max_tokens"], j["planned_offset_s"]) for j in r["jobs"]] for r in runs]
+    assert plans[0] == plans[1] and len(set(plans[0])) == 4, plans
+    for r in runs:
+        s, jobs = r["summary"], r["jobs"]
+        assert s["jobs"] == s["succeeded"] == 4, s
+        assert all(j["output_tokens"] == j["planned_max_tokens"] for j in jobs), jobs
+        # byte vocabulary: the prompt is the document plus the template and question
+        assert all(j["planned_doc_tokens"] < j["prompt_tokens"] < j["planned_doc_tokens"] + 200 for j in jobs), jobs
+        # sent at the planned offsets (within the event loop's slack)
+        assert all(abs(j["sent_s"] - j["planned_offset_s"]) < 0.5 for j in jobs), jobs
+        m = s["mixed"]
+        assert sum(b["jobs"] for b in m["bands"].values()) == 4 and list(m["bands"]) == ["<150", ">=150"], m
+        assert m["client_ttft_ms_p90"] >= s["client_ttft_ms_p50"] > 0, s
+        assert s["output_tokens"] == sum(j["planned_max_tokens"] for j in jobs) and s["output_tok_s_total"] > 0, s
+    kill9(stack, "worker-bench-mixed")
 
 
 def test_bench_serve_documents_path_stores_each_document_once_and_reuses_it(stack):

@@ -31,6 +31,12 @@
 #       # runs beside `specq api` instead of `specq up`); files carry "-group-on" / "-union0.43x8"
 #   ARRIVAL=per-doc ... bash bench/gpu/serve.sh specq|llama 32768 64   # each document's questions in sequence
 #       # (the next sent when the last ended), the documents in parallel; default t0 (all at once); "-perdoc"
+#   WORKLOAD=mixed bash bench/gpu/serve.sh specq 65536 64; WORKLOAD=mixed LLAMA_KV_UNIFIED=0 bash bench/gpu/serve.sh llama 65536 64
+#       # workloads not tuned to (#50 item 3): JOBS jobs, each its own document of 4096..LEN-LEN/16 tokens drawn
+#       # log-uniform (LENGTHS_MIX), 64..512 output tokens drawn uniform (MAX_TOKENS_MIX), Poisson arrivals
+#       # (ARRIVAL, default poisson:0.5), all from one seed (SEED, default 0): both servers get the identical job
+#       # list. CTX defaults to LEN + LEN/32 (67,584 for 64K; models written for it), SLOTS_LIST to 8; files and
+#       # labels carry "-mixed"; the summary's `mixed` object has TTFT p90 and the <8K / 8K-32K / >=32K bands
 #
 # JSON (and a PNG per stage) go to $OUT. Settings: keep 0.3, 128 output tokens with ignore_eos, all jobs
 # sent at t=0 (ARRIVAL), n_batch 4096 / n_ubatch 2048 on both, flash attention on, all layers on the GPU, one
@@ -38,10 +44,21 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 stage=${1:-build}; len=${2:-32768}; jobs=${3:-64}
-ctx=${CTX:-33792}; max_tokens=${MAX_TOKENS:-128}; keep=${KEEP:-0.3}
+workload=${WORKLOAD:-fixed}
+case "$workload" in
+fixed) ctx=${CTX:-33792}; arrival=${ARRIVAL:-t0}; mixflags=(); mtag= ;;
+mixed)  # one question per document, each job its own lengths (bench/serve.py, specq/bench/workloads.py)
+  [ "${QUESTIONS:-1}" = 1 ] && [ "${DOCUMENTS:-0}" = 0 ] || { echo "WORKLOAD=mixed: chat path, QUESTIONS=1 only"; exit 2; }
+  ctx=${CTX:-$(( len + len / 32 ))}; arrival=${ARRIVAL:-poisson:0.5}; mtag=-mixed
+  mixflags=(--lengths-mix "${LENGTHS_MIX:-4096:$(( len - len / 16 ))}" --max-tokens-mix "${MAX_TOKENS_MIX:-64:512}" --seed "${SEED:-0}")
+  SLOTS_LIST=${SLOTS_LIST:-8} ;;
+*) echo "WORKLOAD must be fixed or mixed, not $workload"; exit 2 ;;
+esac
+max_tokens=${MAX_TOKENS:-128}; keep=${KEEP:-0.3}
 questions=${QUESTIONS:-1}; mode=${MODE:-specprefill}; docs=$(( jobs / questions ))
 qtag=$([ "$questions" = 1 ] || echo "-q$questions")$([ "$mode" = specprefill ] || echo "-$mode")
-arrival=${ARRIVAL:-t0}; atag=$([ "$arrival" = t0 ] || echo "-${arrival//-/}")
+# the arrival in file names without "-" or ":" (per-doc -> perdoc, poisson:0.5 -> poisson0.5)
+atag=$([ "$arrival" = t0 ] || echo "-${arrival//[-:]/}")$mtag
 out=${OUT:-/tmp/out}; mkdir -p "$out" /tmp/models
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 export LD_PRELOAD=${LD_PRELOAD:-/lib/x86_64-linux-gnu/libstdc++.so.6}   # see ttft.sh
@@ -128,7 +145,7 @@ specq)
     grep -m3 "warm-up\|ready: target" "$log"
     nvidia-smi --query-gpu=memory.used --format=csv,noheader
     python3 -m specq.cli bench serve --url http://127.0.0.1:$port --kind specq --docs "$docs" --questions "$questions" --doc-tokens $doc_tokens \
-      --chars-per-token "$cpt" --max-tokens $max_tokens --mode "$mode" --keep $keep --arrival "$arrival" $docflag --label "specq $slots slots$tag" \
+      --chars-per-token "$cpt" --max-tokens $max_tokens --mode "$mode" --keep $keep --arrival "$arrival" $docflag ${mixflags[@]+"${mixflags[@]}"} --label "specq $slots slots$tag" \
       --out "$out/serve-specq$slots$tag-$len.json" --plot "$out/serve-specq$slots$tag-$len.png"
     kill -TERM $pid $apid; wait $pid $apid
   done
@@ -145,7 +162,7 @@ llama)
   for i in $(seq 300); do curl -sf localhost:$port/health >/dev/null && break; sleep 1; done
   nvidia-smi --query-gpu=memory.used --format=csv,noheader
   python3 -m specq.cli bench serve --url http://127.0.0.1:$port --kind llama-server --docs "$docs" --questions "$questions" --doc-tokens $doc_tokens \
-    --chars-per-token "$cpt" --max-tokens $max_tokens --arrival "$arrival" --label "llama-server -np 8$atag" \
+    --chars-per-token "$cpt" --max-tokens $max_tokens --arrival "$arrival" ${mixflags[@]+"${mixflags[@]}"} --label "llama-server -np 8$atag" \
     --out "$out/serve-llama${LLAMA_KV_UNIFIED:-1}$qtag-$len.json" --plot "$out/serve-llama${LLAMA_KV_UNIFIED:-1}$qtag-$len.png" \
     $(ls "$out"/serve-specq*$qtag-$len.json 2>/dev/null | sed 's/^/--compare /')
   kill -TERM $pid; wait $pid

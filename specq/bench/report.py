@@ -185,6 +185,11 @@ def _workload(w: dict) -> str:
     q = w.get("questions", 1)
     docs = f"{w.get('docs')} docs × {q} questions" if q and q > 1 else f"{w.get('docs')} docs"
     stored = ", stored documents" if w.get("documents") else ""
+    if w.get("lengths_mix") or w.get("max_tokens_mix"):  # the mixed workload (specq/bench/workloads.py)
+        lengths = (f"{w['lengths_mix'].replace(':', '–')} tokens (log-uniform)" if w.get("lengths_mix")
+                   else f"{w.get('doc_tokens', 0):,} tokens")
+        out = f"{w['max_tokens_mix'].replace(':', '–')} out" if w.get("max_tokens_mix") else f"{w.get('max_tokens')} out"
+        return f"{w.get('docs')} docs × {lengths}, {out}, {arrival}, mode {w.get('mode')}"
     return f"{docs} × {w.get('doc_tokens', 0):,} tokens, {arrival}, mode {w.get('mode')}{stored}"
 
 

@@ -25,6 +25,8 @@ a fixed rate in jobs per second; or `poisson:R`, a Poisson process of R jobs per
 gaps drawn from `seed`, so two runs of one workload send at the same offsets: `arrival_offsets`) —
 sustained random arrivals, e.g. to measure what idle-time work such as shadow checks
 (SPECQ_SHADOW_RATE) costs the jobs that arrive while it runs.
+The mixed workload (`lengths_mix`, `max_tokens_mix`; chat path) draws each job's document and output
+length from ranges, seeded (specq/bench/workloads.py), and adds a per-length-band summary.
 
 Breakdown (`breakdown_ms`, specq): per gap between the job's server-side stamps (GET /v1/jobs/{id}
 `trace`: accepted, stored, queued, claimed, engine start, first token, first text sent, engine done,
@@ -59,6 +61,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterator
 
+from . import workloads
+
 WORDS = ("request handler buffer stream token window cache index record value field query answer "
          "document server client model layer vector matrix kernel thread queue worker result").split()
 
@@ -78,6 +82,12 @@ class Workload:
     seed: int = 0
     #: the documents path (store each document once, jobs name its document_id); else chat
     documents: bool = False
+    #: the mixed workload (specq/bench/workloads.py; chat path, one question per document): "LO:HI"
+    #: document tokens drawn log-uniform per job, output tokens drawn uniform per job ("" = fixed)
+    lengths_mix: str = ""
+    max_tokens_mix: str = ""
+    #: band edges (tokens) of the mixed summary's per-band rows
+    length_bands: str = "8192,32768"
 
     @property
     def jobs(self) -> int:
@@ -139,15 +149,27 @@ def question_text(d: int, q: int) -> str:
     return f"Question {q}: which function of document {d} returns the largest default value?"
 
 
+def job_plan(w: Workload) -> list[workloads.PlannedJob]:
+    """Each job's document tokens, output tokens and send offset (mixed or fixed), from the seed alone."""
+    offsets = None if w.arrival == "per-doc" else arrival_offsets(w.arrival, w.jobs, w.seed)
+    if w.lengths_mix or w.max_tokens_mix:
+        return workloads.plan(w.jobs, w.lengths_mix or f"{w.doc_tokens}:{w.doc_tokens}",
+                              w.max_tokens_mix or f"{w.max_tokens}:{w.max_tokens}", w.seed, offsets)
+    return [workloads.PlannedJob(j, w.doc_tokens, w.max_tokens, None if offsets is None else offsets[j])
+            for j in range(w.jobs)]
+
+
 def build_requests(w: Workload, kind: str, model: str) -> list[dict[str, Any]]:
-    """The chat request bodies, job j = document j // questions, question j % questions."""
+    """The chat request bodies, job j = document j // questions, question j % questions (its lengths
+    from `job_plan`)."""
     out = []
-    docs = [make_document(d, w.doc_tokens, w.chars_per_token, w.seed) for d in range(w.docs)]
+    jobs = job_plan(w)
+    docs = [make_document(d, jobs[d * w.questions].doc_tokens, w.chars_per_token, w.seed) for d in range(w.docs)]
     for j in range(w.jobs):
         d, q = divmod(j, w.questions)
         doc, question = docs[d], question_text(d, q)
         body: dict[str, Any] = {
-            "model": model, "stream": True, "max_tokens": w.max_tokens, "temperature": 0.0,
+            "model": model, "stream": True, "max_tokens": jobs[j].max_tokens, "temperature": 0.0,
             "stream_options": {"include_usage": True},
             "messages": [{"role": "user", "content": f"{doc}\n\n{question}"}],
         }
@@ -594,6 +616,10 @@ def run_serve_bench(base_url: str, w: Workload, *, kind: str = "specq", model: s
         raise ValueError("kind must be specq or llama-server")
     if w.documents and kind != "specq":
         raise ValueError("the documents path is specq's (POST /v1/documents, /v1/jobs)")
+    mixed = bool(w.lengths_mix or w.max_tokens_mix)
+    if mixed and (w.documents or w.questions != 1):
+        raise ValueError("the mixed workload is the chat path's with one question per document")
+    edges = workloads.parse_bands(w.length_bands) if mixed else []
     from .provenance import Start, provenance
 
     start = Start()
@@ -627,6 +653,11 @@ def run_serve_bench(base_url: str, w: Workload, *, kind: str = "specq", model: s
     }
     if w.documents:
         report["documents"] = uploads
+    if mixed:  # each row's planned lengths and offset (the same for both servers), the per-band summary
+        for row, job in zip(report["jobs"], job_plan(w)):
+            row.update(planned_doc_tokens=job.doc_tokens, planned_max_tokens=job.max_tokens,
+                       planned_offset_s=job.offset_s)
+        summary["mixed"] = workloads.mixed_summary(report["jobs"], edges)
     return report
 
 

@@ -331,7 +331,15 @@ def bench_serve(
                                    "/v1/jobs, followed on GET /v1/jobs/{id}/events), the path where group claims "
                                    "and the document caches apply; uploads are timed apart, not in the makespan. "
                                    "Default --chat: every job an inline prompt to /v1/chat/completions."),
-    seed: int = typer.Option(0, help="Seed of the documents' text (another seed: other documents)."),
+    seed: int = typer.Option(0, help="Seed of the documents' text (another seed: other documents), of the "
+                             "Poisson arrivals and of the mixed workload's lengths."),
+    lengths_mix: str = typer.Option("", help="Mixed workload: LO:HI document tokens, drawn log-uniform per job from "
+                                    "--seed (e.g. 4096:65536); each of --docs jobs its own document; chat path, one "
+                                    "question each. The summary adds TTFT p90 and per-band rows (--length-bands)."),
+    max_tokens_mix: str = typer.Option("", help="Mixed workload: LO:HI output tokens, drawn uniform per job from "
+                                       "--seed (e.g. 64:512), instead of --max-tokens."),
+    length_bands: str = typer.Option("8192,32768", help="Mixed workload: band edges in document tokens "
+                                     "(8192,32768: <8K, 8K-32K, >=32K)."),
     keep: float = typer.Option(0.3, help="specq's keep fraction for specprefill."),
     chars_per_token: float = typer.Option(4.0, help="Characters per token of the models' tokenizer (byte vocabularies: 1)."),
     model: str = typer.Option("", help="The request's model field (default: the first of GET /v1/models)."),
@@ -361,8 +369,23 @@ def bench_serve(
         raise fail(bad_arrival)
     if min(docs, doc_tokens, questions, max_tokens) < 1:
         raise fail("--docs, --doc-tokens, --questions and --max-tokens must be >= 1")
+    mixed = bool(lengths_mix or max_tokens_mix)
+    if mixed:
+        from ..bench.workloads import parse_bands, parse_range
+
+        if documents or questions != 1:
+            raise fail("--lengths-mix / --max-tokens-mix run the chat path with one question per document "
+                       "(no --documents, --questions 1)")
+        try:
+            for text, what in ((lengths_mix, "--lengths-mix"), (max_tokens_mix, "--max-tokens-mix")):
+                if text:
+                    parse_range(text, what)
+            parse_bands(length_bands)
+        except ValueError as e:
+            raise fail(str(e)) from None
     w = Workload(docs=docs, doc_tokens=doc_tokens, questions=questions, max_tokens=max_tokens, arrival=arrival,
-                 mode=mode, keep=keep, chars_per_token=chars_per_token, seed=seed, documents=documents)
+                 mode=mode, keep=keep, chars_per_token=chars_per_token, seed=seed, documents=documents,
+                 lengths_mix=lengths_mix, max_tokens_mix=max_tokens_mix, length_bands=length_bands)
     report = run_serve_bench(url or api_url(), w, kind=kind, model=model, api_key=api_key, timeout=timeout, label=label)
     s = report["summary"]
     typer.echo(f"{report['label']} ({s['path']}, arrival {arrival}): {s['succeeded']}/{s['jobs']} jobs in "
@@ -377,6 +400,13 @@ def bench_serve(
     if s.get("prefill_floor_ms_p50") is not None:
         typer.echo(f"  prefill-compute floor per job (scoring + prefill, engine time) p50 {s['prefill_floor_ms_p50']} ms: "
                    f"{s['jobs_per_min_prefill_floor']} jobs/min if that work ran back to back and nothing else")
+    if "mixed" in s:
+        m = s["mixed"]
+        typer.echo(f"  mixed: client TTFT p90 {m['client_ttft_ms_p90']} ms")
+        for name, b in m["bands"].items():
+            typer.echo(f"  band {name}: {b['succeeded']}/{b['jobs']} jobs, {b['jobs_per_min']} jobs/min, "
+                       f"{b['output_tok_s']} output tok/s, client TTFT p50 {b['client_ttft_ms_p50']} ms "
+                       f"p90 {b['client_ttft_ms_p90']} ms")
     if documents:
         typer.echo(f"  {w.docs} documents stored in {s['upload_s']} s (not in the makespan; with it: "
                    f"{s['jobs_per_min_with_upload']} jobs/min)")
