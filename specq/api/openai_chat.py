@@ -87,7 +87,7 @@ def openai_router(settings: ServiceSettings, caller_of: Callable[..., Caller], c
 def _chat_spec(raw: bytes, catalog: ModelCatalog) -> JobSpec:
     req = parse_chat(raw)
     catalog.check(req.model)
-    return chat_spec(req)
+    return chat_spec(req, tools_ok=True)
 
 
 def _completion_spec(raw: bytes, catalog: ModelCatalog) -> JobSpec:
@@ -127,7 +127,9 @@ async def _answer(request: Request, settings: ServiceSettings, caller: Caller, s
     if done["status"] != "succeeded":
         raise _failed(spec, job_id, done, headers)
     result = await run_in_threadpool(_result, job_id)
-    return JSONResponse(F.completion_object(job_id, spec.kind, spec.model, stamp, result), headers=headers)
+    call = spec.tools.read_call(result.get("text") or "")
+    return JSONResponse(F.completion_object(job_id, spec.kind, spec.model, stamp, result, tool_call=call),
+                        headers=headers)
 
 
 def _failed(spec: JobSpec, job_id: str, done: dict[str, Any], headers: dict[str, str]) -> ApiError:
@@ -261,6 +263,7 @@ def _data(obj: Any) -> bytes:
 async def _chunks(spec: JobSpec, job_id: str, created: int, events: _Events, held: list[tuple[str, Any]]):
     kind, model, usage = spec.kind, spec.model, spec.include_usage
     finished = False
+    held_text: list[str] | None = [] if spec.tools.active else None  # tools: the answer is read whole, at the end
 
     async def all_events():
         for event in held:
@@ -277,6 +280,8 @@ async def _chunks(spec: JobSpec, job_id: str, created: int, events: _Events, hel
         async for name, data in all_events():
             if name == "keepalive":
                 yield b": keep-alive\n\n"
+            elif name == "delta" and held_text is not None:
+                held_text.append(data["text"])
             elif name == "delta":
                 yield _data(F.chunk(job_id, kind, model, created, text=data["text"], with_usage=usage))
             elif name == "reset":
@@ -293,7 +298,16 @@ async def _chunks(spec: JobSpec, job_id: str, created: int, events: _Events, hel
                                            "code": err.code}})
                     return
                 result = await run_in_threadpool(_result, job_id)
-                yield _data(F.chunk(job_id, kind, model, created, finish_reason=data.get("finish_reason") or "stop",
+                finish = data.get("finish_reason") or "stop"
+                if held_text is not None:
+                    text = result.get("text") or "".join(held_text)
+                    call = spec.tools.read_call(text)
+                    if call is not None:
+                        finish = "tool_calls"
+                        yield _data(F.chunk(job_id, kind, model, created, tool_call=call, with_usage=usage))
+                    elif text:
+                        yield _data(F.chunk(job_id, kind, model, created, text=text, with_usage=usage))
+                yield _data(F.chunk(job_id, kind, model, created, finish_reason=finish,
                                     with_usage=usage, specq=F.specq_fields(job_id, result)))
                 if usage:
                     yield _data(F.chunk(job_id, kind, model, created, empty=True, with_usage=True,
