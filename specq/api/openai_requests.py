@@ -4,15 +4,16 @@ the rest mapped to a job (`JobSpec`).
 Mapped: `temperature`, `top_p` (0 = greedy), `max_tokens` / `max_completion_tokens`, `seed`, `stop`;
 `developer` messages are system messages; text content parts are joined. Accepted and ignored:
 neutral values (`n: 1`, zero penalties, `logprobs: false`, `top_logprobs: 0`, empty `logit_bias`,
-`tools: []`, `response_format: {"type": "text"}`,
-`modalities: ["text"]`). `response_format` json_object / json_schema (chat and completions) is the job's
-`json_schema` (grammar-constrained output), checked here against what the grammar can honour. `tools`,
-`tool_choice` and the `tool` / assistant `tool_calls` messages: openai_tools.py (chat completions only,
-not batch lines). And informational fields (`user`, `store`, `metadata`, `service_tier`,
-`stream_options`, `parallel_tool_calls`, `reasoning_effort`, `verbosity`, `safety_identifier`,
-`prompt_cache_*`, `moderation`). Anything else that would change the output is a 400 naming the field.
+`tools: []`, `response_format: {"type": "text"}`, `modalities: ["text"]`) and informational fields
+(`user`, `store`, `metadata`, `service_tier`, `stream_options`, `parallel_tool_calls`,
+`reasoning_effort`, `verbosity`, `safety_identifier`, `prompt_cache_*`, `moderation`).
+`response_format` json_object / json_schema (chat and completions) is the job's `json_schema`
+(grammar-constrained output), checked here against what the grammar can honour. `tools`, `tool_choice`
+and `tool` / assistant `tool_calls` messages: openai_tools.py (chat completions only, not batch lines).
+Anything else that would change the output is a 400 naming the field.
 Requests run in mode `auto` (engine/policy/auto.py: a prompt-cache hit, baseline below the break-even length,
-specprefill for long prompts where its quality was measured) unless `specq.mode` says otherwise.
+specprefill for long prompts where its quality was measured) unless `specq.mode` says otherwise (a chat
+holding tool results or calls: `baseline`, openai_tools.py).
 `specq` (the SDK's `extra_body={"specq": {...}}`) holds RunParams fields and an explicit split:
 `document` (+ `question`, default the last user message); with it the messages may be system
 messages and one user message. `question` without `document` (chats and completions) names the
