@@ -62,7 +62,9 @@ def test_reading_a_call_back():
     auto = read_tools([WEATHER], "auto")
     assert auto.read_call('Gern.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "K", "days": 1}}\n'
                           "</tool_call>")["function"]["name"] == "get_weather"
-    for text in ('{"name": "get_weather", "arguments": {}}',  # auto reads only the <tool_call> form
+    assert auto.read_call(' {"name": "get_weather", "arguments": {"city": "K", "days": 1}}\n')  # bare, as Qwen2.5-Coder answers
+    for text in ('Gern: {"name": "get_weather", "arguments": {}}',  # a bare object must be the whole answer
+                 '{"name": "get_weather", "arguments": {}, "why": 1}',  # not a call's keys
                  "<tool_call>{\"name\": \"nope\", \"arguments\": {}}</tool_call>",  # not a tool
                  "<tool_call>{\"name\": \"get_weather\", \"arguments\": [1]}</tool_call>",  # not an object
                  "Es regnet."):

@@ -12,7 +12,8 @@ Decoding: `tool_choice` `required` or a named function → the whole answer is t
 `{"name": …, "arguments": …}` (no `<tool_call>` wrapper), constrained by a JSON Schema (the job's
 `json_schema`): `name` one of the tools (or the named one), `arguments` that function's `parameters`,
 each checked by the same allowlist as `response_format` (engine/json_schema.py). `auto` → unconstrained;
-an answer holding a `<tool_call>` whose JSON names a tool becomes the call, anything else is content.
+an answer that is such an object, or holds one inside `<tool_call>`, naming a tool becomes the call
+(Qwen2.5-Coder 1.5B answers the bare object), anything else is content.
 `none` → the tools are not rendered and no call is read. At most one call per answer
 (`parallel_tool_calls` is accepted; only the first call is returned).
 """
@@ -82,9 +83,7 @@ class Tools:
         """The OpenAI tool call an answer holds, else None (the answer is content)."""
         if not self.active:
             return None
-        found = None
-        if self.forced:
-            found = _object(text.strip())
+        found = _object(text.strip())
         if found is None:
             m = CALL.search(text)
             found = _object(m.group(1)) if m else None
