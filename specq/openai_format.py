@@ -38,13 +38,18 @@ def specq_fields(job_id: str, result: dict[str, Any] | None = None) -> dict[str,
     return out
 
 
-def completion_object(job_id: str, kind: str, model: str, created: int, result: dict[str, Any]) -> dict[str, Any]:
-    """The whole response of a finished chat or completion job."""
+def completion_object(job_id: str, kind: str, model: str, created: int, result: dict[str, Any],
+                      tool_call: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The whole response of a finished chat or completion job; `tool_call`: the call its answer is
+    (content null, finish_reason tool_calls)."""
     finish = result.get("finish_reason") or "stop"
     text = result.get("text") or ""
     if kind == "chat":
-        choice = {"index": 0, "message": {"role": "assistant", "content": text, "refusal": None},
-                  "logprobs": None, "finish_reason": finish}
+        message: dict[str, Any] = {"role": "assistant", "content": text, "refusal": None}
+        if tool_call is not None:
+            message.update(content=None, tool_calls=[tool_call])
+            finish = "tool_calls"
+        choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish}
     else:
         choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
     return {"id": completion_id(job_id, kind), "object": OBJECTS[kind][0], "created": created, "model": model,
@@ -54,16 +59,19 @@ def completion_object(job_id: str, kind: str, model: str, created: int, result: 
 
 def chunk(job_id: str, kind: str, model: str, created: int, *, text: str | None = None, role: bool = False,
           finish_reason: str | None = None, usage_: dict[str, int] | None = None, with_usage: bool = False,
-          specq: dict[str, Any] | None = None, empty: bool = False) -> dict[str, Any]:
-    """One stream chunk: a delta (`text`, the first with `role`), the last (`finish_reason`), or the
-    usage chunk (`empty`: no choices). `with_usage`: the request asked for usage, so every chunk has
-    the key (null until the last)."""
+          specq: dict[str, Any] | None = None, empty: bool = False,
+          tool_call: dict[str, Any] | None = None) -> dict[str, Any]:
+    """One stream chunk: a delta (`text`, the first with `role`; or a whole `tool_call`), the last
+    (`finish_reason`), or the usage chunk (`empty`: no choices). `with_usage`: the request asked for
+    usage, so every chunk has the key (null until the last)."""
     if kind == "chat":
         delta: dict[str, Any] = {}
         if role:
             delta["role"] = "assistant"
         if text is not None:
             delta["content"] = text
+        if tool_call is not None:
+            delta["tool_calls"] = [{"index": 0, **tool_call}]
         choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
     else:
         choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish_reason}

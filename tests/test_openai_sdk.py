@@ -251,7 +251,8 @@ def test_errors_are_the_sdks_typed_exceptions(stack):
         client.chat.completions.create(model="gpt-4o", messages=msg)
     assert e.value.code == "model_not_found"
     for kwargs, param in [({"n": 2}, "n"), ({"logprobs": True}, "logprobs"), ({"logit_bias": {"1": 5}}, "logit_bias"),
-                          ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+                          ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {
+                              "type": "object", "properties": {"n": {"type": "integer", "maximum": 3}}}}}]}, "tools"),
                           ({"response_format": {"type": "json_schema", "json_schema": {
                               "name": "n", "schema": {"type": "integer", "minimum": 1}}}}, "response_format"),
                           ({"presence_penalty": 1.0}, "presence_penalty"), ({"max_tokens": 10**6}, "max_tokens")]:
@@ -621,4 +622,57 @@ def test_langchain_with_structured_output_json_schema(stack):
                                       max_retries=0, max_tokens=200, temperature=0)
     Answer = _answer_model()
     got = llm.with_structured_output(Answer, method="json_schema").invoke("Welche Stadt? Antworte als JSON.")
+    assert isinstance(got, Answer)
+
+
+#: a function whose arguments end within ~100 tokens of the tiny models (bounded fields, as _answer_model)
+WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "The weather of a city", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string", "maxLength": 8}, "unit": {"enum": ["C", "F"]},
+                                     "days": {"type": "integer"}},
+    "required": ["city", "unit", "days"], "additionalProperties": False}}}
+
+
+def _weather_args(call) -> dict:
+    assert call.type == "function" and call.id.startswith("call_") and call.function.name == "get_weather"
+    args = json.loads(call.function.arguments)
+    assert set(args) == {"city", "unit", "days"} and len(args["city"]) <= 8 and args["unit"] in ("C", "F")
+    assert isinstance(args["days"], int)
+    return args
+
+
+def test_tool_calling_round_trip_required_and_streamed(stack):
+    _embedded_only(stack)
+    client = sdk(stack)
+    msgs = [{"role": "user", "content": "Wie wird das Wetter in Köln?"}]
+    clock = {"type": "function", "function": {"name": "clock", "parameters": {"type": "object", "properties": {}}}}
+    r = client.chat.completions.create(model="target", messages=msgs, tools=[clock, WEATHER], max_tokens=200,
+                                       tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    choice = r.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None, choice
+    (call,) = choice.message.tool_calls
+    _weather_args(call)
+    # the call and its result go back as the SDK writes them: an answer in words
+    msgs += [choice.message.model_dump(exclude_none=True, include={"role", "content", "tool_calls"}),
+             {"role": "tool", "tool_call_id": call.id, "content": "Regen, 12 Grad"}]
+    r = client.chat.completions.create(model="target", messages=msgs, tools=[clock, WEATHER], tool_choice="none",
+                                       max_tokens=4)
+    assert r.choices[0].finish_reason in ("stop", "length") and r.choices[0].message.tool_calls is None
+    assert job(stack, r.model_extra["specq"]["job_id"])["params"]["mode"] == "baseline"
+    # required (one of the tools, its arguments valid), streamed as a tool_calls delta the SDK accumulates
+    with client.chat.completions.stream(model="target", messages=msgs[:1], tools=[WEATHER], tool_choice="required",
+                                        max_tokens=200) as stream:
+        for _ in stream:
+            pass
+        final = stream.get_final_completion()
+    assert final.choices[0].finish_reason == "tool_calls"
+    _weather_args(final.choices[0].message.tool_calls[0])
+
+
+def test_langchain_with_structured_output_function_calling(stack):
+    _embedded_only(stack)
+    langchain_openai = pytest.importorskip("langchain_openai")
+    llm = langchain_openai.ChatOpenAI(base_url=f"{stack.url}/v1", api_key=stack.keys["team-a"], model="target",
+                                      max_retries=0, max_tokens=200, temperature=0)
+    Answer = _answer_model()
+    got = llm.with_structured_output(Answer, method="function_calling").invoke("Welche Stadt?")
     assert isinstance(got, Answer)

@@ -91,7 +91,7 @@ def openai_router(settings: ServiceSettings, caller_of: Callable[..., Caller], c
 def _chat_spec(raw: bytes, catalog: ModelCatalog) -> JobSpec:
     req = parse_chat(raw)
     catalog.check(req.model)
-    return chat_spec(req)
+    return chat_spec(req, tools_ok=True)
 
 
 def _completion_spec(raw: bytes, catalog: ModelCatalog) -> JobSpec:
@@ -135,8 +135,9 @@ async def _answer(request: Request, settings: ServiceSettings, caller: Caller, s
     if done["status"] != "succeeded":
         raise _failed(spec, job_id, done, headers)
     result = await run_in_threadpool(_result, job_id)
+    call = spec.tools.read_call(result.get("text") or "")
     stamps["first_byte"] = time.time()
-    return JSONResponse(F.completion_object(job_id, spec.kind, spec.model, stamp, result), headers=headers,
+    return JSONResponse(F.completion_object(job_id, spec.kind, spec.model, stamp, result, tool_call=call), headers=headers,
                         background=background)
 
 
@@ -274,6 +275,7 @@ async def _chunks(spec: JobSpec, job_id: str, created: int, events: _Events, hel
                   stamps: dict[str, float]):
     kind, model, usage = spec.kind, spec.model, spec.include_usage
     finished = False
+    held_text: list[str] | None = [] if spec.tools.active else None  # tools: the answer is read whole, at the end
 
     async def all_events():
         for event in held:
@@ -291,6 +293,8 @@ async def _chunks(spec: JobSpec, job_id: str, created: int, events: _Events, hel
         async for name, data in all_events():
             if name == "keepalive":
                 yield b": keep-alive\n\n"
+            elif name == "delta" and held_text is not None:
+                held_text.append(data["text"])
             elif name == "delta":
                 stamps.setdefault("first_text", time.time())
                 yield _data(F.chunk(job_id, kind, model, created, text=data["text"], with_usage=usage))
@@ -308,7 +312,17 @@ async def _chunks(spec: JobSpec, job_id: str, created: int, events: _Events, hel
                                            "code": err.code}})
                     return
                 result = await run_in_threadpool(_result, job_id)
-                yield _data(F.chunk(job_id, kind, model, created, finish_reason=data.get("finish_reason") or "stop",
+                finish = data.get("finish_reason") or "stop"
+                if held_text is not None:
+                    text = result.get("text") or "".join(held_text)
+                    call = spec.tools.read_call(text)
+                    stamps.setdefault("first_text", time.time())
+                    if call is not None:
+                        finish = "tool_calls"
+                        yield _data(F.chunk(job_id, kind, model, created, tool_call=call, with_usage=usage))
+                    elif text:
+                        yield _data(F.chunk(job_id, kind, model, created, text=text, with_usage=usage))
+                yield _data(F.chunk(job_id, kind, model, created, finish_reason=finish,
                                     with_usage=usage, specq=F.specq_fields(job_id, result)))
                 if usage:
                     yield _data(F.chunk(job_id, kind, model, created, empty=True, with_usage=True,

@@ -4,13 +4,16 @@ the rest mapped to a job (`JobSpec`).
 Mapped: `temperature`, `top_p` (0 = greedy), `max_tokens` / `max_completion_tokens`, `seed`, `stop`;
 `developer` messages are system messages; text content parts are joined. Accepted and ignored:
 neutral values (`n: 1`, zero penalties, `logprobs: false`, `top_logprobs: 0`, empty `logit_bias`,
-`tools: []`, `tool_choice: "none"`/`"auto"` without tools, `response_format: {"type": "text"}`,
-`modalities: ["text"]`). `response_format` json_object / json_schema (chat and completions) is the job's
-`json_schema` (grammar-constrained output), checked here against what the grammar can honour. and informational fields (`user`, `store`, `metadata`, `service_tier`,
-`stream_options`, `parallel_tool_calls`, `reasoning_effort`, `verbosity`, `safety_identifier`,
-`prompt_cache_*`, `moderation`). Anything else that would change the output is a 400 naming the field.
+`tools: []`, `response_format: {"type": "text"}`, `modalities: ["text"]`) and informational fields
+(`user`, `store`, `metadata`, `service_tier`, `stream_options`, `parallel_tool_calls`,
+`reasoning_effort`, `verbosity`, `safety_identifier`, `prompt_cache_*`, `moderation`).
+`response_format` json_object / json_schema (chat and completions) is the job's `json_schema`
+(grammar-constrained output), checked here against what the grammar can honour. `tools`, `tool_choice`
+and `tool` / assistant `tool_calls` messages: openai_tools.py (chat completions only, not batch lines).
+Anything else that would change the output is a 400 naming the field.
 Requests run in mode `auto` (engine/policy/auto.py: a prompt-cache hit, baseline below the break-even length,
-specprefill for long prompts where its quality was measured) unless `specq.mode` says otherwise.
+specprefill for long prompts where its quality was measured) unless `specq.mode` says otherwise (a chat
+holding tool results or calls: `baseline`, openai_tools.py).
 `specq` (the SDK's `extra_body={"specq": {...}}`) holds RunParams fields and an explicit split:
 `document` (+ `question`, default the last user message); with it the messages may be system
 messages and one user message. `question` without `document` (chats and completions) names the
@@ -32,6 +35,7 @@ from ..engine.json_schema import JSON_OBJECT, check as check_schema
 from ..engine.options import RunParams
 from .errors import ApiError
 from . import openai_schemas as O
+from .openai_tools import Tools, call_text, read_tools, response_text
 
 #: the OpenAI error type of a bad request
 INVALID = "invalid_request_error"
@@ -56,6 +60,8 @@ class JobSpec:
     params: dict[str, Any] = field(default_factory=dict)
     stream: bool = False
     include_usage: bool = False
+    #: the request's tools (openai_tools.py): how its answer is read back; not stored with the job
+    tools: Tools = field(default_factory=Tools)
 
 
 def parse(model: type[BaseModel], raw: bytes, what: str = "request body") -> Any:
@@ -183,18 +189,19 @@ def _check_common(req: O.ChatCompletionRequest | O.CompletionRequest) -> None:
         raise _unsupported("logit_bias", "no logit biases")
 
 
-def _check_chat(req: O.ChatCompletionRequest) -> None:
+def _check_chat(req: O.ChatCompletionRequest, tools_ok: bool) -> None:
     _check_common(req)
     if req.logprobs:
         raise _unsupported("logprobs", "no log probabilities")
     if req.top_logprobs:
         raise _unsupported("top_logprobs", "no log probabilities")
-    if req.tools:
-        raise _unsupported("tools", "no tool calls")
+    if not tools_ok:
+        if req.tools:
+            raise _unsupported("tools", "tool calls are answered on /v1/chat/completions, not in batches")
+        if req.tool_choice not in (None, "none", "auto"):
+            raise _unsupported("tool_choice", "tool calls are answered on /v1/chat/completions, not in batches")
     if req.functions:
-        raise _unsupported("functions", "no function calls")
-    if req.tool_choice not in (None, "none", "auto"):
-        raise _unsupported("tool_choice", "no tool calls")
+        raise _unsupported("functions", "the deprecated functions; use tools")
     if req.function_call not in (None, "none", "auto"):
         raise _unsupported("function_call", "no function calls")
     if req.modalities not in (None, ["text"]):
@@ -249,17 +256,39 @@ def _text(msg: O.ChatMessage, i: int) -> str:
     return "".join(parts)
 
 
-def _messages(req: O.ChatCompletionRequest) -> list[dict[str, str]]:
-    out = []
+def _messages(req: O.ChatCompletionRequest, tools: Tools, tools_ok: bool) -> tuple[list[dict[str, str]], bool]:
+    """(the messages as the engine renders them, whether any is a tool result or call): a `tool` message is a
+    user turn holding its `<tool_response>`, an assistant's `tool_calls` its `<tool_call>` lines, and the
+    tool definitions are appended to the first system message (openai_tools.py)."""
+    out, any_tool = [], False
     for i, msg in enumerate(req.messages):
-        if msg.role in ("tool", "function"):
-            raise _unsupported(f"messages[{i}].role", f"no tool calls, so no {msg.role} messages")
-        if msg.tool_calls or msg.function_call is not None:
-            raise _unsupported(f"messages[{i}].tool_calls", "no tool calls")
+        if msg.role == "function" or msg.function_call is not None:
+            raise _unsupported(f"messages[{i}].role", "the deprecated function messages; use tools")
+        if (msg.role == "tool" or msg.tool_calls) and not tools_ok:
+            raise _unsupported(f"messages[{i}].role", "tool calls are answered on /v1/chat/completions, not in batches")
         if msg.audio is not None:
             raise _unsupported(f"messages[{i}].audio", "text only")
-        out.append({"role": "system" if msg.role == "developer" else msg.role, "content": _text(msg, i)})
-    return out
+        if msg.tool_calls is not None and msg.role != "assistant":
+            raise bad(f"messages[{i}].tool_calls is for assistant messages", f"messages[{i}].tool_calls")
+        content = _text(msg, i)
+        if msg.role == "tool":
+            if not msg.tool_call_id:
+                raise bad(f"Missing required parameter: 'messages[{i}].tool_call_id'.", f"messages[{i}].tool_call_id")
+            out.append({"role": "user", "content": response_text(content)})
+            any_tool = True
+            continue
+        if msg.tool_calls:
+            calls = call_text(msg.tool_calls, f"messages[{i}].tool_calls")
+            content = f"{content}\n{calls}" if content else calls
+            any_tool = True
+        out.append({"role": "system" if msg.role == "developer" else msg.role, "content": content})
+    extra = tools.system_text()
+    if extra:
+        if out and out[0]["role"] == "system":
+            out[0] = {"role": "system", "content": f"{out[0]['content']}\n\n{extra}" if out[0]["content"] else extra}
+        else:
+            out.insert(0, {"role": "system", "content": extra})
+    return out, any_tool
 
 
 def _params(req, max_tokens: int | None) -> dict[str, Any]:
@@ -327,13 +356,25 @@ def _named_question(req, params: dict[str, Any], text: str, where: str) -> None:
     params["question"] = question.strip()
 
 
-def chat_spec(req: O.ChatCompletionRequest) -> JobSpec:
-    _check_chat(req)
-    messages = _messages(req)
+def chat_spec(req: O.ChatCompletionRequest, tools_ok: bool = False) -> JobSpec:
+    """The job of a chat request; `tools_ok`: tools are answered (the chat route; batch lines refuse them)."""
+    _check_chat(req, tools_ok)
+    tools = read_tools(req.tools, req.tool_choice) if tools_ok else Tools()
+    messages, any_tool = _messages(req, tools, tools_ok)
     params = _params(req, req.max_completion_tokens or req.max_tokens)
-    spec = JobSpec(kind="chat", model=req.model, stream=bool(req.stream),
+    schema = tools.call_schema()
+    if schema is not None:
+        if "json_schema" in params:
+            raise bad("response_format cannot be combined with a forced tool call (tool_choice required or named)",
+                      "response_format")
+        params["json_schema"] = schema
+    if any_tool and "mode" not in (req.specq.model_dump(exclude_unset=True) if req.specq is not None else {}):
+        params["mode"] = "baseline"  # tool results and calls: nothing dropped (docs/openai.md, Tools)
+    spec = JobSpec(kind="chat", model=req.model, stream=bool(req.stream), tools=tools,
                    include_usage=bool(req.stream_options and req.stream_options.include_usage))
     document = req.specq.document if req.specq is not None else None
+    if document is not None and (tools.active or any_tool):
+        raise bad("specq.document cannot be combined with tools or tool messages", "specq.document")
     if document is not None:
         others = [m for m in messages if m["role"] != "system"]
         if len(others) > 1 or any(m["role"] != "user" for m in others):

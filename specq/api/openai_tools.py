@@ -1,0 +1,178 @@
+"""OpenAI tool calls on /v1/chat/completions: `tools` and `tool_choice` checked, rendered into the prompt,
+the forced call constrained by a grammar, and the answer read back as `tool_calls`.
+
+Rendering: the tool definitions go into the system message in the Hermes format that Qwen2.5's own
+chat template writes (`<tools>` with one JSON signature a line, calls as `<tool_call>{"name": …,
+"arguments": …}</tool_call>`, results as `<tool_response>`); the model's Jinja template itself is not
+read (the chat is still rendered by `llama_chat_apply_template`, engine/prompt/chat.py). A `tool`
+message becomes a user message holding `<tool_response>…</tool_response>`, an assistant message's
+`tool_calls` become its `<tool_call>` lines, as Qwen2.5's template renders them.
+
+Decoding: `tool_choice` `required` or a named function → the whole answer is the call's JSON object
+`{"name": …, "arguments": …}` (no `<tool_call>` wrapper), constrained by a JSON Schema (the job's
+`json_schema`): `name` one of the tools (or the named one), `arguments` that function's `parameters`,
+each checked by the same allowlist as `response_format` (engine/json_schema.py). `auto` → unconstrained;
+an answer that is such an object, or holds one inside `<tool_call>`, naming a tool becomes the call
+(Qwen2.5-Coder 1.5B answers the bare object), anything else is content.
+`none` → the tools are not rendered and no call is read. At most one call per answer
+(`parallel_tool_calls` is accepted; only the first call is returned).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import secrets
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..contracts import InputError
+from ..engine.json_schema import JSON_OBJECT, check as check_schema
+from .errors import ApiError
+
+#: OpenAI's rule for function names
+NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+#: a call in an unconstrained answer
+CALL = re.compile(r"<tool_call>\s*(\{.*?\})\s*</tool_call>", re.S)
+
+SYSTEM = ("# Tools\n\nYou may call a function to answer the user. The functions, one JSON signature a line, "
+          "are inside <tools></tools>:\n<tools>\n{signatures}\n</tools>\n\nTo call a function, answer with "
+          "its name and its arguments as a JSON object inside <tool_call></tool_call>:\n<tool_call>\n"
+          '{{"name": <function-name>, "arguments": <args-json-object>}}\n</tool_call>')
+
+
+def _bad(message: str, param: str, code: str | None = None) -> ApiError:
+    return ApiError(400, message, "invalid_request_error", param=param, code=code)
+
+
+@dataclass
+class Tools:
+    """A request's tools as specq answers them (`choice` none: no tools in the prompt, no call read)."""
+
+    functions: dict[str, dict[str, Any]] = field(default_factory=dict)  # name -> {description, parameters}
+    choice: str = "none"  # none | auto | required | named
+    named: str | None = None
+
+    @property
+    def active(self) -> bool:
+        return self.choice != "none" and bool(self.functions)
+
+    @property
+    def forced(self) -> bool:
+        return self.active and self.choice in ("required", "named")
+
+    def system_text(self) -> str:
+        """The tool definitions for the system message (empty when no tool is offered)."""
+        if not self.active:
+            return ""
+        lines = [json.dumps({"type": "function", "function": {"name": n, **f}}, ensure_ascii=False)
+                 for n, f in self.functions.items()]
+        return SYSTEM.format(signatures="\n".join(lines))
+
+    def call_schema(self) -> dict[str, Any] | None:
+        """The JSON Schema of a forced answer (None unless `forced`)."""
+        if not self.forced:
+            return None
+        names = [self.named] if self.choice == "named" else list(self.functions)
+        alts = [{"type": "object", "properties": {"name": {"const": n},
+                                                  "arguments": self.functions[n]["parameters"]},
+                 "required": ["name", "arguments"], "additionalProperties": False} for n in names]
+        return alts[0] if len(alts) == 1 else {"anyOf": alts}
+
+    def read_call(self, text: str) -> dict[str, Any] | None:
+        """The OpenAI tool call an answer holds, else None (the answer is content)."""
+        if not self.active:
+            return None
+        found = _object(text.strip())
+        if found is None:
+            m = CALL.search(text)
+            found = _object(m.group(1)) if m else None
+        if found is None or found.get("name") not in self.functions or set(found) - {"name", "arguments"}:
+            return None
+        if self.choice == "named" and found["name"] != self.named:
+            return None
+        args = found.get("arguments", {})
+        if not isinstance(args, dict):
+            return None
+        return {"id": "call_" + secrets.token_hex(12), "type": "function",
+                "function": {"name": found["name"], "arguments": json.dumps(args, ensure_ascii=False)}}
+
+
+def _object(text: str) -> dict[str, Any] | None:
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def read_tools(tools: list[Any] | None, choice: Any) -> Tools:
+    """`tools` and `tool_choice` checked (a 400 naming the part refused, a schema's keyword included)."""
+    out = Tools()
+    for i, tool in enumerate(tools or []):
+        where = f"tools[{i}]"
+        if not isinstance(tool, dict) or tool.get("type") != "function" or not isinstance(tool.get("function"), dict):
+            raise _bad(f'{where} must be {{"type": "function", "function": {{name, description, parameters}}}}',
+                       "tools")
+        fn = tool["function"]
+        extra = sorted(set(tool) - {"type", "function"}) or sorted(set(fn) - {"name", "description", "parameters", "strict"})
+        if extra:
+            raise _bad(f"Unrecognized argument in {where}: {str(extra[0])[:40]}", "tools")
+        name = fn.get("name")
+        if not isinstance(name, str) or not NAME.match(name):
+            raise _bad(f"{where}.function.name must be 1 to 64 letters, digits, _ or -", "tools")
+        if name in out.functions:
+            raise _bad(f"{where}.function.name {name!r} is given twice", "tools")
+        if not isinstance(fn.get("description", ""), str):
+            raise _bad(f"{where}.function.description must be a string", "tools")
+        params = fn.get("parameters", dict(JSON_OBJECT))
+        try:
+            check_schema(params, f"{where}.function.parameters")
+        except InputError as e:
+            raise _bad(str(e), "tools", "unsupported_schema" if "not supported" in str(e) else None) from None
+        if params.get("type") != "object":
+            raise _bad(f'{where}.function.parameters must be a schema of "type": "object"', "tools")
+        out.functions[name] = {**({"description": fn["description"]} if fn.get("description") else {}),
+                               "parameters": params}
+    if choice is None:
+        out.choice = "auto" if out.functions else "none"
+    elif choice in ("none", "auto", "required"):
+        out.choice = choice
+    elif (isinstance(choice, dict) and choice.get("type") == "function" and isinstance(choice.get("function"), dict)
+          and set(choice) == {"type", "function"}):
+        out.choice, out.named = "named", choice["function"].get("name")
+        if out.named not in out.functions:
+            raise _bad(f"tool_choice names {str(out.named)[:64]!r}, which is not one of the tools", "tool_choice")
+    else:
+        raise _bad('tool_choice must be "none", "auto", "required" or {"type": "function", "function": {"name": …}}',
+                   "tool_choice")
+    if out.choice in ("required", "named") and not out.functions:
+        raise _bad(f"tool_choice {out.choice!r} needs tools", "tool_choice")
+    return out
+
+
+def call_text(calls: Any, where: str) -> str:
+    """An assistant message's `tool_calls` as the `<tool_call>` lines the model writes."""
+    if not isinstance(calls, list) or not calls:
+        raise _bad(f"{where} must be a list of tool calls", where)
+    lines = []
+    for j, call in enumerate(calls):
+        fn = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not isinstance(fn.get("arguments", "{}"), str):
+            raise _bad(f'{where}[{j}] must be {{"id", "type": "function", "function": {{name, arguments (a JSON '
+                       "string)}}}}", where)
+        try:
+            args = json.loads(fn.get("arguments") or "{}")
+        except ValueError:
+            raise _bad(f"{where}[{j}].function.arguments is not JSON", where) from None
+        lines.append("<tool_call>\n" + json.dumps({"name": fn["name"], "arguments": args}, ensure_ascii=False)
+                     + "\n</tool_call>")
+    return "\n".join(lines)
+
+
+def response_text(content: str) -> str:
+    """A `tool` message's content as the user turn that carries it."""
+    return f"<tool_response>\n{content}\n</tool_response>"
+
+
+__all__ = ["Tools", "read_tools", "call_text", "response_text", "SYSTEM"]
