@@ -36,20 +36,13 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests"))
 
+from specq.bench.stats import percentile  # noqa: E402
+
 
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def _quantile(xs: list[float], q: float) -> float | None:
-    if not xs:
-        return None
-    xs = sorted(xs)
-    k = (len(xs) - 1) * q
-    lo, hi = int(k), min(int(k) + 1, len(xs) - 1)
-    return round(xs[lo] + (xs[hi] - xs[lo]) * (k - lo), 3)
 
 
 def _models(root: Path):
@@ -143,8 +136,8 @@ def main() -> None:
                             # (submission to the engine loop -> first token), a measure both trees report
                             over = [j["ttft_ms"] - j["engine"]["ttft"] for j in rep["jobs"]
                                     if j["ttft_ms"] is not None and "ttft" in j["engine"]]
-                            s["outside_engine_ms_p50"] = _quantile(over, 0.5)
-                            s["outside_engine_ms_p90"] = _quantile(over, 0.9)
+                            s["outside_engine_ms_p50"] = percentile(over, 0.5)
+                            s["outside_engine_ms_p90"] = percentile(over, 0.9)
                             row = {"round": rnd, "stack": stack, "tree": name, "arrival": arrival,
                                    "load_before": [round(x, 2) for x in load], "summary": s,
                                    "jobs": [{k: j[k] for k in ("ttft_ms", "engine", "trace", "sent_unix", "first_unix")}

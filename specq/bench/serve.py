@@ -62,6 +62,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Iterator
 
 from . import workloads
+from .stats import percentile
 
 WORDS = ("request handler buffer stream token window cache index record value field query answer "
          "document server client model layer vector matrix kernel thread queue worker result").split()
@@ -430,15 +431,6 @@ async def _details(base_url: str, recs: list[JobRecord], api_key: str, timeout: 
         await asyncio.gather(*(one(client, r) for r in recs if r.job_id))
 
 
-def _pct(xs: list[float], q: float) -> float | None:
-    if not xs:
-        return None
-    xs = sorted(xs)
-    k = (len(xs) - 1) * q
-    lo, hi = int(k), min(int(k) + 1, len(xs) - 1)
-    return round(xs[lo] + (xs[hi] - xs[lo]) * (k - lo), 3)
-
-
 def first_model(base_url: str, api_key: str = "") -> str:
     """The first model GET /v1/models lists (specq: its target; llama-server: its file)."""
     import httpx
@@ -484,19 +476,19 @@ def summarize(recs: list[JobRecord], w: Workload) -> dict[str, Any]:
         "jobs": len(recs), "succeeded": len(ok), "errors": [r.error for r in recs if r.error][:5],
         "makespan_s": round(makespan, 3),
         "jobs_per_min": round(len(ok) / makespan * 60.0, 3) if makespan > 0 else None,
-        "client_ttft_ms_p50": _pct(ttft, 0.5), "client_ttft_ms_p95": _pct(ttft, 0.95),
-        "engine_ttft_ms_p50": _pct(eng, 0.5), "engine_ttft_ms_p95": _pct(eng, 0.95),
-        "decode_tok_s_per_job_p50": _pct(per_job, 0.5),
+        "client_ttft_ms_p50": percentile(ttft, 0.5), "client_ttft_ms_p95": percentile(ttft, 0.95),
+        "engine_ttft_ms_p50": percentile(eng, 0.5), "engine_ttft_ms_p95": percentile(eng, 0.95),
+        "decode_tok_s_per_job_p50": percentile(per_job, 0.5),
         "output_tok_s_total": round(out_tokens / makespan, 3) if makespan > 0 else None,
         "output_tokens": out_tokens,
-        "slot_wait_ms_p50": _pct([r.engine["slot_wait"] for r in ok if "slot_wait" in r.engine], 0.5),
-        "interleave_wait_ms_p50": _pct([r.engine["interleave_wait"] for r in ok if "interleave_wait" in r.engine], 0.5),
-        "prefill_floor_ms_p50": _pct(work, 0.5),
+        "slot_wait_ms_p50": percentile([r.engine["slot_wait"] for r in ok if "slot_wait" in r.engine], 0.5),
+        "interleave_wait_ms_p50": percentile([r.engine["interleave_wait"] for r in ok if "interleave_wait" in r.engine], 0.5),
+        "prefill_floor_ms_p50": percentile(work, 0.5),
         "jobs_per_min_prefill_floor": round(len(work) / sum(work) * 60000.0, 3) if work and sum(work) > 0 else None,
-        "prompt_tokens_p50": _pct([float(r.prompt_tokens) for r in ok if r.prompt_tokens], 0.5),
+        "prompt_tokens_p50": percentile([float(r.prompt_tokens) for r in ok if r.prompt_tokens], 0.5),
         "mean_output_tokens": round(statistics.mean([r.output_tokens for r in ok]), 2) if ok else 0,
-        "queue_wait_ms_p50": _pct([r.queue_wait_ms for r in ok if r.queue_wait_ms is not None], 0.5),
-        "queue_wait_ms_p95": _pct([r.queue_wait_ms for r in ok if r.queue_wait_ms is not None], 0.95),
+        "queue_wait_ms_p50": percentile([r.queue_wait_ms for r in ok if r.queue_wait_ms is not None], 0.5),
+        "queue_wait_ms_p95": percentile([r.queue_wait_ms for r in ok if r.queue_wait_ms is not None], 0.95),
         **first_and_later(ok),
         **reuse(ok),
         "breakdown_ms": breakdown(ok),
@@ -530,7 +522,7 @@ def breakdown(recs: list[JobRecord]) -> dict[str, dict[str, float | None]]:
             if t.get(a) is not None and t.get(b) is not None:
                 ms.append((t[b] - t[a]) * 1000.0)
         if ms:
-            out[name] = {"p50": _pct(ms, 0.5), "p90": _pct(ms, 0.9), "n": len(ms)}
+            out[name] = {"p50": percentile(ms, 0.5), "p90": percentile(ms, 0.9), "n": len(ms)}
     return out
 
 
@@ -541,8 +533,8 @@ def first_and_later(recs: list[JobRecord]) -> dict[str, Any]:
         return {}
     first = [r.ttft_ms for r in recs if r.question == 0 and r.ttft_ms is not None]
     later = [r.ttft_ms for r in recs if r.question > 0 and r.ttft_ms is not None]
-    return {"client_ttft_ms_first_question_p50": _pct(first, 0.5), "client_ttft_ms_first_question_p95": _pct(first, 0.95),
-            "client_ttft_ms_later_questions_p50": _pct(later, 0.5), "client_ttft_ms_later_questions_p95": _pct(later, 0.95)}
+    return {"client_ttft_ms_first_question_p50": percentile(first, 0.5), "client_ttft_ms_first_question_p95": percentile(first, 0.95),
+            "client_ttft_ms_later_questions_p50": percentile(later, 0.5), "client_ttft_ms_later_questions_p95": percentile(later, 0.95)}
 
 
 def reuse(recs: list[JobRecord]) -> dict[str, Any]:
@@ -601,9 +593,9 @@ def _groups(groups: list[dict]) -> dict[str, Any]:
     return {
         "group_members": len(groups),
         "group_union_copies": sum(str(g.get("union_from", "")).startswith("slot") for g in groups),
-        "group_size_p50": _pct([float(g.get("size") or 0) for g in groups], 0.5),
-        "group_union_fraction_p50": _pct([float(g.get("union_kept_fraction") or 0) for g in groups], 0.5),
-        "group_own_fraction_p50": _pct([float(g.get("own_kept_fraction") or 0) for g in groups], 0.5),
+        "group_size_p50": percentile([float(g.get("size") or 0) for g in groups], 0.5),
+        "group_union_fraction_p50": percentile([float(g.get("union_kept_fraction") or 0) for g in groups], 0.5),
+        "group_own_fraction_p50": percentile([float(g.get("own_kept_fraction") or 0) for g in groups], 0.5),
         "group_prefilled_tokens": sum(int(g.get("prefilled_tokens") or 0) for g in groups),
     }
 

@@ -17,6 +17,8 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
+from .stats import percentile
+
 
 @dataclass(frozen=True)
 class PlannedJob:
@@ -79,15 +81,6 @@ def band_name(tokens: int, edges: list[int]) -> str:
     return f">={k(edges[-1])}"
 
 
-def _pct(xs: list[float], q: float) -> float | None:
-    if not xs:
-        return None
-    xs = sorted(xs)
-    k = (len(xs) - 1) * q
-    lo, hi = int(k), min(int(k) + 1, len(xs) - 1)
-    return round(xs[lo] + (xs[hi] - xs[lo]) * (k - lo), 3)
-
-
 def _rates(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """Jobs, jobs/min and output tokens/s over these rows' own span (first sent -> last done), TTFT p50/p90."""
     ok = [r for r in rows if not r.get("error") and r.get("ttft_ms") is not None]
@@ -97,7 +90,7 @@ def _rates(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return {"jobs": len(rows), "succeeded": len(ok),
             "jobs_per_min": round(len(ok) / span * 60.0, 3) if span > 0 else None,
             "output_tok_s": round(out / span, 3) if span > 0 else None,
-            "client_ttft_ms_p50": _pct(ttft, 0.5), "client_ttft_ms_p90": _pct(ttft, 0.9)}
+            "client_ttft_ms_p50": percentile(ttft, 0.5), "client_ttft_ms_p90": percentile(ttft, 0.9)}
 
 
 def mixed_summary(rows: list[dict[str, Any]], edges: list[int]) -> dict[str, Any]:
@@ -107,7 +100,7 @@ def mixed_summary(rows: list[dict[str, Any]], edges: list[int]) -> dict[str, Any
     bands: dict[str, list[dict[str, Any]]] = {}
     for r in sorted(rows, key=lambda r: r["planned_doc_tokens"]):
         bands.setdefault(band_name(int(r["planned_doc_tokens"]), edges), []).append(r)
-    return {"client_ttft_ms_p90": _pct(ttft, 0.9), "length_bands": edges,
+    return {"client_ttft_ms_p90": percentile(ttft, 0.9), "length_bands": edges,
             "bands": {name: _rates(rs) for name, rs in bands.items()}}
 
 
