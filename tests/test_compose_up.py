@@ -182,7 +182,7 @@ def _timed(name: str, start: float) -> None:
 def stack():
     if not (REQUIRED or os.environ.get("SPECQ_COMPOSE") == "1"):
         pytest.skip("the compose test builds images (minutes, tens of them cold): SPECQ_COMPOSE=1 runs it "
-                    "(CI's SPECQ_REQUIRE_DOCKER=1 does too)")
+                    "(or SPECQ_REQUIRE_DOCKER=1)")
     files = _model_files()
     _ensure_engine()
     cli = _compose_cli()
