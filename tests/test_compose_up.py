@@ -307,7 +307,9 @@ def test_an_openai_sdk_chat_request(stack):
 
     client = openai.OpenAI(base_url=f"http://127.0.0.1:{stack.port}/v1", api_key=stack.key, timeout=300)
     t = time.monotonic()
-    r = client.chat.completions.create(model="target", max_tokens=16, temperature=0, messages=[
+    model = client.models.list().data[0].id  # the served model's name (the target's file name)
+    assert model == "qwen2.5-coder-1.5b-instruct-q4_k_m", model
+    r = client.chat.completions.create(model=model, max_tokens=16, temperature=0, messages=[
         {"role": "user", "content": f"```python\n{DOC_B}```\n{QUESTION}"}])
     _timed("OpenAI SDK chat completion", t)
     assert "reverse_words_in_sentence" in r.choices[0].message.content, r
