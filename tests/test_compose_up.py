@@ -6,7 +6,7 @@ runs; it is left running, so its image cache serves the next run), Compose (`doc
 Debian's `docker-compose` 1.29; SPECQ_COMPOSE_CLI picks one) and the real pair in $SPECQ_HOME/models.
 Docker Hub is not reachable here: scripts/compose-images.sh makes local stand-ins under the Hub names
 compose.yaml and the Dockerfile use (docs/deploy.md). They run where SPECQ_COMPOSE=1 or
-SPECQ_REQUIRE_DOCKER=1 (CI, .ci/run) is set, else skip (a cold image build takes tens of minutes on a
+SPECQ_REQUIRE_DOCKER=1 is set (.ci/run sets neither yet), else skip (a cold image build takes tens of minutes on a
 busy machine); without an engine or the models they skip, unless SPECQ_REQUIRE_DOCKER=1, where they fail.
 
 What stays the user's: compose.yaml, .env and the Dockerfile, unchanged. What the test adds in an
