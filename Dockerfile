@@ -28,11 +28,13 @@ FROM python:3.11-slim-bookworm AS api
 ENV PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 \
     SPECQ_HOME=/var/lib/specq SPECQ_MIGRATIONS_DIR=/app/migrations
 WORKDIR /app
-COPY pyproject.toml README.md alembic.ini ./
+# layers that change least first: the dependencies follow pyproject.toml only (not README.md)
+COPY pyproject.toml ./
 # every dependency but llama-cpp-python (the worker image has that, built with CUDA)
 RUN python -c "import tomllib; d = tomllib.load(open('pyproject.toml', 'rb')); \
 print('\n'.join(x for x in d['project']['dependencies'] if not x.startswith('llama-cpp-python')))" > /tmp/req.txt \
  && pip install -r /tmp/req.txt
+COPY README.md alembic.ini ./
 COPY specq ./specq
 COPY migrations ./migrations
 RUN pip install --no-deps . \
@@ -41,6 +43,49 @@ RUN pip install --no-deps . \
 USER specq
 EXPOSE 8178
 CMD ["specq", "api", "--host", "0.0.0.0"]
+
+# ---------------------------------------------------------------------------------- worker-cpu: build
+FROM python:3.11-slim-bookworm AS worker-cpu-build
+ARG CPU_CMAKE_ARGS=""
+RUN apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
+      build-essential cmake git patch ca-certificates \
+ && rm -rf /var/lib/apt/lists/*
+RUN python -m venv /opt/venv
+ENV PATH=/opt/venv/bin:$PATH PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+WORKDIR /app
+# layers that change least first, so that an edit of README.md, pyproject.toml or specq/ does not
+# rebuild llama.cpp (minutes): the build needs only the patches and the script
+COPY patches ./patches
+COPY scripts/build-llama.sh ./scripts/build-llama.sh
+# our patched llama-cpp-python, for the CPU (no CUDA flag: the script then builds the .cpu flavour)
+RUN CMAKE_ARGS="${CPU_CMAKE_ARGS}" PYTHON=/opt/venv/bin/python SPECQ_HOME=/tmp/specq-build \
+    bash scripts/build-llama.sh \
+ && python -c "import importlib.metadata as m; v = m.version('llama-cpp-python'); print(v); assert v.endswith('.cpu'), v"
+COPY pyproject.toml ./
+# the other dependencies (llama-cpp-python's pin is met by the patched build: its local version)
+RUN python -c "import tomllib; d = tomllib.load(open('pyproject.toml', 'rb')); \
+print('\n'.join(x for x in d['project']['dependencies'] if not x.startswith('llama-cpp-python')))" > /tmp/req.txt \
+ && pip install -r /tmp/req.txt
+COPY README.md alembic.ini ./
+COPY specq ./specq
+COPY migrations ./migrations
+RUN pip install .
+
+# ---------------------------------------------------------------------------------------- worker-cpu
+FROM python:3.11-slim-bookworm AS worker-cpu
+RUN apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
+      libgomp1 ca-certificates \
+ && rm -rf /var/lib/apt/lists/*
+COPY --from=worker-cpu-build /opt/venv /opt/venv
+COPY --from=worker-cpu-build /app /app
+ENV PATH=/opt/venv/bin:$PATH PYTHONUNBUFFERED=1 SPECQ_HOME=/var/lib/specq SPECQ_MIGRATIONS_DIR=/app/migrations \
+    SPECQ_N_GPU_LAYERS=0
+WORKDIR /app
+RUN useradd --system --uid 10001 --user-group --home-dir /var/lib/specq --shell /usr/sbin/nologin specq \
+ && mkdir -p /var/lib/specq && chown specq:specq /var/lib/specq
+USER specq
+STOPSIGNAL SIGTERM
+CMD ["specq", "worker"]
 
 # ------------------------------------------------------------------------------------ worker: build
 FROM nvidia/cuda:${CUDA_VERSION}-devel-ubuntu${UBUNTU_VERSION} AS worker-build
@@ -81,41 +126,5 @@ RUN useradd --system --uid 10001 --user-group --home-dir /var/lib/specq --shell 
  && mkdir -p /var/lib/specq && chown specq:specq /var/lib/specq
 USER specq
 # Celery's warm shutdown on SIGTERM: the running job finishes (compose gives it stop_grace_period)
-STOPSIGNAL SIGTERM
-CMD ["specq", "worker"]
-
-# ---------------------------------------------------------------------------------- worker-cpu: build
-FROM python:3.11-slim-bookworm AS worker-cpu-build
-ARG CPU_CMAKE_ARGS=""
-RUN apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
-      build-essential cmake git patch ca-certificates \
- && rm -rf /var/lib/apt/lists/*
-RUN python -m venv /opt/venv
-ENV PATH=/opt/venv/bin:$PATH PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
-WORKDIR /app
-COPY pyproject.toml README.md alembic.ini ./
-COPY patches ./patches
-COPY scripts/build-llama.sh ./scripts/build-llama.sh
-# our patched llama-cpp-python, for the CPU (no CUDA flag: the script then builds the .cpu flavour)
-RUN CMAKE_ARGS="${CPU_CMAKE_ARGS}" PYTHON=/opt/venv/bin/python SPECQ_HOME=/tmp/specq-build \
-    bash scripts/build-llama.sh \
- && python -c "import importlib.metadata as m; v = m.version('llama-cpp-python'); print(v); assert v.endswith('.cpu'), v"
-COPY specq ./specq
-COPY migrations ./migrations
-RUN pip install .
-
-# ---------------------------------------------------------------------------------------- worker-cpu
-FROM python:3.11-slim-bookworm AS worker-cpu
-RUN apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
-      libgomp1 ca-certificates \
- && rm -rf /var/lib/apt/lists/*
-COPY --from=worker-cpu-build /opt/venv /opt/venv
-COPY --from=worker-cpu-build /app /app
-ENV PATH=/opt/venv/bin:$PATH PYTHONUNBUFFERED=1 SPECQ_HOME=/var/lib/specq SPECQ_MIGRATIONS_DIR=/app/migrations \
-    SPECQ_N_GPU_LAYERS=0
-WORKDIR /app
-RUN useradd --system --uid 10001 --user-group --home-dir /var/lib/specq --shell /usr/sbin/nologin specq \
- && mkdir -p /var/lib/specq && chown specq:specq /var/lib/specq
-USER specq
 STOPSIGNAL SIGTERM
 CMD ["specq", "worker"]
