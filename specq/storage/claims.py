@@ -80,7 +80,14 @@ def claim_next(session: Session, hint: str, worker: str, *, queue: str | None,
     token), or None if there is none.
 
     live: the jobs running in this worker process now (its serving slots): a message naming one of
-    them never claims it again (neither as stale nor through `reclaim_own`), it claims the next job."""
+    them never claims it again (neither as stale nor through `reclaim_own`), it claims the next job.
+
+    A transaction the caller left open (a read) is committed first: each claim step is a write
+    transaction of its own (SQLite: BEGIN IMMEDIATE, which waits on the busy timeout), whereas an
+    UPDATE inside an older read transaction fails at once with "database is locked" on SQLite when
+    another connection (the API adding jobs) wrote since that read began."""
+    if session.in_transaction():
+        session.commit()
     token = None if hint in live else (
         _jobs.mark_running(session, hint, worker, stale_after_s=stale_after_s, only_stale=True)
         or reclaim_own(session, hint, worker, live=live))

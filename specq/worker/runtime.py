@@ -361,15 +361,17 @@ class WorkerRuntime:
         s_ = self.settings
         with db.session() as s:
             self.evidence.refresh(s, self.engine)  # rows written since the last claim count from this job on
+            s.commit()  # end the refresh's read: no snapshot held while this delivery waits for a slot
             with self._claim_lock:  # one claim at a time: two messages of one job never both claim it
                 hold_until: float | None = None
+                waited = False
                 while True:
                     if job_id in self.grouped:  # a group claim took this message's job: it runs here now
                         self.grouped.discard(job_id)
                         log.info("job %s: its message arrived while it runs here (group claim); nothing to do",
                                  job_id)
                         return Outcome("skipped", "group-claimed")
-                    if self.serving is None or len(self.live) < self.slots:
+                    if len(self.live) < self.slots:  # one slot without the engine loop (see below)
                         free = self.slots - len(self.live)
                         want = self._group_wants(s, job_id, free)  # 0 without serving slots or a hold
                         if want <= free:
@@ -387,9 +389,17 @@ class WorkerRuntime:
                         self._slot_free.wait(min(0.5, hold_until - now))
                         continue
                     # group claims can fill every slot: wait for one rather than claim a job that
-                    # would wait in the loop (another worker's free slot may take it meanwhile)
+                    # would wait in the loop (another worker's free slot may take it meanwhile).
+                    # One slot (no engine loop) waits too: on the embedded broker Celery's solo pool
+                    # runs a countdown's message (a retry, a store error's re-send) on its timer
+                    # thread, beside the task running on the main thread, and two runs of the one
+                    # Engine at once corrupt each other (llama_decode -1, a hang; docs/reliability.md)
                     if self.draining:
                         return Outcome("retry", "the worker is shutting down", retry_in=0.0, job_id=job_id)
+                    if not waited:
+                        waited = True
+                        log.info("message of job %s: waiting for a free slot (running here: %s)", job_id,
+                                 ",".join(sorted(self.live)))
                     self._slot_free.wait(0.5)
                 claim = claims.claim_next(s, job_id, self.name, queue=self.queue, stale_after_s=s_.stale_after,
                                           live=self.live)
@@ -649,11 +659,11 @@ class WorkerRuntime:
     def drain(self) -> None:
         """SIGTERM (Celery's warm shutdown): no job takes a slot any more, jobs waiting for one go back
         to the queue now, running ones get drain_grace seconds, then go back too. Returns at once."""
-        if self.serving is None:
-            return
-        with self._claim_lock:
+        with self._claim_lock:  # one slot too: a delivery waiting for the slot goes back to the broker
             self.draining = True
             self._slot_free.notify_all()
+        if self.serving is None:
+            return
         grace = self.settings.drain_grace
         log.warning("specq worker %s: draining (%d job(s) live; %.0fs grace)", self.name, len(self.live), grace)
         self.serving.stop_admitting()
