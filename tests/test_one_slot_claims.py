@@ -12,13 +12,13 @@ slot; bench/results/cpu-followup-latency-2026-12-06-before-t0-hang.log, docs/rel
    on the main thread. The runs corrupted each other (llama_decode returned -1, a "success" in
    24 ms) and one job stayed `running` with the worker idle. A delivery now waits for the one slot.
    The service test runs `specq up` as a user does (tiny models in the worker process, as the other
-   embedded-stack tests, unmarked); it failed on the old code with an attempt lost to "no logits for
-   token 0 of the last batch" (the two runs shared the Engine).
+   embedded-stack tests, unmarked); on the old code it failed with an attempt lost to "no logits for
+   token 0 of the last batch", and in another run with a job stuck `running` in sparse_prefill 0/465
+   for 90 s: the hang of the measurement.
 """
 
 from __future__ import annotations
 
-import time
 from datetime import timezone
 
 import httpx
@@ -32,6 +32,7 @@ from service_helpers import embedded_up, wait_job
 
 
 def test_a_claim_after_a_read_left_open_waits_for_the_lock_instead_of_failing(store):
+    """Defect 1 (module doc), on the SQLite store."""
     with db.session() as s, db.session() as api:
         job_id = jobs.create_job(s, text="x = 1\n", params={}).id
         s.scalar(select(Job.status).where(Job.id == job_id))  # the worker's read before its claim (left open)
@@ -55,16 +56,15 @@ def test_a_countdown_message_waits_for_the_one_slot_on_the_embedded_broker(tmp_p
     from specq.broker import enqueue_job
     from specq.settings import ServiceSettings
 
-    countdown = 0.5
+    countdown = 0.3
     with embedded_up(tmp_path, tiny_models, SPECQ_WARM_UP="0") as st:
         url = st.database_url
-        params = {"question": "what?", "max_tokens": 800, "ignore_eos": True, "mode": "baseline", "seed": 1}
+        params = {"question": "what?", "max_tokens": 600, "ignore_eos": True, "mode": "baseline", "seed": 1}
         with db.session(url) as s:
             a = jobs.create_job(s, text="def f(x):\n    return x\n" * 20, params=params).id
             b = jobs.create_job(s, text="def g(y):\n    return y\n" * 20, params=params).id
         monkeypatch.setenv("SPECQ_HOME", st.env["SPECQ_HOME"])  # the embedded broker's file is under it
         settings = ServiceSettings.from_env(st.env)
-        due = time.time() + countdown
         enqueue_job(b, settings, countdown=countdown)  # received first, held on the worker's timer
         enqueue_job(a, settings)  # runs on the main thread while b's message comes due
         with httpx.Client(base_url=st.url, timeout=10) as c:
@@ -73,8 +73,7 @@ def test_a_countdown_message_waits_for_the_one_slot_on_the_embedded_broker(tmp_p
             (s1, f1, *r1), (s2, f2, *r2) = sorted((_interval(s, j) for j in (a, b)), key=lambda r: r[0])
         log = st.log("up")
     assert [d["status"] for d in done.values()] == ["succeeded", "succeeded"], (done, log[-4000:])
-    assert r1 == r2 == ["succeeded", 1], (r1, r2)  # one attempt each: no decode failure, no retry
-    # not vacuous: b's message came due while the first job ran
-    assert s1 < due < f1, f"the first job ran {s1 - due:+.1f}..{f1 - due:+.1f}s around the countdown: make it longer"
-    assert s2 >= f1, f"two jobs ran at once on the one slot: {s1}..{f1} and {s2}..{f2}"
-    assert "waiting for a free slot" in log
+    assert s2 >= f1, f"two jobs ran at once on the one slot: {s1:.2f}..{f1:.2f} and {s2:.2f}..{f2:.2f}"
+    assert r1 == r2 == ["succeeded", 1], (r1, r2, log[-4000:])  # one attempt each: no decode failure, no retry
+    # not vacuous: the countdown's message was run while the other job held the slot, and waited
+    assert "waiting for a free slot" in log, log[-4000:]
