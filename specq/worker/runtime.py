@@ -31,6 +31,11 @@ never claims it again (`claims.claim_next(live=...)`). SIGTERM drains (`drain`):
 slot any more, waiting ones go back to the queue at once, running ones get SPECQ_DRAIN_GRACE seconds
 to finish, then go back too.
 
+With one slot (no engine loop) a second delivery in the process waits for the slot as well: on the
+embedded broker Celery's solo pool runs a message with a countdown on its timer thread, beside the
+task on the main thread, and two runs of one Engine at once corrupt each other (docs/reliability.md,
+"The embedded broker").
+
 **Group claims** (SPECQ_GROUP_CLAIMS, on by default; storage.groups): right after a task thread
 claims a job that asks about a stored document, still under the claim lock, it claims the queued jobs
 of the same tenant and document up to the slots left free and runs each in a thread of its own
