@@ -623,12 +623,12 @@ class WorkerRuntime:
         watcher.stop()
         ms = (time.monotonic() - t0) * 1000.0
         stamps = {"engine_start": engine_start, "first_token": publisher.first_at, "engine_done": time.time()}
-        result = {**(result.to_dict() if hasattr(result, "to_dict") else dict(result)), "trace": stamps}
+        stored = {**(result.to_dict() if hasattr(result, "to_dict") else dict(result)), "trace": stamps}
         try:
             if watcher.fenced is not None:  # refused after the engine's last progress call
                 raise watcher.fenced
             saved = self._store(s, f"job {job_id}: saving the result",
-                                lambda: results.save_result(s, job_id, result, token=token))
+                                lambda: results.save_result(s, job_id, stored, token=token))
         except Fenced as e:  # ran to the end, but the job is another attempt's now (reliability_figures)
             log.warning("job %s: finished but not saved (%s)", job_id, e)
             raise
@@ -637,6 +637,7 @@ class WorkerRuntime:
         with self._claim_lock:
             self.jobs_done += 1
         self._clear_stream(job_id)
+        # the engine's result object (its spec and token ids), not the stored dict
         self.shadow.offer(job_id, inp.text, params, source, result)  # runs once the process is idle (_release)
         if not saved:
             log.info("job %s: result saved before (a repeated write)", job_id)
