@@ -141,19 +141,24 @@ class RedisSource:
                 log.debug("closing a job's Redis subscription: %s", e)
 
 
+def publishes_on_redis(settings: ServiceSettings) -> bool:
+    """Whether the workers of `settings` publish answers on Redis (else into the store's job_deltas)."""
+    return not settings.embedded_broker and settings.resolved_broker_url.startswith(("redis://", "rediss://", "unix://"))
+
+
 def open_source(settings: ServiceSettings, job_id: str):
-    url = settings.resolved_broker_url
-    if not settings.embedded_broker and url.startswith(("redis://", "rediss://", "unix://")):
-        return RedisSource(url, job_id)
-    return StoreSource(job_id)
+    return RedisSource(settings.resolved_broker_url, job_id) if publishes_on_redis(settings) else StoreSource(job_id)
+
+
+def idle_row_interval(polls_store: bool) -> float:
+    """Seconds between a feed's reads of its job's row outside the end of a job: STORE_POLL_S where its
+    text comes from the store (no pub/sub, module doc), else STATUS_POLL_S."""
+    return STORE_POLL_S if polls_store else STATUS_POLL_S
 
 
 def row_poll_s(settings: ServiceSettings) -> float:
-    """Seconds between a feed's reads of its job's row, outside the end of a job (module doc)."""
-    url = settings.resolved_broker_url
-    if not settings.embedded_broker and url.startswith(("redis://", "rediss://", "unix://")):
-        return STATUS_POLL_S
-    return min(STORE_POLL_S, STATUS_POLL_S)
+    """`idle_row_interval` of the feeds `settings` open (open_source)."""
+    return idle_row_interval(not publishes_on_redis(settings))
 
 
 def read_rows(job_ids: list[str]) -> dict[str, dict[str, Any]]:
@@ -255,15 +260,6 @@ class JobFeed:
             del _feeds[self.key]
         self._send(item)
 
-    @staticmethod
-    def _interval(row: dict[str, Any], source, fast_until: float) -> float:
-        """Seconds until the next read of a row that is not terminal (module doc)."""
-        if time.monotonic() < fast_until:
-            return END_POLL_S
-        if source.polls:
-            return min(STORE_POLL_S, STATUS_POLL_S)
-        return STATUS_POLL_S
-
     async def run(self) -> None:
         source = None
         try:
@@ -279,7 +275,8 @@ class JobFeed:
                             self._pieces(await source.next(0))
                         self._end(("row", row))
                         return
-                    next_poll = time.monotonic() + self._interval(row, source, fast_until)
+                    now = time.monotonic()
+                    next_poll = now + (END_POLL_S if now < fast_until else idle_row_interval(source.polls))
                     if row != self.row:
                         self.row = row
                         self._send(("row", row))
@@ -348,4 +345,4 @@ def feeds_running() -> int:
 
 
 __all__ = ["JobFeed", "Piece", "StoreSource", "RedisSource", "open_source", "read_rows", "RowReader", "subscribe", "feeds_running",
-           "row_poll_s", "STATUS_POLL_S", "DELTA_POLL_S", "STORE_POLL_S", "END_POLL_S", "END_WINDOW_S"]
+           "idle_row_interval", "publishes_on_redis", "row_poll_s", "STATUS_POLL_S", "DELTA_POLL_S", "STORE_POLL_S", "END_POLL_S", "END_WINDOW_S"]
