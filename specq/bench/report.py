@@ -423,7 +423,21 @@ def dated_sections(_results: list[Result], base: Path) -> str:
 
 Renderer = Callable[[list[Result], Path], str]
 
+def compose_up_table(_results: list[Result], base: Path) -> str:
+    """The step times of each `tests/test_compose_up.py` run kept under bench/compose/ (its JSON names the
+    command, code and machine)."""
+    rows = []
+    for path in sorted((REPO / "bench" / "compose").glob("*.json")):
+        data = json.loads(path.read_text(encoding="utf-8"))
+        rel = os.path.relpath(path, base).replace(os.sep, "/")
+        steps = "; ".join(f"{k} {v:g} s" for k, v in data.get("seconds", {}).items())
+        rows.append([f"[{path.name}]({rel})", str(data.get("date", "–")), str(data.get("code", "–")),
+                     str(data.get("hardware", "–")), str(data.get("result", "–")), steps])
+    return _table(["run", "date", "code", "machine", "result", "seconds per step"], "llllll", rows)
+
+
 RENDERERS: dict[str, Renderer] = {
+    "compose-up": compose_up_table,
     "headline": headline_table,
     "ttft": ttft_table,
     "serve": serve_table,
@@ -476,4 +490,4 @@ def render_all(write: bool, repo: Path = REPO, results: list[Result] | None = No
     return changed
 
 
-__all__ = ["RENDERERS", "ReportError", "Result", "load_results", "render_text", "render_all", "doc_files"]
+__all__ = ["compose_up_table", "RENDERERS", "ReportError", "Result", "load_results", "render_text", "render_all", "doc_files"]
