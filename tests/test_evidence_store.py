@@ -9,13 +9,12 @@ import subprocess
 
 import httpx
 import pytest
-from sqlalchemy import inspect
 
+from evidence_helpers import DOC, migration_round_trip, tiny_evidence_key
 from service_helpers import Stack, base_env, empty_store, free_port, running, specq_cmd, wait_job
 from specq.engine.policy import evidence
 from specq.storage import db, evidence as store
 
-DOC = "".join(f"line {i}: the value of item {i} is {i * 7 % 13}.\n" for i in range(40))
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -46,37 +45,14 @@ def test_rows_round_trip_and_the_revision_grows(url):
 
 
 def test_migration_0007_goes_down_and_up(url):
-    from alembic import command
-
-    cfg = db.alembic_config(url)
-    with db.get_engine(url).begin() as conn:
-        cfg.attributes["connection"] = conn
-        command.downgrade(cfg, "0006")
-    assert "quality_evidence" not in inspect(db.get_engine(url)).get_table_names()
-    assert db.upgrade(url) == db.head_revision() >= "0007"
-    assert "quality_evidence" in inspect(db.get_engine(url)).get_table_names()
-
-
-def _tiny_key(tiny_models) -> dict:
-    """The key a worker on the tiny pair resolves for DOC with params {window: 256, task: lookup} (native prompt)."""
-    from specq.engine.options import EngineOptions, RunParams
-    from specq.engine.pipeline import Engine
-
-    e = Engine(EngineOptions(target=str(tiny_models.target), speculator=str(tiny_models.speculator), n_gpu_layers=0,
-                             n_ctx=4096, n_threads=2))
-    try:
-        params = RunParams(question="What is the value of item 7?", window=256, task="lookup")
-        prompt = e.tokenize_prompt(DOC, params)
-        return e.evidence_key(prompt, params, "original" if e.gaps_supported else "compressed").as_dict()
-    finally:
-        e.close()
+    migration_round_trip(url, "0007", "quality_evidence")
 
 
 def test_posted_rows_reach_a_running_worker_without_a_restart(tiny_models, tmp_path):
     """GET lists the shipped rows; a malformed row is refused with the field named (and a bound above its
     counts, or `passes` it does not earn, too); a passing row for the tiny pair posted while the worker
     runs makes its next mode-auto job run specprefill, citing that row; `specq evidence --json` lists it all."""
-    key = _tiny_key(tiny_models)
+    key = tiny_evidence_key(tiny_models)
     port = free_port()
     env = base_env(tmp_path, tiny_models, SPECQ_API_PORT=str(port), SPECQ_CONCURRENCY="1", SPECQ_AUTO_MIN_TOKENS="64",
                    SPECQ_CACHE_BYTES="0")

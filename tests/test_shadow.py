@@ -6,8 +6,8 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from sqlalchemy import inspect
 
+from evidence_helpers import migration_round_trip
 from service_helpers import empty_store
 from specq.engine.policy import evidence, shadow
 from specq.engine.policy.auto import GROUP_PATH
@@ -118,15 +118,7 @@ def test_checks_are_stored_and_counted_per_key(url):
 
 
 def test_migration_0009_goes_down_and_up(url):
-    from alembic import command
-
-    cfg = db.alembic_config(url)
-    with db.get_engine(url).begin() as conn:
-        cfg.attributes["connection"] = conn
-        command.downgrade(cfg, "0008")
-    assert "shadow_checks" not in inspect(db.get_engine(url)).get_table_names()
-    assert db.upgrade(url) == db.head_revision() >= "0009"
-    assert "shadow_checks" in inspect(db.get_engine(url)).get_table_names()
+    migration_round_trip(url, "0009", "shadow_checks")
 
 
 def test_bench_serve_poisson_arrivals_are_random_gaps_at_the_rate_and_repeatable():

@@ -20,32 +20,16 @@ from types import SimpleNamespace
 import httpx
 import pytest
 
+from evidence_helpers import DOC, PARAMS, tiny_evidence_key
 from service_helpers import Stack, base_env, free_port, pg_database, redis_pg_env, require_servers, running, wait_job
 from specq.engine.policy.shadow import MIN_CHECKS
 
 pytestmark = pytest.mark.services
 
-DOC = "".join(f"line {i}: the value of item {i} is {i * 7 % 13}.\n" for i in range(40))
 #: the real job's longest wait from submission to its claim while a shadow check runs, as a share of the
 #: checked job's own run (the shadow, a full prefill of the same prompt and as many tokens, takes longer:
 #: a real job that waited for its answer would wait about that long)
 CLAIM_SHARE = 0.5
-
-
-def _key(models) -> dict:
-    """The key a worker on `models` resolves for DOC with params {window: 256, task: lookup} (native prompt; a job
-    must declare its kind to use one kind's rows, issue 49)."""
-    from specq.engine.options import EngineOptions, RunParams
-    from specq.engine.pipeline import Engine
-
-    e = Engine(EngineOptions(target=str(models.target), speculator=str(models.speculator), n_gpu_layers=0,
-                             n_ctx=4096, n_threads=2))
-    try:
-        params = RunParams(question="What is the value of item 7?", window=256, task="lookup")
-        prompt = e.tokenize_prompt(DOC, params)
-        return e.evidence_key(prompt, params, "original" if e.gaps_supported else "compressed").as_dict()
-    finally:
-        e.close()
 
 
 def _row(key: dict) -> dict:
@@ -69,7 +53,7 @@ def stack(tiny_models, tmp_path_factory):
                        **redis_pg_env(pg_url, "specq-shadow"))
         st = Stack(env=env, port=port, logdir=home)
         st.cli("db", "upgrade", check=True)
-        key = _key(models)
+        key = tiny_evidence_key(models)
         with running(st, ("api", "api"), ("worker", "worker")):
             with httpx.Client(base_url=st.url, timeout=30) as c:
                 r = c.post("/v1/evidence", json=_row(key))
@@ -94,7 +78,7 @@ def _checks_after(c: httpx.Client, before: int, timeout: float = 60.0) -> dict:
 
 
 def _ask(c: httpx.Client, q: str, **params) -> dict:
-    job = c.post("/v1/jobs", json={"text": DOC, "question": q, "params": {"window": 256, "task": "lookup", **params}}).json()
+    job = c.post("/v1/jobs", json={"text": DOC, "question": q, "params": {**PARAMS, **params}}).json()
     done = wait_job(c, job["id"], timeout=120)
     assert done["status"] == "succeeded", done
     return done
