@@ -236,7 +236,8 @@ def history_table(results: list[Result], base: Path) -> str:
             continue
         commit = f"`{r.code}` (as typed by the run)" if r.data.get("commit") else "none recorded"
         rows.append([_link(r, base), r.kind, _history_figure(r), commit, r.date or "–"])
-    note = ("No provenance object: these reports predate specq/bench/provenance.py. The commit is what the run "
+    note = ("No provenance object: these reports predate specq/bench/provenance.py, or came from a script that did "
+            "not record it yet (bench/gpu/speculator_throughput.py's first run). The commit is what the run "
             "wrote down (not whether the tree was dirty), the numerics and the host load are unknown; no other "
             "table or the README quotes them.\n\n")
     return note + _table(["result (no provenance)", "benchmark", "figures", "commit", "date"], "lllll", rows)
