@@ -70,10 +70,8 @@ def _write_rows(rows: list[dict], local: bool) -> list[str]:
     if local:
         from ..storage import db, evidence as store
 
-        with db.session() as s:
-            for r in checked:
-                ids.append(store.add_row(s, r.as_dict()).id)
-        return ids
+        with db.session() as s:  # all of the group's rows or none
+            return [rec.id for rec in store.add_rows(s, [r.as_dict() for r in checked])]
     from ..client import ApiError
     from .common import client
 

@@ -43,18 +43,33 @@ def _created(text: str) -> datetime:
 def add_row(session: Session, row: dict[str, Any]) -> EvidenceRecord:
     """Store one validated row (as_dict shape) and commit; its revision is the table's next (two writers at
     once may share one: any change of the maximum is what readers watch)."""
+    return add_rows(session, [row])[0]
+
+
+def add_rows(session: Session, rows: list[dict[str, Any]]) -> list[EvidenceRecord]:
+    """Store validated rows in one transaction, all or none (`specq calibrate --local`: one row per metric of
+    a length), under one new revision."""
+    revision = version(session) + 1
+    try:
+        recs = [_record(row, revision) for row in rows]
+        session.add_all(recs)
+        session.commit()
+    except BaseException:
+        session.rollback()
+        raise
+    return recs
+
+
+def _record(row: dict[str, Any], revision: int) -> EvidenceRecord:
     key = row["key"]
-    rec = EvidenceRecord(
-        id=new_evidence_id(), revision=version(session) + 1,
+    return EvidenceRecord(
+        id=new_evidence_id(), revision=revision,
         **{c: key.get(c, "") if c in ("target", "speculator") else key[c] for c in KEY_COLUMNS},
         metric=row["metric"], arm=row["arm"], length=row["length"], doc_tokens_min=row["doc_tokens"][0],
         doc_tokens_max=row["doc_tokens"][1], n=row["n"], documents=row["documents"], bound_method=row["bound_method"],
         bound=row["bound"], passes=row["passes"], in_sample=row["in_sample"], in_sample_why=row["in_sample_why"],
         source=row["source"], provenance=row["provenance"], created_at=_created(row.get("created_at", "")),
         disabled=row["disabled"])
-    session.add(rec)
-    session.commit()
-    return rec
 
 
 def to_row(rec: EvidenceRecord) -> dict[str, Any]:
@@ -71,4 +86,4 @@ def list_rows(session: Session) -> list[dict[str, Any]]:
     return [to_row(r) for r in session.scalars(select(EvidenceRecord).order_by(EvidenceRecord.revision))]
 
 
-__all__ = ["add_row", "list_rows", "to_row", "version", "KEY_COLUMNS"]
+__all__ = ["add_row", "add_rows", "list_rows", "to_row", "version", "KEY_COLUMNS"]
