@@ -1,10 +1,12 @@
-"""What the evidence and shadow-check tests share: the tiny pair's evidence key for one document, and a
-migration's down-and-up round trip."""
+"""What the evidence and shadow-check tests share: the tiny pair's evidence key for one document, a migrated
+store on each backend (`url`), and a migration's down-and-up round trip."""
 
 from __future__ import annotations
 
+import pytest
 from sqlalchemy import inspect
 
+from service_helpers import empty_store
 from specq.storage import db
 
 #: a short document whose questions ("What is the value of item N?") have one answer each
@@ -28,6 +30,16 @@ def tiny_evidence_key(models) -> dict:
         e.close()
 
 
+@pytest.fixture(params=["sqlite", "postgresql"])
+def url(request, tmp_path, monkeypatch):
+    """A migrated, empty job store on each backend (the process's SPECQ_DATABASE_URL), for the modules that
+    import this fixture."""
+    with empty_store(request.param, tmp_path) as u:
+        monkeypatch.setenv("SPECQ_DATABASE_URL", u)
+        db.upgrade(u)
+        yield u
+
+
 def migration_round_trip(url: str, revision: str, table: str) -> None:
     """Down to the revision before `revision` and up again: `table` goes, then comes back."""
     from alembic import command
@@ -42,4 +54,4 @@ def migration_round_trip(url: str, revision: str, table: str) -> None:
     assert table in inspect(db.get_engine(url)).get_table_names()
 
 
-__all__ = ["DOC", "PARAMS", "tiny_evidence_key", "migration_round_trip"]
+__all__ = ["DOC", "PARAMS", "tiny_evidence_key", "url", "migration_round_trip"]

@@ -10,19 +10,10 @@ import subprocess
 import httpx
 import pytest
 
-from evidence_helpers import DOC, migration_round_trip, tiny_evidence_key
-from service_helpers import Stack, base_env, empty_store, free_port, running, specq_cmd, wait_job
+from evidence_helpers import DOC, migration_round_trip, tiny_evidence_key, url  # noqa: F401 (url: a fixture)
+from service_helpers import Stack, base_env, free_port, running, specq_cmd, wait_job
 from specq.engine.policy import evidence
 from specq.storage import db, evidence as store
-
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def url(request, tmp_path, monkeypatch):
-    with empty_store(request.param, tmp_path) as u:
-        monkeypatch.setenv("SPECQ_DATABASE_URL", u)
-        db.upgrade(u)
-        yield u
 
 
 def _passing(key_dict: dict, **kw) -> dict:

@@ -7,8 +7,7 @@ import dataclasses
 
 import pytest
 
-from evidence_helpers import migration_round_trip
-from service_helpers import empty_store
+from evidence_helpers import migration_round_trip, url  # noqa: F401 (url: a fixture)
 from specq.engine.policy import evidence, shadow
 from specq.engine.policy.auto import GROUP_PATH
 from specq.storage import db, shadow as store
@@ -89,14 +88,6 @@ def test_key_id_names_the_compared_fields_only():
     assert shadow.key_id(k) == shadow.key_id(dataclasses.replace(k, target="renamed.gguf"))
     assert shadow.key_id(k) != shadow.key_id(dataclasses.replace(k, keep=0.5))
     assert len(shadow.key_id(k)) == 64
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def url(request, tmp_path, monkeypatch):
-    with empty_store(request.param, tmp_path) as u:
-        monkeypatch.setenv("SPECQ_DATABASE_URL", u)
-        db.upgrade(u)
-        yield u
 
 
 def test_checks_are_stored_and_counted_per_key(url):
