@@ -14,6 +14,7 @@ import subprocess
 
 import pytest
 
+from evidence_helpers import url  # noqa: F401 (a fixture: a migrated store on SQLite and PostgreSQL)
 from service_helpers import REPO, specq_cmd
 from specq.bench import calibrate as cal
 from specq.engine.policy import evidence
@@ -132,7 +133,9 @@ def test_a_job_with_an_explicit_keep_uses_rows_of_that_keep_or_smaller_only():
     job = EvidenceKey(**KEY)
     for keep in (0.1, 0.2):  # below the certified keep: only in-sample rows of its keep or smaller, which never pass
         bands, why = evidence.lookup(rows, dataclasses.replace(job, keep=keep))
-        assert bands == () and f"keep={keep:g}" in why, why
+        assert bands == () and "in-sample (choosing half)" in why, why
+    bands, why = evidence.lookup(rows, dataclasses.replace(job, keep=0.05))  # below every row's: the reason names keep
+    assert bands == () and "no evidence for keep=0.05 (passing rows have keep=0.3" in why, why
     bands, why = evidence.lookup(rows, dataclasses.replace(job, keep=0.5))  # keep >= the row's, as before
     assert bands and all(r.certified and r.key.keep == 0.3 for r in bands[0].rows)
 
@@ -180,7 +183,7 @@ def test_calibrate_several_keeps_chooses_certifies_and_auto_runs_the_certified_k
     token, so the arms agree and it passes by construction; 0.5 may or may not); the certifying half ran at the
     chosen keep only; only certified rows pass. Then an engine with the store's rows: a job that sets no keep runs
     the certified keep and its result says so; a job whose keep is below every row's runs baseline naming keep; an
-    explicit mode specprefill without keep runs 0.3."""
+    explicit mode specprefill without keep runs 0.3 (spec.keep_source "default")."""
     from service_helpers import base_env
 
     env = base_env(tmp_path / "home", tiny_models, SPECQ_CACHE_BYTES="0", SPECQ_THREADS="1")
@@ -215,7 +218,9 @@ def test_calibrate_several_keeps_chooses_certifies_and_auto_runs_the_certified_k
     text = subprocess.run(specq_cmd("calibrate", "--documents", str(f), "--keep", "1.0,0.5", "--max-tokens", "4",
                                     "--lengths", "1024", "--journal", str(journal), "--local"),
                           env=env, cwd=REPO, capture_output=True, text=True, timeout=300)
-    assert text.returncode == 0 and "keeps tried on the choosing half" in text.stdout and "certifying" in text.stdout
+    assert text.returncode == 0 and "\tchoosing (in-sample)\t" in text.stdout and "\tcertifying\t" in text.stdout
+    tried_text = ", ".join(f"{t['keep']:g} {'pass' if t['passes'] else 'no'}" for t in tried)
+    assert f"1024\t{tried_text}\t{chosen:g}\t8 docs, 40 q\t8 docs, 40 q\tpasses\n" in text.stdout, text.stdout
     assert "0 questions run now" in text.stderr  # resumed from the journal: nothing ran again
 
     from specq.engine.options import RunParams
@@ -246,6 +251,29 @@ def test_calibrate_several_keeps_chooses_certifies_and_auto_runs_the_certified_k
         assert mode == "specprefill" and spec.keep_source == "job" and "keep unset" not in spec.reason
         # explicit mode specprefill without keep: the default 0.3, and the reason says so
         res = e.run(doc, RunParams(question=q, mode="specprefill", min_tokens=0, max_tokens=4))
-        assert res.spec.keep == 0.3 and res.spec.keep_source == "default" and "keep unset: 0.3" in res.spec.reason
+        assert res.spec.keep == 0.3 and res.spec.keep_source == "default" and res.spec.reason == "asked for"
     finally:
         e.close()
+
+
+def test_certified_rows_round_trip_through_the_store_and_migration_0011_goes_down_and_up(url):
+    from alembic import command
+    from sqlalchemy import inspect
+
+    from specq.storage import db, evidence as store
+
+    rows = _rows(in_sample_keeps=(0.2,))
+    with db.session(url) as s:
+        store.add_rows(s, [r.as_dict() for r in rows])
+        back = [evidence.row_from_dict(d) for d in store.list_rows(s)]
+    assert sorted((r.metric, r.in_sample, r.certified) for r in back) == sorted((r.metric, r.in_sample, r.certified) for r in rows)
+    assert evidence.certified_keep(back, EvidenceKey(**KEY), 3100, default=0.3).keep == 0.2
+    cfg = db.alembic_config(url)
+    with db.get_engine(url).begin() as conn:
+        cfg.attributes["connection"] = conn
+        command.downgrade(cfg, "0009")
+    assert "certified" not in {c["name"] for c in inspect(db.get_engine(url)).get_columns("quality_evidence")}
+    assert db.upgrade(url) == db.head_revision()
+    with db.session(url) as s:  # the rows stay, none certified any more (the column's default)
+        again = store.list_rows(s)
+    assert len(again) == len(rows) and not any(d["certified"] for d in again)

@@ -314,9 +314,10 @@ class Engine:
                 it and some row of `arm` passes at all; its keep is the job's, or the one it would run."""
                 if arm not in looked:
                     rows = self.evidence_rows
-                    keep = params.keep if params.keep is not None else keep_choice().keep
-                    key = (self.evidence_key(prompt, params, positions, shape, keep=keep)
-                           if any(r.passes and r.arm == arm for r in rows) else None)
+                    key = None
+                    if any(r.passes and r.arm == arm for r in rows):
+                        keep = params.keep if params.keep is not None else keep_choice().keep
+                        key = self.evidence_key(prompt, params, positions, shape, keep=keep)
                     looked[arm] = evidence.lookup(rows, key, arm)
                 return looked[arm]
 
@@ -343,8 +344,7 @@ class Engine:
         if mode == "specprefill" and params.keep is not None:
             keep, keep_source = params.keep, "job"
         elif mode == "specprefill" and keep_source == "":
-            keep, keep_source = DEFAULT_KEEP, "default"  # an explicit `mode specprefill` that sets no keep
-            reason += f" (keep unset: {DEFAULT_KEEP:g}, the default)"
+            keep, keep_source = DEFAULT_KEEP, "default"  # an explicit `mode specprefill` that sets no keep ("asked for")
         spec = SpecInfo(mode=mode, reason=reason, positions=positions, keep=1.0, lookahead=0, windows=0, scorer="none")
         if mode == "specprefill":  # the keep it runs (select and the pipelined prefill read it: run_keep)
             spec.keep, spec.keep_source = keep, keep_source
