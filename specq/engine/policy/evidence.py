@@ -11,7 +11,8 @@ on is recorded and never passes) and not disabled.
 Where rows come from: the shipped file `evidence_rows.json` beside this module (package data),
 written by `specq evidence build` from the journals in bench/results (specq/bench/evidence_build.py),
 and the store's table (`POST /v1/evidence`), which the worker passes in (`merge`): a store row with
-the same key, metric, arm and length supersedes a shipped one only with at least as many documents.
+the same key, metric, arm, length, in_sample and certified flags (`identity`) supersedes a shipped one only with at
+least as many documents.
 
 `lookup(rows, key)`: the prompt-length bands where the job's key has passing rows — each passing
 row's documents plus `QUESTION_ALLOWANCE` tokens for template and question, joined across lengths
