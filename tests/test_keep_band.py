@@ -243,6 +243,19 @@ def test_calibrate_several_keeps_chooses_certifies_and_auto_runs_the_certified_k
         assert res.spec.keep == chosen and res.spec.keep_source == "certified"
         assert f"keep unset: keep {chosen:g} (certified for 1,024-token documents on 8 documents" in res.spec.reason
         assert res.to_dict()["spec"]["keep_source"] == "certified"
+        # the keep really ran: the same kept tokens as a job that sets it, and through the serving loop too
+        same = e.run(doc, RunParams(question=q, keep=chosen, max_tokens=4, task="lookup"))
+        assert same.spec.keep_source == "job" and same.usage.kept_tokens == res.usage.kept_tokens
+        assert same.kept_indices == res.kept_indices and same.tokens == res.tokens
+        from specq.engine.serving.loop import ServingEngine
+
+        loop = ServingEngine(e).start()
+        try:
+            served = loop.run(doc, RunParams(question=q, max_tokens=4, task="lookup"))
+        finally:
+            loop.close()
+        assert (served.spec.mode, served.spec.keep, served.spec.keep_source) == ("specprefill", chosen, "certified")
+        assert served.usage.kept_tokens == res.usage.kept_tokens and "keep unset: keep" in served.spec.reason
         # an explicit keep below every row's: baseline, naming keep
         _, mode, _, _, _, spec = e.prepare(doc, RunParams(question=q, keep=0.4, max_tokens=4, task="lookup"))
         assert mode == "baseline" and "keep=0.4" in spec.reason, spec.reason
