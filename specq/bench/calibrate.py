@@ -357,7 +357,7 @@ class BandPlan:
     certifying_n: int
     tried: list[dict] = field(default_factory=list)  # {"keep", "passes", "why"} per keep run on the choosing half
     chosen: float | None = None
-    stage: str = "choosing"  # choosing | certifying | certified | none passed
+    stage: str = "choosing"  # choosing | certifying | certified | none passed | nothing to certify
 
     def as_dict(self) -> dict[str, Any]:
         return {"length": self.length, "stage": self.stage, "chosen": self.chosen, "tried": self.tried,

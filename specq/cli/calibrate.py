@@ -91,7 +91,7 @@ def calibrate_cmd(
     speculator: str = typer.Option(None, help="Speculator model: registry name or GGUF path; must share the target's vocabulary."),
     lengths: str = typer.Option("", help="Comma-separated token lengths. With --documents: the edges documents are grouped under (default 2048,4096,8192,16384,32768; a document goes to the smallest edge >= its tokens). Built-in families: the lengths they are made at (default 4000)."),
     keep: str = typer.Option("0.3", help="Keep fraction(s) to calibrate, comma-separated. One: every document measures it. Several: per length band, the smallest that passes on half of the documents (split by content hash; in-sample rows) is certified on the other half (certified rows: what a job that sets no keep runs); docs/quality.md."),
-    n: int = typer.Option(0, help="Questions per length: at most this many from --documents (0 = all), or this many built-in ones (0 = 40: 8 documents x 5)."),
+    n: int = typer.Option(0, help="Questions per length: at most this many from --documents (0 = all), or this many built-in ones (0 = 40: 8 documents x 5; with several --keep values 80, so each half reaches 8 documents)."),
     max_tokens: int = typer.Option(32, help="Tokens each answer generates at most (the teacher-forced pass scores baseline's)."),
     task_kind: str = typer.Option("lookup", "--task", help="The kind of question the lines ask (lookup, two-place, aggregation, review): the rows are that kind's, used by jobs that declare it as params.task; a job that declares none needs every kind's rows (docs/quality.md). The built-in families are lookups."),
     journal: Path = typer.Option(None, help="The resumable journal (default: $SPECQ_HOME/calibrate/<input+settings>.jsonl); rerun the same command to resume."),
@@ -158,7 +158,8 @@ def calibrate_cmd(
                         kept_q.append(q)
                 questions = kept_q
         else:
-            questions = cal.family_questions(edges or cal.FAMILY_LENGTHS, n or cal.FAMILY_N, count)
+            per_length = n or cal.FAMILY_N * (2 if len(keeps) > 1 else 1)  # several keeps: two halves of 8 documents
+            questions = cal.family_questions(edges or cal.FAMILY_LENGTHS, per_length, count)
     except cal.InputLineError as e:
         raise fail(str(e)) from None
 
@@ -187,6 +188,16 @@ def calibrate_cmd(
 
     bands, plan, left = planned()
     typer.echo(f"journal: {journal} ({len(jr.units)} questions already done)", err=True)
+    from ..engine.policy.evidence import PASS_BARS
+
+    bar_ = PASS_BARS["agreement"]
+    for b in bands:  # each half is judged on its own: a half below the bar can never pass
+        small = [f"{name} half {len(docs)} documents, {n} questions" for name, docs, n in
+                 (("choosing", b.choosing, b.choosing_n), ("certifying", b.certifying, b.certifying_n))
+                 if len(docs) < bar_.min_documents or n < bar_.min_questions]
+        if small:
+            typer.echo(f"note: length {b.length}: {'; '.join(small)} (a row needs >= {bar_.min_documents} documents and "
+                       f">= {bar_.min_questions} questions, so nothing there can pass or be certified)", err=True)
 
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
