@@ -112,8 +112,8 @@ def test_result_object_has_every_field(engine):
     assert set(r) >= {"text", "finish_reason", "usage", "timings_ms", "spec", "engine", "draft", "warnings"}
     assert set(r["usage"]) == {"prompt_tokens", "kept_tokens", "completion_tokens"}
     assert set(r["timings_ms"]) >= {"tokenize", "score", "select", "sparse_prefill", "ttft", "decode", "total"}
-    assert set(r["spec"]) == {"mode", "reason", "positions", "keep", "lookahead", "windows", "scorer", "cache",
-                              "selection", "chunk_rule", "pipelined"}
+    assert set(r["spec"]) == {"mode", "reason", "positions", "keep", "keep_source", "lookahead", "windows", "scorer",
+                              "cache", "selection", "chunk_rule", "pipelined"}
     assert r["spec"]["chunk_rule"] == (DEFAULT_CHUNK_RULE if r["spec"]["mode"] == "specprefill" else "")
     assert set(r["engine"]) >= {"n_gpu_layers", "flash_attn", "n_batch", "n_ubatch", "backend"}
     assert r["finish_reason"] in ("stop", "length")

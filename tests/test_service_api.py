@@ -120,6 +120,8 @@ def test_refusals_store_nothing(api, client):
     _err(post(json={"text": DOC, "params": {"bogus": 1, "max_tokes": 5}}), 422, "params.bogus: unknown field",
          "params.max_tokes: unknown field", "known params: chunk")
     _err(post(json={"text": DOC, "params": {"keep": 2.0}}), 422, "params.keep: Input should be less than or equal to 1")
+    _err(post(json={"text": DOC, "params": {"keep": 0}}), 422, "params.keep: Input should be greater than 0")
+    _err(post(json={"text": DOC, "params": {"keep": "0.3"}}), 422, "params.keep")  # optional (null = unset), never a string
     _err(post(json={"text": DOC, "params": {"max_tokens": "many"}}), 422, "params.max_tokens: Input should be a valid integer")
     _err(post(json={"text": DOC, "params": {"mode": "turbo"}}), 422, "params.mode: Input should be 'auto', 'baseline' or 'specprefill'")
     _err(post(json={"text": DOC, "params": {"pool": 4}}), 422, "params: pool must be an odd number")

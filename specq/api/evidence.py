@@ -2,6 +2,7 @@
 
     GET  /v1/evidence   every row (shipped with the package, and the store's), each with `origin`,
                         `in_use` (what workers read: a stored row supersedes a shipped one of the same
+                        in_sample and certified flags and the same
                         key, metric, arm and length only with at least as many documents), `passes` and
                         why not (`fails`), and its shadow checks (`shadow`: n, agreed, the agreement's
                         lower bound, whether it disables the row: engine/policy/shadow.py); `version`:

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import typing
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Optional
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, create_model
 
@@ -110,6 +110,8 @@ def _param_field(name: str, type_: Any, default: Any) -> tuple[Any, Any]:
         return Annotated[str, Field(default, max_length=MAX_PROMPT_TEXT_BYTES), AfterValidator(storable)], default
     if type_ is float:
         return Annotated[float, Field(default, allow_inf_nan=False, **kw)], default
+    if type_ == Optional[float]:  # unset (null or left out): the engine chooses (RunParams.keep); a given value is bounded
+        return Annotated[Optional[Annotated[float, Field(allow_inf_nan=False, **kw)]], Field(default)], default
     return Annotated[type_, Field(default, **kw)], default
 
 

@@ -17,6 +17,18 @@ Journal (`CalJournal`): one JSON line per finished unit (fsync'd), keyed by the 
 skips the units it holds, so an interrupted calibration resumes. Rows (`rows_for`) are made only for a
 (length, keep, key) group whose every planned unit is in the journal (a row is written once its n completes);
 `posted` lines record the rows written, so a rerun does not write them again.
+
+Several keeps (`--keep 0.1,0.2,0.3,0.5`; issue 48 item 2): keep per band, chosen in sample, certified out of
+sample. `split_halves` splits each length band's documents by content hash: the band's distinct documents
+sorted by their sha256, the 1st, 3rd, 5th, … form the choosing half and the 2nd, 4th, … the certifying half
+(deterministic, disjoint, independent of line order; the halves differ by at most one document; a document's
+questions all stay in its half). `keep_plan` walks each band's keeps smallest first on the choosing half: the
+first keep whose rows pass (the rows built as if out of sample and judged by evidence.length_fails, the rule
+mode auto applies: every metric's row passes, one of them decisive) is the band's chosen keep, and larger keeps
+are never run there; the chosen keep alone is then run on the certifying half. The choosing half's rows are
+written `in_sample` (the keep was tuned on them), the certifying half's `certified` (the rows a job that sets
+no keep reads: evidence.certified_keep). A band where no keep passes on the choosing half runs nothing on its
+certifying half. The plan is recomputed from the journal each step, so a rerun resumes where it stopped.
 """
 
 from __future__ import annotations
@@ -222,9 +234,11 @@ def group_id(length: int, keep: float, key: dict) -> str:
     return f"{length}:{keep:g}:" + hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
 
 
-def rows_for(records: list[dict], *, source: str, provenance: dict[str, Any]) -> list[dict[str, Any]]:
+def rows_for(records: list[dict], *, source: str, provenance: dict[str, Any], in_sample_why: str = "",
+             certified: bool = False) -> list[dict[str, Any]]:
     """The evidence rows (row_from_dict's shape) of one group's unit records: one per metric measured
-    (answer_right only where the questions had references)."""
+    (answer_right only where the questions had references). `in_sample_why`: the rows are a choosing half's
+    (in-sample, and why); `certified`: a certifying half's (module doc)."""
     r0 = records[0]
     docs_tokens = [int(r["doc_tokens"]) for r in records]
     pairs = [(r["doc"], {k: tuple(v) if isinstance(v, list) else v for k, v in r["values"].items()}) for r in records]
@@ -235,18 +249,23 @@ def rows_for(records: list[dict], *, source: str, provenance: dict[str, Any]) ->
             continue
         out.append({"key": r0["key"], "metric": metric, "arm": "specprefill", "length": int(r0["length"]),
                     "doc_tokens": [max(1, min(docs_tokens)), max(1, max(docs_tokens))], "documents": docs,
-                    "bound_method": em.METHODS[metric], "in_sample": False, "source": source, "provenance": provenance,
+                    "bound_method": em.METHODS[metric], "in_sample": bool(in_sample_why), "in_sample_why": in_sample_why,
+                    "certified": certified, "source": source, "provenance": provenance,
                     "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "disabled": ""})
     return out
 
 
-def table_rows(groups: dict[str, list[dict]]) -> list[dict[str, Any]]:
-    """One line per (length, keep, key) group: questions, documents, each metric's mean (answer_right's
-    ratio), seconds per question."""
+def table_rows(groups: dict[str, list[dict]], roles: dict[str, str] | None = None) -> list[dict[str, Any]]:
+    """One line per (length, keep, key) group (and role: `roles`, group id -> all | choose | certify): questions,
+    documents, each metric's mean (answer_right's ratio), seconds per question."""
     out = []
-    for gid, recs in sorted(groups.items(), key=lambda kv: (kv[1][0]["length"], kv[1][0]["keep"])):
+    roles = roles or {}
+    order = {r: i for i, r in enumerate(ROLES)}
+    for gid, recs in sorted(groups.items(), key=lambda kv: (kv[1][0]["length"], order[roles.get(kv[0], "all")],
+                                                            kv[1][0]["keep"])):
         pairs = [(r["doc"], {k: tuple(v) if isinstance(v, list) else v for k, v in r["values"].items()}) for r in recs]
-        line: dict[str, Any] = {"group": gid, "length": recs[0]["length"], "keep": recs[0]["keep"], "n": len(recs),
+        line: dict[str, Any] = {"group": gid, "role": roles.get(gid, "all"), "length": recs[0]["length"],
+                                "keep": recs[0]["keep"], "n": len(recs),
                                 "documents": len({r["doc"] for r in recs}),
                                 "doc_tokens": [min(r["doc_tokens"] for r in recs), max(r["doc_tokens"] for r in recs)],
                                 "seconds_per_question": round(sum(r["seconds"] for r in recs) / len(recs), 2)}
@@ -293,6 +312,107 @@ def plot(records: list[dict], path: Path) -> str:
     return ""
 
 
-__all__ = ["Question", "InputLineError", "read_questions", "assign_lengths", "family_questions", "CalJournal",
+#: a unit's role in a calibration: every document (one keep), the choosing half, the certifying half
+ROLES = ("all", "choose", "certify")
+
+
+def split_halves(questions: Iterable[Question]) -> dict[str, str]:
+    """Each document (content hash) -> "choose" or "certify" (module doc: per length band, the distinct documents
+    sorted by sha256, alternately)."""
+    bands: dict[int, set[str]] = {}
+    for q in questions:
+        bands.setdefault(q.length, set()).add(q.doc_sha256)
+    out: dict[str, str] = {}
+    for docs in bands.values():
+        for i, d in enumerate(sorted(docs)):
+            out.setdefault(d, "choose" if i % 2 == 0 else "certify")
+    return out
+
+
+def half_fails(records: list[dict]) -> str:
+    """Why a band's choosing-half records at one keep do not pass ("" = they do): per resolved key, the rows
+    `rows_for` makes, judged out of sample by mode auto's rule (evidence.length_fails); every key must pass."""
+    from ..engine.policy.evidence import length_fails, row_from_dict
+
+    by_key: dict[str, list[dict]] = {}
+    for r in records:
+        by_key.setdefault(json.dumps(r["key"], sort_keys=True), []).append(r)
+    whys = []
+    for recs in by_key.values():
+        rows = [row_from_dict(d) for d in rows_for(recs, source="", provenance={})]
+        why = length_fails(rows) if rows else "no metric measured"
+        if why:
+            whys.append(why)
+    return "; ".join(whys)
+
+
+@dataclass
+class BandPlan:
+    """One length band of a several-keep calibration (keep_plan)."""
+
+    length: int
+    choosing: list[str]  # documents (content hashes)
+    certifying: list[str]
+    choosing_n: int  # questions
+    certifying_n: int
+    tried: list[dict] = field(default_factory=list)  # {"keep", "passes", "why"} per keep run on the choosing half
+    chosen: float | None = None
+    stage: str = "choosing"  # choosing | certifying | certified | none passed | nothing to certify
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"length": self.length, "stage": self.stage, "chosen": self.chosen, "tried": self.tried,
+                "choosing_documents": self.choosing, "certifying_documents": self.certifying,
+                "choosing_questions": self.choosing_n, "certifying_questions": self.certifying_n}
+
+
+def keep_plan(questions: list[Question], keeps: Iterable[float], units: dict[str, dict]
+              ) -> tuple[list[BandPlan], list[tuple[Question, float, str]], int]:
+    """(bands, plan, most units left): where each band stands given the journal's `units` (module doc), the
+    (question, keep, role) units the calibration holds so far — run or to run next — and an upper bound on the
+    units still to run (every untried keep on the choosing half, and the certifying half once)."""
+    keeps = sorted(set(keeps))
+    halves = split_halves(questions)
+    plan: list[tuple[Question, float, str]] = []
+    bands: list[BandPlan] = []
+    left = 0
+    for length in sorted({q.length for q in questions}):
+        qs = [q for q in questions if q.length == length]
+        choose = [q for q in qs if halves[q.doc_sha256] == "choose"]
+        certify = [q for q in qs if halves[q.doc_sha256] == "certify"]
+        band = BandPlan(length, sorted({q.doc_sha256 for q in choose}), sorted({q.doc_sha256 for q in certify}),
+                        len(choose), len(certify))
+        bands.append(band)
+        for i, k in enumerate(keeps):
+            plan += [(q, k, "choose") for q in choose]
+            missing = sum(q.unit_id(k) not in units for q in choose)
+            if missing:  # this keep is the band's next step
+                band.tried.append({"keep": k, "passes": None, "why": f"{len(choose) - missing} of {len(choose)} run"})
+                left += missing + len(choose) * (len(keeps) - i - 1) + len(certify)
+                break
+            why = half_fails([units[q.unit_id(k)] for q in choose])
+            band.tried.append({"keep": k, "passes": not why, "why": why})
+            if not why:
+                band.chosen = k
+                break
+        if band.chosen is None:
+            if band.tried and band.tried[-1]["passes"] is False:
+                band.stage = "none passed"
+            continue
+        if not certify:
+            band.stage = "nothing to certify"
+            continue
+        plan += [(q, band.chosen, "certify") for q in certify]
+        missing = sum(q.unit_id(band.chosen) not in units for q in certify)
+        band.stage = "certifying" if missing else "certified"
+        left += missing
+    return bands, plan, left
+
+
+def role_group(gid: str, role: str) -> str:
+    """A (length, keep, key) group's id in one role (`posted` lines; the one-keep run's ids stay as they were)."""
+    return gid if role == "all" else f"{gid}:{role}"
+
+
+__all__ = ["Question", "ROLES", "split_halves", "half_fails", "BandPlan", "keep_plan", "role_group", "InputLineError", "read_questions", "assign_lengths", "family_questions", "CalJournal",
            "settings_key", "unit_record", "group_id", "rows_for", "table_rows", "plot", "DEFAULT_EDGES", "FAMILY_LENGTHS",
            "FAMILY_N"]

@@ -60,7 +60,8 @@ def evidence_list(
         return
     print_table(["origin", "in use", "arm", "metric", "length", "keep", "chunk rule", "scorer", "window", "n", "documents",
                  "value", "bound", "passes", "shadow", "agreement", Column("why not", fold=True), Column("source", fold=True)],
-                [(r["origin"], "yes" if r["in_use"] else "no", r["arm"], r["metric"], r["length"], f"{r['key']['keep']:g}",
+                [(r["origin"], "yes" if r["in_use"] else "no", r["arm"], r["metric"], r["length"],
+                  f"{r['key']['keep']:g}" + (" certified" if r.get("certified") else ""),
                   r["key"]["chunk_rule"], r["key"]["scorer"], r["key"]["window"] or "one pass",
                   r["n"], len(r["documents"]), "-" if r["value"] is None else f"{r['value']:.3f}", f"{r['bound']:.3f}",
                   "yes" if r["passes"] else "no", *_shadow_cells(r), r["fails"], r["source"]) for r in rows])

@@ -18,7 +18,7 @@ def run_cmd(
     question: str = typer.Option("", "-q", "--question", help="The question asked about FILE."),
     mode: str = typer.Option("auto", help="auto (the cheapest path measured safe: docs/engine.md), baseline (prefill every token) or specprefill (score, keep the top chunks)."),
     positions: str = typer.Option("original", help="original (kept tokens keep their position ids) or compressed."),
-    keep: float = typer.Option(0.3, help="Fraction of the document's chunks kept by specprefill."),
+    keep: float = typer.Option(None, help="Fraction of the document's chunks kept by specprefill. Unset: mode auto runs the keep `specq calibrate` certified for the prompt's length band, else 0.3; --mode specprefill runs 0.3."),
     scorer: str = typer.Option("windowed", help="windowed, sliding or full."),
     lookahead: int = typer.Option(8, help="Lookahead query rows for scoring."),
     chunk: int = typer.Option(32, help="Tokens per selection chunk."),

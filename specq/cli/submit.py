@@ -24,7 +24,7 @@ def submit_cmd(
     batch_name: str = typer.Option(None, "--batch", help="Submit as a batch with this name (`specq results NAME`)."),
     mode: str = typer.Option(None, help="auto (the default: docs/engine.md), baseline or specprefill."),
     positions: str = typer.Option(None, help="original or compressed."),
-    keep: float = typer.Option(None, help="Fraction of the document's chunks kept by specprefill."),
+    keep: float = typer.Option(None, help="Fraction of the document's chunks kept by specprefill. Unset: mode auto runs the keep `specq calibrate` certified for the prompt's length band, else 0.3; --mode specprefill runs 0.3."),
     scorer: str = typer.Option(None, help="windowed, sliding or full."),
     lookahead: int = typer.Option(None, help="Lookahead query rows for scoring."),
     chunk: int = typer.Option(None, help="Tokens per selection chunk."),

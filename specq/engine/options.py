@@ -13,7 +13,7 @@ import os
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, Optional
 
 from ..contracts import InputError
 from . import json_schema
@@ -165,6 +165,10 @@ class EngineOptions:
 TASK_KINDS: tuple[str, ...] = typing.get_args(TaskKind)[1:]
 
 
+#: the keep a specprefill run uses where the job sets none and no certified keep applies (RunParams.keep)
+DEFAULT_KEEP = 0.3
+
+
 @dataclass
 class RunParams:
     """What one job asks for. Unknown keys are refused by `RunParams.from_dict`."""
@@ -178,8 +182,10 @@ class RunParams:
     #: original = kept tokens keep their position ids (needs our patched llama.cpp);
     #: compressed = kept tokens renumbered 0..K-1 (what a stock build can do)
     positions: Positions = "original"
-    #: fraction of the document's chunks kept by specprefill
-    keep: float = 0.3
+    #: fraction of the document's chunks kept by specprefill; None (unset) = mode auto runs the keep
+    #: `specq calibrate` certified for the prompt's length band and the job's settings (engine/policy/
+    #: evidence.certified_keep), else DEFAULT_KEEP; an explicit `mode specprefill` runs DEFAULT_KEEP
+    keep: Optional[float] = None
     #: tokens per chunk for selection
     chunk: int = 32
     #: cap on kept document tokens (lowest-ranked chunks dropped beyond it); 0 = no cap
@@ -284,6 +290,8 @@ class RunParams:
         range can say: odd pools, windows of 0 or >= 64 tokens, texts within MAX_PROMPT_TEXT_BYTES)."""
         for name, bound in PARAM_BOUNDS.items():
             value = getattr(self, name)
+            if value is None and name in OPTIONAL_PARAMS:  # unset: the engine chooses (RunParams.keep)
+                continue
             if isinstance(value, float) and not math.isfinite(value):
                 raise InputError(f"{name} must be a finite number")
             if not bound.holds(value):
@@ -390,6 +398,8 @@ PARAM_BOUNDS: dict[str, Bound] = {
     "ngram": Bound(1, 16),
     "protect_tail": Bound(-1, 1 << 20),
 }
+#: numeric parameters that may be left unset (None): the engine then chooses the value
+OPTIONAL_PARAMS = ("keep",)
 #: the choices of each text-valued option (the Literal types above)
 PARAM_CHOICES: dict[str, tuple[str, ...]] = {
     "mode": typing.get_args(Mode),
@@ -404,6 +414,8 @@ PARAM_CHOICES: dict[str, tuple[str, ...]] = {
 def _coerce(name: str, type_name: Any, value: Any) -> Any:
     """Coerce a JSON/CLI value to the field's type, with a message naming the field."""
     type_name = str(type_name)
+    if type_name.startswith("Optional["):  # None never gets here (from_dict skips it: unset)
+        type_name = type_name[len("Optional["):-1]
     if type_name.startswith("dict["):
         if not isinstance(value, dict):
             raise InputError(f"parameter {name} must be a JSON object")
@@ -436,6 +448,6 @@ def _coerce(name: str, type_name: Any, value: Any) -> Any:
 ENGINE_OPTION_NAMES = tuple(f.name for f in dataclasses.fields(EngineOptions))
 RUN_PARAM_NAMES = tuple(f.name for f in dataclasses.fields(RunParams))
 
-__all__ = ["EngineOptions", "RunParams", "TASK_KINDS", "ENGINE_OPTION_NAMES", "RUN_PARAM_NAMES", "PARAM_BOUNDS", "PARAM_CHOICES",
+__all__ = ["EngineOptions", "RunParams", "DEFAULT_KEEP", "OPTIONAL_PARAMS", "TASK_KINDS", "ENGINE_OPTION_NAMES", "RUN_PARAM_NAMES", "PARAM_BOUNDS", "PARAM_CHOICES",
            "MAX_PROMPT_TEXT_BYTES", "Bound", "MAX_STOP_STRINGS",
            "MAX_STOP_BYTES", "DEFAULT_PROTECT_TAIL"]

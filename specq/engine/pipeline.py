@@ -26,7 +26,7 @@ from .decode.grammar import guide_for
 from .policy.evidence_key import EvidenceKey, effective_scoring, model_sha256
 from ..contracts import ContextLengthExceeded, EngineError, InputError, ModelError
 from .scoring.kept_spans import selection_record
-from .options import EngineOptions, RunParams
+from .options import DEFAULT_KEEP, EngineOptions, RunParams
 from .decode.prefill import PrefillResult, sparse_prefill
 from .cache.prefix import PrefixCache
 from .cache.speculator import Numerics as CacheNumerics, SpeculatorCache, StateStore, file_sha256
@@ -57,6 +57,15 @@ DEFAULT_CALL_TOKENS = {"cpu": 512, "gpu": 2048}
 
 def default_call_tokens(backend: str) -> int:
     return DEFAULT_CALL_TOKENS["cpu" if backend == "cpu" else "gpu"]
+
+
+def run_keep(params: RunParams, spec: SpecInfo) -> float:
+    """The keep a specprefill run uses: the job's; where it set none, the one `Engine.prepare` chose
+    (`spec.keep_source` set: its band's certified keep, or DEFAULT_KEEP); else DEFAULT_KEEP (a caller that
+    scores without prepare). Never None: every selection reads it from here."""
+    if params.keep is not None:
+        return params.keep
+    return spec.keep if spec.keep_source else DEFAULT_KEEP
 
 
 def _ms(t0: float) -> float:
@@ -282,6 +291,7 @@ class Engine:
             )
         min_tokens = DEFAULT_MIN_TOKENS if params.min_tokens < 0 else params.min_tokens
         mode, reason = params.mode, "asked for"
+        keep, keep_source = 1.0, ""  # the keep a specprefill run uses, and where it came from (SpecInfo.keep_source)
         prefix = self.prefix_cache() if prompt_cache else None
         if mode == "auto":
             found = prefix.lookup(scope, prompt.tokens) if prefix is not None else None
@@ -289,13 +299,25 @@ class Engine:
             shape = "chat" if messages is not None else "completion" if raw else "native"
             looked: dict[str, tuple] = {}
 
+            def keep_choice() -> evidence.KeepChoice:
+                """A job that sets no keep: the keep certified for its band (evidence.certified_keep), else the
+                default; looked up once, when a rule needs it."""
+                if "keep" not in looked:
+                    rows = self.evidence_rows
+                    key = (self.evidence_key(prompt, params, positions, shape, keep=DEFAULT_KEEP)
+                           if any(r.certified for r in rows) else None)
+                    looked["keep"] = (evidence.certified_keep(rows, key, prompt.n, DEFAULT_KEEP),)
+                return looked["keep"][0]
+
             def lookup(arm: str) -> tuple:
                 """The job's key is made (models hashed, the speculator's path resolved) only when a rule needs
-                it and some row of `arm` passes at all."""
+                it and some row of `arm` passes at all; its keep is the job's, or the one it would run."""
                 if arm not in looked:
                     rows = self.evidence_rows
-                    key = (self.evidence_key(prompt, params, positions, shape)
-                           if any(r.passes and r.arm == arm for r in rows) else None)
+                    key = None
+                    if any(r.passes and r.arm == arm for r in rows):
+                        keep = params.keep if params.keep is not None else keep_choice().keep
+                        key = self.evidence_key(prompt, params, positions, shape, keep=keep)
                     looked[arm] = evidence.lookup(rows, key, arm)
                 return looked[arm]
 
@@ -307,6 +329,10 @@ class Engine:
                                  group_min_tokens=self.options.auto_group_min_tokens,
                                  no_question="" if prompt.question_found else prompt.question_note)
             mode, reason = choice.mode, "auto: " + choice.reason
+            if params.keep is None and (mode == "specprefill" or "keep" in looked):
+                chose = keep_choice()  # which keep runs (or would have), and the certified row that chose it
+                reason += f"; keep unset: {chose.why}"
+                keep, keep_source = chose.keep, "certified" if chose.rows else "default"
         elif mode == "specprefill" and prompt.n < min_tokens:
             mode = "baseline"
             reason = f"prompt has {prompt.n} tokens < min_tokens {min_tokens}"
@@ -315,7 +341,13 @@ class Engine:
             warnings.append(f"{prompt.question_note}: only the prompt's last {prompt.n - prompt.doc_end} tokens (the "
                             "message's last paragraph or protect_tail tokens, and the template after it) were "
                             "protected, so scoring may have dropped the question; name it with specq.question")
+        if mode == "specprefill" and params.keep is not None:
+            keep, keep_source = params.keep, "job"
+        elif mode == "specprefill" and keep_source == "":
+            keep, keep_source = DEFAULT_KEEP, "default"  # an explicit `mode specprefill` that sets no keep ("asked for")
         spec = SpecInfo(mode=mode, reason=reason, positions=positions, keep=1.0, lookahead=0, windows=0, scorer="none")
+        if mode == "specprefill":  # the keep it runs (select and the pipelined prefill read it: run_keep)
+            spec.keep, spec.keep_source = keep, keep_source
         spec.cache = {"speculator": "off", "target": "off", "bytes_restored": 0}
         return prompt, mode, positions, warnings, timings, spec
 
@@ -323,9 +355,11 @@ class Engine:
         """The evidence rows mode auto reads from now on (evidence.merge of the shipped rows and the store's)."""
         self.evidence_rows = tuple(rows)
 
-    def evidence_key(self, prompt: Prompt, params: RunParams, positions: str, shape: str = "native") -> EvidenceKey:
+    def evidence_key(self, prompt: Prompt, params: RunParams, positions: str, shape: str = "native",
+                     keep: float | None = None) -> EvidenceKey:
         """The settings this job's specprefill would run with, resolved (evidence_key.py): `positions` after the
-        library probe, the effective scorer and window for this document, the score math this engine uses."""
+        library probe, the effective scorer and window for this document, the score math this engine uses;
+        `keep`: the keep it runs where the job set none (else the job's, else DEFAULT_KEEP)."""
         from .models import resolve_model
 
         if self._model_hashes is None:
@@ -348,7 +382,8 @@ class Engine:
             target_sha256=target_sha, speculator_sha256=spec_sha,
             backend="cpu" if invariance.on_cpu(self.options, self.info.backend) else self.info.backend,
             prompt_shape=shape, task=params.task or None, positions=positions, score_math=score_math, scorer=scorer, window=window,
-            chunk_rule=params.chunk_rule, keep=params.keep, max_keep=params.max_keep, chunk=params.chunk,
+            chunk_rule=params.chunk_rule, max_keep=params.max_keep, chunk=params.chunk,
+            keep=params.keep if params.keep is not None else keep if keep is not None else DEFAULT_KEEP,
             lookahead=params.lookahead, pool=params.pool, selection=params.selection, pipelined=params.pipelined,
             protect_tail=-1 if shape == "native" else params.protect_tail,
             target=self.target_path.name, speculator=spec_name)
@@ -583,23 +618,24 @@ class Engine:
             timings["cache_save"] = round(use.save_ms, 3)
         report("select", 0, 1)
         t0 = time.perf_counter()
+        keep = run_keep(params, spec)
         pieces = self.rule_pieces(prompt, params.chunk_rule)
         if params.selection == "per-window":
             kept = select_kept_per_window(
                 scored.scores, scored.plan, doc_start=prompt.doc_start, n_prompt=prompt.n,
-                protected=prompt.protected_indices(), keep=params.keep, chunk=params.chunk, max_keep=params.max_keep,
+                protected=prompt.protected_indices(), keep=keep, chunk=params.chunk, max_keep=params.max_keep,
                 rule=params.chunk_rule, pieces=pieces,
             )
         else:
             kept = select_kept(
                 scored.scores, doc_start=prompt.doc_start, n_prompt=prompt.n, protected=prompt.protected_indices(),
-                keep=params.keep, chunk=params.chunk, max_keep=params.max_keep, rule=params.chunk_rule, pieces=pieces,
+                keep=keep, chunk=params.chunk, max_keep=params.max_keep, rule=params.chunk_rule, pieces=pieces,
             )
         if self.select_override is not None and prompt.doc_end > prompt.doc_start:
             kept = self.select_override(kept, prompt, params.chunk)
             spec.reason += f" (selection EMULATED for a benchmark: {self.select_override})"
         timings["select"] = _ms(t0)
-        spec.keep, spec.lookahead, spec.windows, spec.scorer = params.keep, params.lookahead, scored.windows, params.scorer
+        spec.keep, spec.lookahead, spec.windows, spec.scorer = keep, params.lookahead, scored.windows, params.scorer
         spec.selection, spec.chunk_rule = params.selection, params.chunk_rule
         return kept, scored.scores
 
@@ -628,8 +664,9 @@ class Engine:
             if done == total:  # scoring is over: what is left is the target's (the tail, any backlog)
                 report("sparse_prefill", 0, 1)
 
+        keep = run_keep(params, spec)
         kept, scored, pre, trace = pipelined_prefill(
-            scorer, self.ctx, prompt, keep=params.keep, chunk=params.chunk, max_keep=params.max_keep, positions=positions,
+            scorer, self.ctx, prompt, keep=keep, chunk=params.chunk, max_keep=params.max_keep, positions=positions,
             rule=params.chunk_rule, pieces=self.rule_pieces(prompt, params.chunk_rule),
             score_kwargs=dict(scorer=params.scorer, lookahead=params.lookahead, pool=params.pool, window=params.window),
             threaded=threaded, align=align, observe=observe, progress=progress,
@@ -640,7 +677,7 @@ class Engine:
         timings["sparse_prefill"] = (trace.end_s - trace.score_end_s) * 1000.0
         overlapped = sum(max(0.0, min(s.prefill_end_s, trace.score_end_s) - s.prefill_start_s) for s in trace.stages)
         timings["prefill_overlapped"] = overlapped * 1000.0
-        spec.keep, spec.lookahead, spec.windows, spec.scorer = params.keep, params.lookahead, scored.windows, params.scorer
+        spec.keep, spec.lookahead, spec.windows, spec.scorer = keep, params.lookahead, scored.windows, params.scorer
         spec.selection, spec.pipelined, spec.chunk_rule = params.selection, True, params.chunk_rule
         self.last_trace = trace
         return sorted(kept), scored.scores, pre

@@ -26,6 +26,10 @@ class SpecInfo:
     reason: str = ""
     positions: str = "original"  # the position mode that actually ran
     keep: float = 1.0
+    #: specprefill runs: where `keep` came from: job (the job set it), certified (the job set none and mode auto
+    #: ran the keep `specq calibrate` certified for its band: the reason names the row), default (none set and
+    #: none certified: options.DEFAULT_KEEP); "" where nothing was selected
+    keep_source: str = ""
     lookahead: int = 0
     windows: int = 0
     scorer: str = "none"

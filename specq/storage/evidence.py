@@ -1,4 +1,4 @@
-"""The quality-evidence table (`quality_evidence`, migration 0007): rows written through POST /v1/evidence.
+"""The quality-evidence table (`quality_evidence`, migrations 0007 and 0011: `certified`): rows written through POST /v1/evidence.
 
 Rows arrive here already validated (engine/evidence.row_from_dict, in the API) and as plain dicts
 (`EvidenceRow.as_dict()` shape): storage does not import the engine. `revision` grows by one with every
@@ -69,7 +69,7 @@ def _record(row: dict[str, Any], revision: int) -> EvidenceRecord:
         doc_tokens_max=row["doc_tokens"][1], n=row["n"], documents=row["documents"], bound_method=row["bound_method"],
         bound=row["bound"], passes=row["passes"], in_sample=row["in_sample"], in_sample_why=row["in_sample_why"],
         source=row["source"], provenance=row["provenance"], created_at=_created(row.get("created_at", "")),
-        disabled=row["disabled"])
+        disabled=row["disabled"], certified=row.get("certified", False))
 
 
 def to_row(rec: EvidenceRecord) -> dict[str, Any]:
@@ -78,7 +78,8 @@ def to_row(rec: EvidenceRecord) -> dict[str, Any]:
             "metric": rec.metric, "arm": rec.arm, "length": rec.length, "doc_tokens": [rec.doc_tokens_min, rec.doc_tokens_max],
             "n": rec.n, "documents": rec.documents, "bound_method": rec.bound_method, "bound": rec.bound,
             "in_sample": rec.in_sample, "in_sample_why": rec.in_sample_why, "source": rec.source,
-            "provenance": rec.provenance, "created_at": rec.created_at.astimezone(timezone.utc).isoformat().replace("+00:00", "Z"), "disabled": rec.disabled}
+            "provenance": rec.provenance, "created_at": rec.created_at.astimezone(timezone.utc).isoformat().replace("+00:00", "Z"), "disabled": rec.disabled,
+            "certified": rec.certified}
 
 
 def list_rows(session: Session) -> list[dict[str, Any]]:

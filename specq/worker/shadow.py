@@ -80,6 +80,8 @@ class ShadowRunner:
         if not (policy.eligible(params.mode, spec.mode, spec.reason, params.temperature)
                 and policy.sampled(job_id, self.rate)):
             return False
+        if params.keep is None:  # the job set no keep: its key is the keep that ran (a certified one, or the default)
+            params = replace(params, keep=spec.keep)
         with self._lock:
             self._pending = Pending(job_id, text, params, dict(source), result.text, list(result.tokens), spec.positions)
         return True

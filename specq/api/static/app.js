@@ -1013,7 +1013,9 @@
           typeof r.value === "number" ? r.value.toFixed(3) : typeof r.ratio === "number" ? r.ratio.toFixed(3) : "–"),
         h("td", { class: "num", title: r.bound_method }, typeof r.bound === "number" ? r.bound.toFixed(3) : "–"),
         h("td", { class: "evwhy" }, r.passes ? badge("passes") : r.fails),
-        h("td", {}, r.in_sample ? h("span", { title: r.in_sample_why }, "yes") : ""),
+        // in-sample, or certified: the keep `specq calibrate` chose on the other half of the band's documents
+        h("td", {}, r.in_sample ? h("span", { title: r.in_sample_why }, "yes")
+          : r.certified ? h("span", { title: "no: measures the keep chosen on the other half of its band's documents (specq calibrate)" }, "certified") : ""),
         // shadow checks (SPECQ_SHADOW_RATE, engine/policy/shadow.py): answered (cancelled), agreement >= its 90% lower bound
         h("td", { class: "num shadow-n" }, r.shadow && (r.shadow.n || r.shadow.cancelled)
           ? fmtNum(r.shadow.n) + (r.shadow.cancelled ? ` (${fmtNum(r.shadow.cancelled)} cancelled)` : "") : "–"),

@@ -37,7 +37,8 @@ In order:
    clustered 90% lower bound of the accuracy ratio >= 0.95 over >= 8 documents and >= 40 out-of-sample
    questions) was measured with exactly the job's resolved settings (evidence_key.EvidenceKey: both
    models by sha256, every scoring and selection setting, positions, prompt shape, backend, task kind; a job's
-   keep may be larger than the row's; a job that declares no `task` needs every kind's passing row at its
+   keep may be larger than the row's, and a job that sets none is looked up with the keep certified for its
+   band, else options.DEFAULT_KEEP: Engine.prepare, evidence.certified_keep; a job that declares no `task` needs every kind's passing row at its
    length, evidence.every_kind); elsewhere baseline, and the reason names the first setting no
    passing row has ("no evidence for max_keep=16 ..."). Where rows of several metrics were measured for
    the key at a length (`specq calibrate`: answer_right, agreement, token_f1, loglik_delta), the length

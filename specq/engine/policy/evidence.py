@@ -11,7 +11,8 @@ on is recorded and never passes) and not disabled.
 Where rows come from: the shipped file `evidence_rows.json` beside this module (package data),
 written by `specq evidence build` from the journals in bench/results (specq/bench/evidence_build.py),
 and the store's table (`POST /v1/evidence`), which the worker passes in (`merge`): a store row with
-the same key, metric, arm and length supersedes a shipped one only with at least as many documents.
+the same key, metric, arm, length, in_sample and certified flags (`identity`) supersedes a shipped one only with at
+least as many documents.
 
 `lookup(rows, key)`: the prompt-length bands where the job's key has passing rows — each passing
 row's documents plus `QUESTION_ALLOWANCE` tokens for template and question, joined across lengths
@@ -23,6 +24,11 @@ Metrics (evidence_metrics.py): `answer_right` (shipped rows, bench quality) and 
 combine: at a length, every metric row measured for the key must pass, and one of them must be
 answer_right or agreement (`length_fails`): a failing label-free row vetoes, but token_f1 or
 loglik_delta alone never turn specprefill on.
+
+Keep per band (`specq calibrate --keep a,b,…`, issue 48 item 2): a `certified` row measures the keep chosen for
+its length on the other half of the documents (those rows are in-sample); `certified_keep` gives a job that sets
+no keep the keep of its band's passing certified rows (else the default), and `lookup` then runs as for a job
+that set it. At one length and metric an out-of-sample row stands before an in-sample one.
 """
 
 from __future__ import annotations
@@ -82,6 +88,10 @@ class EvidenceRow:
     provenance: dict = field(default_factory=dict, hash=False, compare=False)
     created_at: str = ""
     disabled: str = ""  # why the row is switched off ("" = on)
+    #: `specq calibrate --keep a,b,…`: this row measures the keep chosen for its length on the other half of the
+    #: documents, on documents the choice never saw (its in-sample rows are the choosing half's); a job that sets
+    #: no keep runs the keep of its band's certified rows (`certified_keep`)
+    certified: bool = False
 
     @property
     def n(self) -> int:
@@ -129,7 +139,9 @@ class EvidenceRow:
         return not self.fails_bar()
 
     def identity(self) -> tuple:
-        return (self.key, self.metric, self.arm, self.length)
+        """What a newer row of as many documents replaces (`merge`): an in-sample row never replaces an
+        out-of-sample one, nor a plain row a certified one, or the other way round."""
+        return (self.key, self.metric, self.arm, self.length, self.in_sample, self.certified)
 
     def as_dict(self) -> dict[str, Any]:
         return {"key": self.key.as_dict(), "metric": self.metric, "arm": self.arm, "length": self.length,
@@ -140,12 +152,12 @@ class EvidenceRow:
                 "bound_method": self.bound_method, "bound": round(self.bound, 4), "passes": self.passes,
                 "fails": self.fails_bar(), "in_sample": self.in_sample, "in_sample_why": self.in_sample_why,
                 "source": self.source, "provenance": self.provenance, "created_at": self.created_at,
-                "disabled": self.disabled}
+                "disabled": self.disabled, "certified": self.certified}
 
     def summary(self) -> str:
         v = "-" if self.value is None else f"{self.value:.2f}"
         what = "ratio" if self.metric == "answer_right" else self.metric
-        return (f"{self.key.task} questions on {self.doc_tokens[0]:,}-{self.doc_tokens[1]:,}-token documents: n {self.n} "
+        return (("certified keep: " if self.certified else "") + f"{self.key.task} questions on {self.doc_tokens[0]:,}-{self.doc_tokens[1]:,}-token documents: n {self.n} "
                 f"({len(self.documents)} documents), {what} {v}, {self.bound_method} 90% lower {self.bound:.2f}")
 
 
@@ -185,9 +197,11 @@ def row_from_dict(data: Any) -> EvidenceRow:
             raise ValueError("bound: must be a number")
         if given > computed + 1e-4:
             raise ValueError(f"bound: {given} is above what the per-document counts give ({computed:.4f})")
-    for flag in ("in_sample",):
+    for flag in ("in_sample", "certified"):
         if not isinstance(data.get(flag, False), bool):
             raise ValueError(f"{flag}: must be true or false")
+    if data.get("in_sample", False) and data.get("certified", False):
+        raise ValueError("certified: a certified row is measured out of sample (in_sample must be false)")
     texts = {}
     for name in ("in_sample_why", "source", "created_at", "disabled"):
         v = data.get(name, "")
@@ -198,7 +212,8 @@ def row_from_dict(data: Any) -> EvidenceRow:
     if not isinstance(prov, dict):
         raise ValueError("provenance: must be an object")
     row = EvidenceRow(key=key, metric=metric, arm=arm, length=length, doc_tokens=(dt[0], dt[1]), documents=clean,
-                      bound=computed, bound_method=method, in_sample=data.get("in_sample", False), provenance=prov, **texts)
+                      bound=computed, bound_method=method, in_sample=data.get("in_sample", False),
+                      certified=data.get("certified", False), provenance=prov, **texts)
     if data.get("passes") is True and not row.passes:
         raise ValueError(f"passes: the row does not pass ({row.fails_bar()})")
     return row
@@ -281,9 +296,11 @@ def lookup(rows: Sequence[EvidenceRow], key: EvidenceKey | None, arm: str = "spe
     live = [r for r in rows if r.arm == arm]
     mine = [r for r in live if key is not None and first_difference(key, r.key) is None]
     best: dict[tuple[int, str], EvidenceRow] = {}
-    for r in mine:  # per measured length and metric, the row with the most documents, then questions (the later one on a tie)
+    for r in mine:  # per measured length and metric, an out-of-sample row before an in-sample one (a keep's choosing
+        # half beside its certifying half), then the row with the most documents, then questions (the later one on a tie)
         at = (r.length, r.metric)
-        if at not in best or (len(r.documents), r.n) >= (len(best[at].documents), best[at].n):
+        rank = lambda x: (not x.in_sample, len(x.documents), x.n)  # noqa: E731
+        if at not in best or rank(r) >= rank(best[at]):
             best[at] = r
     lengths: dict[int, list[EvidenceRow]] = {}
     for (length, _), r in sorted(best.items(), key=lambda kv: (kv[0][0], em.METRICS.index(kv[0][1]))):
@@ -319,6 +336,50 @@ def lookup(rows: Sequence[EvidenceRow], key: EvidenceKey | None, arm: str = "spe
     at, row = max(diffs, key=lambda x: x[0])
     name = FIELDS[at]
     return (), f"no evidence for {key.describe(name)} (passing rows have {row.key.describe(name)}; docs/quality.md)"
+
+
+@dataclass(frozen=True)
+class KeepChoice:
+    """The keep a job that sets none runs (`certified_keep`): `keep`, and the certified rows that chose it (none:
+    the default), and `why`, which the job's reason quotes."""
+
+    keep: float
+    rows: tuple[EvidenceRow, ...]
+    why: str
+
+
+def certified_keep(rows: Sequence[EvidenceRow], key: EvidenceKey | None, n_prompt: int, default: float,
+                   arm: str = "specprefill") -> KeepChoice:
+    """The keep for a job of `key` (its keep ignored: the job set none) and `n_prompt` tokens: the keep of the
+    certified `arm` rows measured with the job's other settings at a length whose documents cover the prompt
+    (doc_tokens + QUESTION_ALLOWANCE, as a band) and whose rows pass together (`length_fails`), else `default`.
+    Where several certified keeps qualify (overlapping lengths, or calibrations of different days), the largest.
+    A job that declares no task needs a certified keep for every kind there (the largest of them); a kind
+    without one gives the default."""
+    if key is None:
+        return KeepChoice(default, (), f"keep {default:g} (default: no certified keep; no row passes)")
+    kinds = TASK_KINDS if key.task is None else (key.task,)
+    chosen: list[tuple[EvidenceRow, ...]] = []
+    for kind in kinds:
+        job = replace(key, task=kind)
+        groups: dict[tuple[int, float], list[EvidenceRow]] = {}
+        for r in rows:
+            if (r.arm == arm and r.certified and first_difference(replace(job, keep=r.key.keep), r.key) is None):
+                groups.setdefault((r.length, r.key.keep), []).append(r)
+        ok = [tuple(g) for g in groups.values()
+              if min(r.doc_tokens[0] for r in g) <= n_prompt <= max(r.doc_tokens[1] for r in g) + QUESTION_ALLOWANCE
+              and not length_fails(g)]
+        if not ok:
+            what = f" for {kind} questions" if key.task is None else ""
+            return KeepChoice(default, (), f"keep {default:g} (default: no certified keep{what} at {n_prompt:,} tokens "
+                                           "for these settings; docs/quality.md)")
+        chosen.append(max(ok, key=lambda g: g[0].key.keep))
+    best = max(chosen, key=lambda g: g[0].key.keep)
+    lead = next((r for r in best if r.metric in em.DECISIVE), best[0])
+    return KeepChoice(best[0].key.keep, best,
+                      f"keep {best[0].key.keep:g} (certified for {lead.length:,}-token documents on {len(lead.documents)} "
+                      f"documents the choice did not see: {lead.metric} {lead.value:.2f}, 90% lower {lead.bound:.2f}; "
+                      f"{lead.source or 'no source'}; docs/quality.md)")
 
 
 def every_kind(rows: Sequence[EvidenceRow], key: EvidenceKey, arm: str = "specprefill") -> tuple[tuple[Band, ...], str]:
@@ -365,6 +426,6 @@ def with_documents(row: EvidenceRow, documents: dict) -> EvidenceRow:
     return replace(row, documents=documents, bound=em.row_bound(row.metric, documents))
 
 
-__all__ = ["EvidenceRow", "Band", "KIND_METRIC", "every_kind", "PassBar", "PASS_BARS", "PROVISIONAL_BARS", "length_fails",
+__all__ = ["EvidenceRow", "Band", "KeepChoice", "certified_keep", "KIND_METRIC", "every_kind", "PassBar", "PASS_BARS", "PROVISIONAL_BARS", "length_fails",
            "QUESTION_ALLOWANCE", "SHIPPED_PATH", "row_from_dict", "load_rows",
            "shipped_rows", "merge", "listing", "lookup", "with_documents"]
