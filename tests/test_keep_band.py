@@ -269,7 +269,7 @@ def test_calibrate_several_keeps_chooses_certifies_and_auto_runs_the_certified_k
         e.close()
 
 
-def test_certified_rows_round_trip_through_the_store_and_migration_0011_goes_down_and_up(url):
+def test_certified_rows_round_trip_through_the_store_and_migration_0010_goes_down_and_up(url):
     from alembic import command
     from sqlalchemy import inspect
 

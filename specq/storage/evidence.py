@@ -1,4 +1,4 @@
-"""The quality-evidence table (`quality_evidence`, migrations 0007 and 0011: `certified`): rows written through POST /v1/evidence.
+"""The quality-evidence table (`quality_evidence`, migrations 0007 and 0010: `certified`): rows written through POST /v1/evidence.
 
 Rows arrive here already validated (engine/evidence.row_from_dict, in the API) and as plain dicts
 (`EvidenceRow.as_dict()` shape): storage does not import the engine. `revision` grows by one with every

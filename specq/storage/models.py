@@ -465,7 +465,7 @@ class EvidenceRecord(Base):
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     #: why the row is switched off ("" = on)
     disabled: Mapped[str] = mapped_column(Text)
-    #: measures the keep `specq calibrate` chose for its length on other documents (migration 0011)
+    #: measures the keep `specq calibrate` chose for its length on other documents (migration 0010)
     certified: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
 
 

@@ -1,6 +1,6 @@
 """quality_evidence.certified: rows that certify a keep chosen on other documents (issue 48 item 2)
 
-Revision ID: 0011
+Revision ID: 0010
 Revises: 0009
 Create Date: 2026-12-06
 
@@ -9,8 +9,6 @@ certifying half: the smallest keep whose rows pass on the choosing half is measu
 those rows are `certified` (the choosing half's are `in_sample`). A job that sets no keep runs the keep of its
 band's certified rows (engine/policy/evidence.certified_keep). Existing rows get false (none was certified).
 Downgrade drops the column.
-
-(Numbered 0011 with down_revision 0009 while another branch may add 0010: renumber on merge.)
 """
 
 from __future__ import annotations
@@ -20,7 +18,7 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-revision: str = "0011"
+revision: str = "0010"
 down_revision: str | Sequence[str] | None = "0009"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
