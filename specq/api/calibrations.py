@@ -34,6 +34,7 @@ from ..storage.keys import Caller
 from ..storage.limits import max_input_bytes
 from .auth import admin_only
 from .errors import ApiError, responses
+from .evidence import evidence_listing
 
 #: the length edges a document is put under when the request gives none (bench/calibrate.DEFAULT_EDGES)
 DEFAULT_EDGES = (2048, 4096, 8192, 16384, 32768)
@@ -152,7 +153,11 @@ def calibration_router(settings: ServiceSettings, caller_of: Callable[..., Calle
             if cal is None:
                 raise ApiError(404, f"no calibration {cal_id[:64]}", "not_found")
             finish(s, cal)
-            return store.summary(s, store.get(s, cal_id), rows=True)
+            out = store.summary(s, store.get(s, cal_id))
+        # the rows as GET /v1/evidence lists them (passes, why not, in use, shadow checks)
+        ids = {i for group in out["rows_written"].values() for i in group}
+        out["rows"] = [r for r in evidence_listing()["data"] if r.get("id") in ids] if ids else []
+        return out
 
     @router.get("/v1/calibrations/{cal_id}", summary="A calibration and its rows (admin)",
                 operation_id="getCalibration", responses=responses(401, 403, 404))

@@ -37,7 +37,7 @@ from ..contracts import PRIORITY_CALIBRATION
 from . import evidence
 from .db import write_transaction
 from .jobs import lock_documents, new_job_id
-from .models import Calibration, CalibrationUnit, Document, EvidenceRecord, Job, JobInput, utcnow
+from .models import Calibration, CalibrationUnit, Document, Job, JobInput, utcnow
 
 KIND = "calibration"
 
@@ -252,9 +252,9 @@ def request_cancel(session: Session, cal_id: str, tenant: str | None = None) -> 
     return True
 
 
-def summary(session: Session, cal: Calibration, *, rows: bool = False) -> dict[str, Any]:
+def summary(session: Session, cal: Calibration) -> dict[str, Any]:
     """The calibration as GET /v1/calibrations shows it: status (module doc), progress, settings, the ids of the
-    rows written per group, and with `rows` the stored rows themselves (evidence.to_row)."""
+    rows written per (length, keep) group."""
     units = session.execute(select(CalibrationUnit.skipped, CalibrationUnit.record.is_not(None), Job.status, Job.error,
                                    CalibrationUnit.line, CalibrationUnit.keep)
                             .outerjoin(Job, Job.id == CalibrationUnit.job_id)
@@ -279,10 +279,6 @@ def summary(session: Session, cal: Calibration, *, rows: bool = False) -> dict[s
            "progress": {"done": done, "total": total, "failed": len(failed),
                         "skipped": sum(1 for u in units if u.skipped)},
            "rows_written": written, "created_at": _iso(cal.created_at), "finished_at": _iso(cal.finished_at)}
-    if rows:
-        ids = [i for group in written.values() for i in group]
-        recs = session.scalars(select(EvidenceRecord).where(EvidenceRecord.id.in_(ids))).all() if ids else []
-        out["rows"] = [evidence.to_row(r) for r in sorted(recs, key=lambda r: (r.length, r.keep, r.metric))]
     session.commit()
     return out
 
