@@ -69,6 +69,17 @@ class CalibrationSettings(BaseModel):
         return list(dict.fromkeys(v))
 
 
+#: the request body in /openapi.json (the route reads the raw body: each line is checked, and named, by parse_line)
+BODY_DOC = {"requestBody": {"required": True, "content": {"application/json": {"schema": {
+    **CalibrationSettings.model_json_schema(),
+    "properties": {**CalibrationSettings.model_json_schema()["properties"],
+                   "lines": {"type": "array", "minItems": 1, "maxItems": MAX_LINES, "description":
+                             "one question a line: {\"text\" | \"document_id\", \"question\", \"answer\"?}",
+                             "items": {"type": "object", "additionalProperties": False, "required": ["question"],
+                                       "properties": {"text": {"type": "string"}, "document_id": {"type": "string"},
+                                                      "question": {"type": "string"}, "answer": {"type": "string"}}}}}}}}}}
+
+
 def _checked(body: bytes) -> tuple[CalibrationSettings, list[dict[str, Any]]]:
     try:
         data = json.loads(body)
@@ -104,7 +115,8 @@ def calibration_router(settings: ServiceSettings, caller_of: Callable[..., Calle
             pass
 
     @router.post("/v1/calibrations", status_code=201, summary="Calibrate mode auto on the deployment's workers (admin)",
-                 operation_id="createCalibration", responses=responses(400, 401, 403, 413, 503))
+                 operation_id="createCalibration", openapi_extra=BODY_DOC,
+                 responses=responses(400, 401, 403, 413, 503))
     async def create_calibration(request: Request, caller: Caller = Depends(admin)) -> JSONResponse:
         cfg, lines = _checked(await request.body())
 
