@@ -14,7 +14,10 @@ smallest `--lengths` edge at or above its token count (rows are per length, and 
 the rows' measured document lengths). A document longer than every edge is an input error.
 
 Journal (`CalJournal`): one JSON line per finished unit (fsync'd), keyed by the run's settings; a rerun
-skips the units it holds, so an interrupted calibration resumes. Rows (`rows_for`) are made only for a
+skips the units it holds, so an interrupted calibration resumes. Lines are checked by engine/calibration.
+parse_line, and records and rows made by engine/policy/calibration_rows (`unit_record`, `rows_for`,
+`group_id`, `table_rows`), the code calibrations through the service use too (worker/calibration.py).
+Rows (`rows_for`) are made only for a
 (length, keep, key) group whose every planned unit is in the journal (a row is written once its n completes);
 `posted` lines record the rows written, so a rerun does not write them again.
 """

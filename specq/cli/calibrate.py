@@ -1,6 +1,7 @@
 """`specq calibrate`: evidence rows for the loaded model pair on your own documents, no labels needed
 (issue 48 item 1; specq/bench/calibrate.py runs it, engine/calibration.py is one question's passes,
-docs/quality.md "Calibrate" says what the metrics mean and that their bars are provisional)."""
+docs/quality.md "Calibrate" says what the metrics mean and that their bars are provisional). `--service` sends
+the questions to POST /v1/calibrations instead: the service's workers run them (`specq calibrations` follows)."""
 
 from __future__ import annotations
 

@@ -35,9 +35,11 @@ def _lock_tenant(session: Session, tenant: str, space: str) -> None:
 
 
 def unfinished_jobs(session: Session, tenant: str) -> int:
-    """The tenant's queued and running jobs (no lock; in the caller's transaction)."""
+    """The tenant's queued and running jobs (no lock; in the caller's transaction). Calibration units are not
+    counted: they are the deployment's (POST /v1/calibrations, admin only), bounded by its own line limit, and
+    must not turn an admin's own jobs away."""
     n = session.scalar(select(func.count()).select_from(Job)
-                       .where(Job.tenant == tenant, Job.status.in_(("queued", "running"))))
+                       .where(Job.tenant == tenant, Job.status.in_(("queued", "running")), Job.kind != "calibration"))
     return int(n or 0)
 
 

@@ -52,6 +52,12 @@ before it claims, so the questions start together as one group (`_group_wants`).
 claim tells the engine loop how many were claimed together (`submit(group_hint=N)`): mode auto's rule
 1a (engine/policy/auto.py) may run them as one group-sparse prefill before every member has reached the loop.
 
+**Calibration units** (jobs of kind `calibration`, POST /v1/calibrations; worker/calibration.py) are claimed
+like any job, at the lowest priority, and run through the same watcher, fencing and failure handling; their
+three passes drive the engine directly, so with the engine loop a unit waits until the other jobs running here
+have ended and no job is claimed here meanwhile (`exclusive`). Its outcome is saved with the job's result
+(results.save_result's `also`); then the rows of the groups it completed are written (exactly once).
+
 Each worker process also runs the reconciler (`specq.reconciler`) in a thread: jobs whose worker died
 go back to the queue from there.
 
