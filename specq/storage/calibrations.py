@@ -36,7 +36,7 @@ from sqlalchemy.orm import Session
 from ..contracts import PRIORITY_CALIBRATION
 from . import evidence
 from .db import write_transaction
-from .jobs import lock_documents, new_job_id
+from .jobs import lock_documents, new_job_id, request_cancel as cancel_job
 from .models import Calibration, CalibrationUnit, Document, Job, JobInput, utcnow
 
 KIND = "calibration"
@@ -228,8 +228,6 @@ def write_groups(session: Session, cal_id: str, rows_of: Callable[[list[dict[str
 def request_cancel(session: Session, cal_id: str, tenant: str | None = None) -> bool:
     """Cancel a calibration: queued units cancelled now, running ones asked to stop (their workers see it);
     rows already written stay. False when there is no such calibration."""
-    from .jobs import request_cancel as cancel_job
-
     try:
         q = select(Calibration).where(Calibration.id == cal_id)
         if tenant is not None:
