@@ -27,7 +27,7 @@ from starlette.concurrency import run_in_threadpool
 
 from .. import __version__
 from ..engine.calibration import LineError, parse_line
-from ..engine.policy.calibration_rows import service_rows
+from ..engine.policy.calibration_rows import DEFAULT_EDGES, service_rows
 from ..settings import ServiceSettings
 from ..storage import calibrations as store, db, jobs
 from ..storage.keys import Caller
@@ -36,8 +36,6 @@ from .auth import admin_only
 from .errors import ApiError, responses
 from .evidence import evidence_listing
 
-#: the length edges a document is put under when the request gives none (bench/calibrate.DEFAULT_EDGES)
-DEFAULT_EDGES = (2048, 4096, 8192, 16384, 32768)
 #: the most lines one calibration takes
 MAX_LINES = 5000
 
@@ -190,4 +188,4 @@ def calibration_router(settings: ServiceSettings, caller_of: Callable[..., Calle
     return router
 
 
-__all__ = ["calibration_router", "CalibrationSettings", "DEFAULT_EDGES", "MAX_LINES"]
+__all__ = ["calibration_router", "CalibrationSettings", "MAX_LINES"]

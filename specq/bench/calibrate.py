@@ -34,10 +34,8 @@ from typing import Any, Callable, Iterable
 
 from ..engine.calibration import LineError, document_sha256, parse_line
 from ..engine.policy import calibration_rows as cr, evidence_metrics as em
-from ..engine.policy.calibration_rows import group_id, rows_for, table_rows
+from ..engine.policy.calibration_rows import DEFAULT_EDGES, group_id, rows_for, table_rows
 
-#: the default length edges for a file's documents (tokens)
-DEFAULT_EDGES = (2048, 4096, 8192, 16384, 32768)
 #: the built-in families' default length and questions per length (8 documents x 5: the pass bar's minimum)
 FAMILY_LENGTHS = (4000,)
 FAMILY_PER = 5

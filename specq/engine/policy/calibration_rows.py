@@ -22,6 +22,11 @@ from . import evidence_metrics as em
 from .evidence import row_from_dict
 
 
+#: the length edges a document is put under when none are given (tokens): `specq calibrate --documents` and
+#: POST /v1/calibrations alike
+DEFAULT_EDGES = (2048, 4096, 8192, 16384, 32768)
+
+
 def length_for(tokens: int, edges: Iterable[int]) -> int | None:
     """The smallest edge >= `tokens`, or None when the document is longer than every edge."""
     fit = [e for e in sorted(set(int(x) for x in edges)) if e >= tokens]
@@ -126,4 +131,4 @@ def table_rows(groups: dict[str, list[dict]]) -> list[dict[str, Any]]:
     return out
 
 
-__all__ = ["length_for", "unit_record", "graded", "group_id", "rows_for", "by_group", "validated_rows", "service_rows", "table_rows"]
+__all__ = ["DEFAULT_EDGES", "length_for", "unit_record", "graded", "group_id", "rows_for", "by_group", "validated_rows", "service_rows", "table_rows"]
