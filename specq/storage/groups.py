@@ -29,12 +29,13 @@ from sqlalchemy import and_, or_, select
 from sqlalchemy.orm import Session
 
 from . import jobs as _jobs
+from .calibrations import KIND as CALIBRATION
 from .claims import Claim
 from .models import Job, JobInput, utcnow
 
 
 #: kinds never claimed as a group: a calibration unit runs on the engine alone (worker/calibration.py)
-UNGROUPED = ("calibration",)
+UNGROUPED = (CALIBRATION,)
 
 
 def group_candidates(session: Session, job_id: str, *, queue: str | None, limit: int) -> list[str]:

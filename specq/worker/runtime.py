@@ -655,8 +655,11 @@ class WorkerRuntime:
             self.jobs_done += 1
         self._clear_stream(job_id)
         if unit:  # the rows of the groups this unit completed (exactly once: storage/calibrations.write_groups)
-            self._store(s, f"job {job_id}: writing its calibration's rows",
-                        lambda: calibration.write_rows(s, self.name, job_id))
+            try:
+                self._store(s, f"job {job_id}: writing its calibration's rows",
+                            lambda: calibration.write_rows(s, self.name, job_id))
+            except Exception as e:  # the unit is saved; the next unit's worker or an API read writes the rows
+                log.warning("job %s: its calibration's rows were not written (%s: %s)", job_id, type(e).__name__, e)
         else:  # the engine's result object (its spec and token ids), not the stored dict
             self.shadow.offer(job_id, inp.text, params, source, result)  # runs once the process is idle (_release)
         if not saved:
