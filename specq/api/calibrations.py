@@ -131,6 +131,7 @@ def calibration_router(settings: ServiceSettings, caller_of: Callable[..., Calle
                         params={"max_tokens": cfg.max_tokens, "task": cfg.task})
                 except store.LineRefused as e:
                     raise ApiError(e.status, str(e)) from None
+                body = store.summary(s, cal)  # built before any unit is queued (a worker may claim one at once)
                 for job_id in ids:
                     try:
                         enqueue_job(job_id, settings)
@@ -139,7 +140,7 @@ def calibration_router(settings: ServiceSettings, caller_of: Callable[..., Calle
                         for j in ids:
                             jobs.mark_failed(s, j, message)
                         raise ApiError(503, message, "unavailable") from None
-                return store.summary(s, cal)
+                return body
 
         return JSONResponse(await run_in_threadpool(save), status_code=201)
 
