@@ -29,10 +29,12 @@ def redis_keys(job_id: str) -> tuple[str, str, str]:
 JOB_STATUSES = ("queued", "running", "succeeded", "failed", "cancelled")
 #: statuses a job never leaves
 JOB_TERMINAL = ("succeeded", "failed", "cancelled")
-#: what a job holds: a document and a question (native), chat messages, or a raw completion prompt
-JOB_KINDS = ("job", "chat", "completion")
-#: claim priorities: interactive requests before batch requests
-PRIORITY_INTERACTIVE, PRIORITY_BATCH = 0, 1
+#: what a job holds: a document and a question (native), chat messages, a raw completion prompt, or one question
+#: of a calibration (POST /v1/calibrations: its three passes, storage/calibrations.py)
+JOB_KINDS = ("job", "chat", "completion", "calibration")
+#: claim priorities (lowest first): interactive requests, batch requests, then calibration units, which run
+#: only when no other job of the queue is ready
+PRIORITY_INTERACTIVE, PRIORITY_BATCH, PRIORITY_CALIBRATION = 0, 1, 9
 BATCH_STATUSES = (
     "validating",
     "in_progress",
@@ -108,7 +110,7 @@ class Drained(RunCancelled):
 
 __all__ = [
     "Drained",
-    "CORE_PHASES", "SCORE_PHASES", "CACHE_PHASES", "JOB_KINDS", "PRIORITY_INTERACTIVE", "PRIORITY_BATCH", "JOB_STATUSES", "JOB_TERMINAL", "BATCH_STATUSES", "BATCH_TERMINAL",
+    "CORE_PHASES", "SCORE_PHASES", "CACHE_PHASES", "JOB_KINDS", "PRIORITY_INTERACTIVE", "PRIORITY_BATCH", "PRIORITY_CALIBRATION", "JOB_STATUSES", "JOB_TERMINAL", "BATCH_STATUSES", "BATCH_TERMINAL",
     "EngineError", "InputError", "ContextLengthExceeded", "CONTEXT_LENGTH_MARK", "is_context_length_error", "ModelError",
     "DecodeError", "RunCancelled", "JobTimeLimit", "Fenced", "redis_keys",
 ]

@@ -467,3 +467,25 @@ def test_evidence_page_lists_the_rows(svc, chromium, shots):
     assert p.page.locator("nav a[href='/ui/evidence']").get_attribute("class") == "here"
     p.page.screenshot(path=str(shots / "evidence.png"), full_page=True)
     p.assert_clean()
+
+
+def test_evidence_page_lists_calibrations_with_status_and_progress(svc, chromium, shots):
+    """/ui/evidence's Calibrations table (issue 48 item 3): a calibration submitted through POST /v1/calibrations,
+    with no worker to run it, is listed queued with its progress (units done / total) and keep; cancelled, the page
+    shows that on its next refresh. (Last in this module: its jobs would join the job lists above.)"""
+    made = svc.client.post("/v1/calibrations", json={"lines": [{"text": "a document", "question": "what?"},
+                                                                {"text": "another", "question": "which?"}],
+                                                      "keep": [0.3, 0.5]})
+    assert made.status_code == 201, made.text
+    cal = made.json()
+    p = open_page(chromium)
+    p.page.goto(f"{svc.st.url}/ui/evidence")
+    row = p.page.locator(f"table.calibrations tr[data-calibration='{cal['id']}']")
+    row.wait_for(timeout=30_000)
+    assert row.get_attribute("data-status") == "queued"
+    assert row.locator("td.cal-progress").inner_text() == "0 / 4" and "0.3, 0.5" in row.inner_text()
+    assert svc.client.delete(f"/v1/calibrations/{cal['id']}").json()["status"] == "cancelled"
+    p.page.wait_for_selector(f"table.calibrations tr[data-calibration='{cal['id']}'][data-status='cancelled']",
+                             timeout=30_000)
+    p.page.screenshot(path=str(shots / "evidence-calibrations.png"), full_page=True)
+    p.assert_clean()

@@ -117,6 +117,7 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
     caller_of = authenticator(settings)
 
     from .batches import batches_router
+    from .calibrations import calibration_router
     from .documents import documents_router
     from .evidence import evidence_router
     from .events import events_router
@@ -132,6 +133,7 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
     app.include_router(jobs_router(settings, caller_of))
     app.include_router(documents_router(settings, caller_of))
     app.include_router(evidence_router(caller_of))
+    app.include_router(calibration_router(settings, caller_of))
     app.include_router(events_router(settings, caller_of))
     app.include_router(batches_router(settings, caller_of, catalog))
     app.include_router(models_router(catalog, caller_of))

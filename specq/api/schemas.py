@@ -220,9 +220,9 @@ class JobSummary(Response):
     object: Literal["job"] = "job"
     tenant: str
     kind: Literal[JOB_KINDS] = Field("job", description="job (document + question), chat or completion (the OpenAI "  # type: ignore[valid-type]
-                                                        "routes)")
+                                                        "routes), or calibration (a unit of POST /v1/calibrations)")
     model: str | None = Field(None, description="the model an OpenAI request named")
-    priority: int = Field(0, description="claim order: 0 interactive, 1 batch requests")
+    priority: int = Field(0, description="claim order: 0 interactive, 1 batch requests, 9 calibration units")
     batch_id: str | None
     custom_id: str | None
     status: Literal[JOB_STATUSES]  # type: ignore[valid-type]

@@ -14,7 +14,10 @@ smallest `--lengths` edge at or above its token count (rows are per length, and 
 the rows' measured document lengths). A document longer than every edge is an input error.
 
 Journal (`CalJournal`): one JSON line per finished unit (fsync'd), keyed by the run's settings; a rerun
-skips the units it holds, so an interrupted calibration resumes. Rows (`rows_for`) are made only for a
+skips the units it holds, so an interrupted calibration resumes. Lines are checked by engine/calibration.
+parse_line, and records and rows made by engine/policy/calibration_rows (`unit_record`, `rows_for`,
+`group_id`, `table_rows`), the code calibrations through the service use too (worker/calibration.py).
+Rows (`rows_for`) are made only for a
 (length, keep, key) group whose every planned unit is in the journal (a row is written once its n completes);
 `posted` lines record the rows written, so a rerun does not write them again.
 
@@ -41,11 +44,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from ..engine.calibration import document_sha256
-from ..engine.policy import evidence_metrics as em
+from ..engine.calibration import LineError, document_sha256, parse_line
+from ..engine.policy import calibration_rows as cr, evidence_metrics as em
+from ..engine.policy.calibration_rows import DEFAULT_EDGES, ROLES, group_id, rows_for, table_rows
 
-#: the default length edges for a file's documents (tokens)
-DEFAULT_EDGES = (2048, 4096, 8192, 16384, 32768)
 #: the built-in families' default length and questions per length (8 documents x 5: the pass bar's minimum)
 FAMILY_LENGTHS = (4000,)
 FAMILY_PER = 5
@@ -99,23 +101,12 @@ def read_questions(path: Path) -> list[Question]:
             obj = json.loads(line.decode("utf-8"))
         except (UnicodeDecodeError, ValueError) as e:
             raise InputLineError(f"{where}: not a JSON object ({str(e).splitlines()[0][:120]})") from None
-        if not isinstance(obj, dict):
-            raise InputLineError(f"{where}: not a JSON object")
-        extra = set(obj) - {"text", "path", "document_id", "question", "answer"}
-        if extra:
-            raise InputLineError(f"{where}: unknown field {sorted(extra)[0]!r} (fields: text | path | document_id, question, answer)")
-        given = [k for k in ("text", "path", "document_id") if k in obj]
-        if len(given) != 1:
-            raise InputLineError(f"{where}: needs exactly one of text, path, document_id")
-        src = given[0]
-        if not isinstance(obj[src], str) or not obj[src].strip():
-            raise InputLineError(f"{where}: {src} must be a non-empty string")
-        q = obj.get("question")
-        if not isinstance(q, str) or not q.strip():
-            raise InputLineError(f"{where}: question must be a non-empty string")
-        ans = obj.get("answer")
-        if ans is not None and (not isinstance(ans, str) or not ans.strip()):
-            raise InputLineError(f"{where}: answer must be a non-empty string when given")
+        try:
+            line_ = parse_line(obj, where, paths=True)
+        except LineError as e:
+            raise InputLineError(str(e)) from None
+        src = next(k for k in ("text", "path", "document_id") if k in line_)
+        q, ans = line_["question"], line_["answer"]
         text, doc_id = "", ""
         if src == "text":
             text = obj["text"]
@@ -147,11 +138,11 @@ def assign_lengths(questions: list[Question], count: Callable[[str], int], edges
         if q.doc_sha256 not in seen:
             seen[q.doc_sha256] = count(q.document)
         q.tokens = seen[q.doc_sha256]
-        fit = [e for e in edges if e >= q.tokens]
-        if not fit:
+        length = cr.length_for(q.tokens, edges)
+        if length is None:
             raise InputLineError(f"line {q.line}: the document has {q.tokens:,} tokens, more than the largest "
                                  f"--lengths edge ({edges[-1]:,})")
-        q.length = fit[0]
+        q.length = length
 
 
 def family_questions(lengths: Iterable[int], n: int, count: Callable[[str], int], seed: int = 0) -> list[Question]:
@@ -220,66 +211,11 @@ def settings_key(settings: dict[str, Any]) -> str:
 
 
 def unit_record(q: Question, keep: float, result: dict[str, Any]) -> dict[str, Any]:
-    """The journal line of one finished unit: the engine's record, graded where a reference exists."""
-    rec = {"line": q.line, "doc": q.doc_sha256, "length": q.length, "keep": keep, "question": q.question, **result}
+    """The journal line of one finished unit: the engine's record, graded where a reference exists
+    (engine/policy/calibration_rows.unit_record, which calibrations through the service write too)."""
     right_b, right_a = q.grade(result["baseline"]["text"]), q.grade(result["specprefill"]["text"])
-    if right_b is not None:
-        rec["baseline_right"], rec["arm_right"] = right_b, right_a
-    rec["values"] = {k: list(v) if isinstance(v, tuple) else v for k, v in em.question_values(rec).items()}
-    rec["t"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    return rec
-
-
-def group_id(length: int, keep: float, key: dict) -> str:
-    return f"{length}:{keep:g}:" + hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
-
-
-def rows_for(records: list[dict], *, source: str, provenance: dict[str, Any], in_sample_why: str = "",
-             certified: bool = False) -> list[dict[str, Any]]:
-    """The evidence rows (row_from_dict's shape) of one group's unit records: one per metric measured
-    (answer_right only where the questions had references). `in_sample_why`: the rows are a choosing half's
-    (in-sample, and why); `certified`: a certifying half's (module doc)."""
-    r0 = records[0]
-    docs_tokens = [int(r["doc_tokens"]) for r in records]
-    pairs = [(r["doc"], {k: tuple(v) if isinstance(v, list) else v for k, v in r["values"].items()}) for r in records]
-    out = []
-    for metric in em.METRICS:
-        docs = em.documents_for(metric, pairs)
-        if not docs:
-            continue
-        out.append({"key": r0["key"], "metric": metric, "arm": "specprefill", "length": int(r0["length"]),
-                    "doc_tokens": [max(1, min(docs_tokens)), max(1, max(docs_tokens))], "documents": docs,
-                    "bound_method": em.METHODS[metric], "in_sample": bool(in_sample_why), "in_sample_why": in_sample_why,
-                    "certified": certified, "source": source, "provenance": provenance,
-                    "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "disabled": ""})
-    return out
-
-
-def table_rows(groups: dict[str, list[dict]], roles: dict[str, str] | None = None) -> list[dict[str, Any]]:
-    """One line per (length, keep, key) group (and role: `roles`, group id -> all | choose | certify): questions,
-    documents, each metric's mean (answer_right's ratio), seconds per question."""
-    out = []
-    roles = roles or {}
-    order = {r: i for i, r in enumerate(ROLES)}
-    for gid, recs in sorted(groups.items(), key=lambda kv: (kv[1][0]["length"], order[roles.get(kv[0], "all")],
-                                                            kv[1][0]["keep"])):
-        pairs = [(r["doc"], {k: tuple(v) if isinstance(v, list) else v for k, v in r["values"].items()}) for r in recs]
-        line: dict[str, Any] = {"group": gid, "role": roles.get(gid, "all"), "length": recs[0]["length"],
-                                "keep": recs[0]["keep"], "n": len(recs),
-                                "documents": len({r["doc"] for r in recs}),
-                                "doc_tokens": [min(r["doc_tokens"] for r in recs), max(r["doc_tokens"] for r in recs)],
-                                "seconds_per_question": round(sum(r["seconds"] for r in recs) / len(recs), 2)}
-        for metric in em.METRICS:
-            docs = em.documents_for(metric, pairs)
-            if not docs:
-                line[metric] = None
-            elif metric == "answer_right":
-                b = sum(d["baseline_right"] for d in docs.values())
-                line[metric] = round(sum(d["arm_right"] for d in docs.values()) / b, 4) if b else None
-            else:
-                line[metric] = round(em.mean(docs), 4)
-        out.append(line)
-    return out
+    return cr.unit_record(line=q.line, doc=q.doc_sha256, length=q.length, keep=keep, question=q.question, result=result,
+                          right=None if right_b is None else (right_b, right_a))
 
 
 def plot(records: list[dict], path: Path) -> str:
@@ -310,10 +246,6 @@ def plot(records: list[dict], path: Path) -> str:
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return ""
-
-
-#: a unit's role in a calibration: every document (one keep), the choosing half, the certifying half
-ROLES = ("all", "choose", "certify")
 
 
 def split_halves(questions: Iterable[Question]) -> dict[str, str]:

@@ -9,7 +9,8 @@
     batches   specq batches | batch | results | stats | cancel-batch
     keys      specq keys …        db   specq db upgrade
     evidence  specq evidence [--json] | build   mode auto's quality evidence
-    calibrate specq calibrate [--documents F.jsonl]  evidence rows for your own pair and documents
+    calibrate specq calibrate [--documents F.jsonl] [--service]  evidence rows for your own pair and documents
+    calibrations specq calibrations [show ID | cancel ID]  calibrations run by the service's workers
     models    specq models …      bench specq bench …
 
 The helpers they share: `common` (failures, reading FILE or stdin, settings, the HTTP client, waiting),
@@ -20,7 +21,7 @@ import those, never each other."""
 from __future__ import annotations
 
 # the order of these imports is the order of `specq --help`
-from . import run, run_batch, service, logs, submit, jobs, batches, keys, db, models, evidence, calibrate, bench  # noqa: F401, I001  (they register their commands)
+from . import run, run_batch, service, logs, submit, jobs, batches, keys, db, models, evidence, calibrate, calibrations, bench  # noqa: F401, I001  (they register their commands)
 from .app import app
 
 

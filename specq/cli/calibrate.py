@@ -1,6 +1,7 @@
 """`specq calibrate`: evidence rows for the loaded model pair on your own documents, no labels needed
 (issue 48 item 1; specq/bench/calibrate.py runs it, engine/calibration.py is one question's passes,
-docs/quality.md "Calibrate" says what the metrics mean and that their bars are provisional)."""
+docs/quality.md "Calibrate" says what the metrics mean and that their bars are provisional). `--service` sends
+the questions to POST /v1/calibrations instead: the service's workers run them (`specq calibrations` follows)."""
 
 from __future__ import annotations
 
@@ -84,6 +85,41 @@ def _write_rows(rows: list[dict], local: bool) -> list[str]:
     return ids
 
 
+def _submit(questions, *, edges: list[int], keeps: list[float], n: int, task: str, max_tokens: int, as_json: bool,
+            others: dict) -> None:
+    """`--service`: the questions as POST /v1/calibrations lines; the service's workers run them."""
+    if questions is None:
+        raise fail("--service needs --documents (the built-in families are run here only)")
+    given = [name for name, v in others.items() if v]
+    if given:
+        raise fail(f"--service: {', '.join(given)} do not apply (the service's workers run their own models and "
+                   "store the rows)")
+    lines = []
+    for q in questions:
+        line = {"document_id": q.document_id} if q.document_id else {"text": q.document}
+        line["question"] = q.question
+        if q.answer is not None:
+            line["answer"] = q.answer
+        lines.append(line)
+    body = {"lines": lines, "keep": keeps, "n": n, "task": task, "max_tokens": max_tokens}
+    if edges:
+        body["lengths"] = edges
+    from ..client import ApiError
+    from .common import client
+
+    try:
+        with client() as c:
+            made = c.request("POST", "/v1/calibrations", json=body, expect=("id", "progress"))
+    except ApiError as e:
+        raise fail(f"POST /v1/calibrations: {e} (calibrations are an admin key's: SPECQ_API_KEY)") from None
+    if as_json:
+        print_json(made)
+        return
+    typer.echo(made["id"])
+    typer.echo(f"{made['progress']['total']} units queued at the lowest priority on the service's workers; "
+               f"`specq calibrations show {made['id']}` follows it", err=True)
+
+
 @app.command("calibrate")
 def calibrate_cmd(
     documents: Path = typer.Option(None, "--documents", help="JSONL, one question a line: {\"text\" | \"path\" | \"document_id\", \"question\", \"answer\"?}. Without it: the built-in task families (graded)."),
@@ -97,6 +133,7 @@ def calibrate_cmd(
     journal: Path = typer.Option(None, help="The resumable journal (default: $SPECQ_HOME/calibrate/<input+settings>.jsonl); rerun the same command to resume."),
     plot_path: Path = typer.Option(None, "--plot", help="Where the PNG goes (default: beside the journal)."),
     local: bool = typer.Option(False, "--local", help="Write the rows into the job store (SPECQ_DATABASE_URL) instead of POSTing them to the running service."),
+    service: bool = typer.Option(False, "--service", help="Run the questions on the service's own workers instead of here (POST /v1/calibrations, admin key: SPECQ_API_KEY), at the lowest priority; prints the calibration's id (follow it with `specq calibrations show ID`). Needs --documents; `path` lines are read here and sent as text."),
     as_json: bool = typer.Option(False, "--json", help="Print the report (key, rows, per-length table, journal, PNG) as JSON."),
 ) -> None:
     """Calibrate mode auto for your model pair: each question runs baseline, specprefill with the same settings,
@@ -128,6 +165,11 @@ def calibrate_cmd(
             questions = cal.read_questions(documents)
         except cal.InputLineError as e:
             raise fail(str(e)) from None
+    if service:
+        _submit(questions, edges=edges, keeps=keeps, n=n, task=task_kind, max_tokens=max_tokens, as_json=as_json,
+                others={"--local": local, "--target": target, "--speculator": speculator, "--journal": journal,
+                        "--plot": plot_path})
+        return
     if local:
         from ..storage import db
         from .common import service_ready_db

@@ -61,12 +61,52 @@ def document_sha256(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
-def run_unit(engine, document: str, question: str, params: RunParams, progress: Progress | None = None) -> dict[str, Any]:
+#: the fields a calibration line may have (`path` only where the caller reads files: the CLI)
+LINE_FIELDS = ("text", "path", "document_id", "question", "answer")
+
+
+class LineError(ValueError):
+    """A calibration line that cannot be used; the message names the line."""
+
+
+def parse_line(obj: Any, where: str, *, paths: bool) -> dict[str, str | None]:
+    """One calibration line (`{"text" | "path" | "document_id", "question", "answer"?}`) checked: {source: its
+    value, "question", "answer"}, one source key. `where` names the line in errors; `paths=False` (the service)
+    refuses `path`: a server never reads a path a request names. The CLI (bench/calibrate.read_questions) and
+    POST /v1/calibrations check lines here, so both refuse the same lines with the same words."""
+    if not isinstance(obj, dict):
+        raise LineError(f"{where}: not a JSON object")
+    allowed = LINE_FIELDS if paths else tuple(f for f in LINE_FIELDS if f != "path")
+    sources = ("text", "path", "document_id") if paths else ("text", "document_id")
+    if not paths and "path" in obj:
+        raise LineError(f"{where}: path is not accepted here (the service never reads a server path): send the "
+                        "document's text, or the document_id of a stored document (POST /v1/documents)")
+    extra = set(obj) - set(allowed)
+    if extra:
+        raise LineError(f"{where}: unknown field {sorted(extra)[0]!r} (fields: {' | '.join(sources)}, question, answer)")
+    given = [k for k in sources if k in obj]
+    if len(given) != 1:
+        raise LineError(f"{where}: needs exactly one of {', '.join(sources)}")
+    src = given[0]
+    if not isinstance(obj[src], str) or not obj[src].strip():
+        raise LineError(f"{where}: {src} must be a non-empty string")
+    q = obj.get("question")
+    if not isinstance(q, str) or not q.strip():
+        raise LineError(f"{where}: question must be a non-empty string")
+    ans = obj.get("answer")
+    if ans is not None and (not isinstance(ans, str) or not ans.strip()):
+        raise LineError(f"{where}: answer must be a non-empty string when given")
+    return {src: obj[src], "question": q, "answer": ans}
+
+
+def run_unit(engine, document: str, question: str, params: RunParams, progress: Progress | None = None, *,
+             scope: str = "", stop=None) -> dict[str, Any]:
     """One question's three passes (module doc). `params`: the specprefill settings (mode, question and
     min_tokens are set here); baseline runs the same params in mode baseline. Returns the unit's record:
     `baseline` and `specprefill` ({text, tokens, ttft_ms, ...}), `loglik_full`, `loglik_sparse`,
     `prompt_tokens`, `kept_tokens`, `key` (the EvidenceKey the specprefill run ran with, as a dict),
-    `positions`, `seconds`."""
+    `positions`, `seconds`. `scope` keys the engine's caches (engine.run); `stop`: a worker's Stop (cancel
+    request, deadline) for both runs."""
     t0 = time.perf_counter()
     spec_p = dataclasses.replace(params, question=question, mode="specprefill", min_tokens=0, temperature=0.0)
     base_p = dataclasses.replace(spec_p, mode="baseline")
@@ -74,8 +114,8 @@ def run_unit(engine, document: str, question: str, params: RunParams, progress: 
     def arm(name: str) -> Callable[[str, int, int], None] | None:
         return None if progress is None else (lambda phase, done, total: progress(f"{name} {phase}", done, total))
 
-    rb = engine.run(document, base_p, arm("baseline"))
-    rs = engine.run(document, spec_p, arm("specprefill"))
+    rb = engine.run(document, base_p, arm("baseline"), scope=scope, stop=stop)
+    rs = engine.run(document, spec_p, arm("specprefill"), scope=scope, stop=stop)
     if rs.spec.mode != "specprefill":
         raise ValueError(f"specprefill did not run ({rs.spec.reason})")
     prompt = engine.tokenize_prompt(document, spec_p)
@@ -99,4 +139,4 @@ def run_unit(engine, document: str, question: str, params: RunParams, progress: 
     }
 
 
-__all__ = ["run_unit", "forced_loglik", "log_softmax_at", "document_sha256"]
+__all__ = ["run_unit", "forced_loglik", "log_softmax_at", "document_sha256", "parse_line", "LineError", "LINE_FIELDS"]

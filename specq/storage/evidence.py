@@ -49,14 +49,22 @@ def add_row(session: Session, row: dict[str, Any]) -> EvidenceRecord:
 def add_rows(session: Session, rows: list[dict[str, Any]]) -> list[EvidenceRecord]:
     """Store validated rows in one transaction, all or none (`specq calibrate --local`: one row per metric of
     a length), under one new revision."""
-    revision = version(session) + 1
     try:
-        recs = [_record(row, revision) for row in rows]
-        session.add_all(recs)
+        recs = stage_rows(session, rows)
         session.commit()
     except BaseException:
         session.rollback()
         raise
+    return recs
+
+
+def stage_rows(session: Session, rows: list[dict[str, Any]]) -> list[EvidenceRecord]:
+    """Add validated rows under one new revision to the caller's open transaction, without committing (the
+    caller commits them with its own writes: storage/calibrations.write_groups marks a group written in the
+    same transaction)."""
+    revision = version(session) + 1
+    recs = [_record(row, revision) for row in rows]
+    session.add_all(recs)
     return recs
 
 
@@ -87,4 +95,4 @@ def list_rows(session: Session) -> list[dict[str, Any]]:
     return [to_row(r) for r in session.scalars(select(EvidenceRecord).order_by(EvidenceRecord.revision))]
 
 
-__all__ = ["add_row", "add_rows", "list_rows", "to_row", "version", "KEY_COLUMNS"]
+__all__ = ["add_row", "add_rows", "stage_rows", "list_rows", "to_row", "version", "KEY_COLUMNS"]

@@ -29,24 +29,29 @@ from sqlalchemy import and_, or_, select
 from sqlalchemy.orm import Session
 
 from . import jobs as _jobs
+from .calibrations import KIND as CALIBRATION
 from .claims import Claim
 from .models import Job, JobInput, utcnow
 
 
+#: kinds never claimed as a group: a calibration unit runs on the engine alone (worker/calibration.py)
+UNGROUPED = (CALIBRATION,)
+
+
 def group_candidates(session: Session, job_id: str, *, queue: str | None, limit: int) -> list[str]:
     """Up to `limit` queued, ready jobs (oldest first) of `job_id`'s tenant asking about its document;
-    [] when the job has no document_id."""
+    [] when the job has no document_id. Calibration units are neither leaders nor members (`UNGROUPED`)."""
     if limit <= 0:
         return []
-    row = session.execute(select(Job.tenant, JobInput.document_id).join(JobInput, JobInput.job_id == Job.id)
+    row = session.execute(select(Job.tenant, Job.kind, JobInput.document_id).join(JobInput, JobInput.job_id == Job.id)
                           .where(Job.id == job_id)).one_or_none()
-    if row is None or row.document_id is None:
+    if row is None or row.document_id is None or row.kind in UNGROUPED:
         session.commit()
         return []
     now = utcnow()
     q = (select(Job.id).join(JobInput, JobInput.job_id == Job.id)
          .where(and_(Job.status == "queued", Job.tenant == row.tenant, JobInput.document_id == row.document_id,
-                     Job.id != job_id, or_(Job.not_before.is_(None), Job.not_before <= now)))
+                     Job.id != job_id, Job.kind.not_in(UNGROUPED), or_(Job.not_before.is_(None), Job.not_before <= now)))
          .order_by(Job.priority, Job.created_at, Job.id).limit(limit))
     if queue is not None:
         q = q.where(or_(Job.queue == queue, Job.queue.is_(None)))

@@ -197,12 +197,13 @@ class Job(Base):
 
     id: Mapped[str] = mapped_column(String(40), primary_key=True)
     tenant: Mapped[str] = mapped_column(String(64), default="default", server_default="default")
-    #: job (a document and a question), chat (messages, rendered by the worker's chat template) or
-    #: completion (a raw prompt) — the last two come from the OpenAI routes
+    #: job (a document and a question), chat (messages, rendered by the worker's chat template),
+    #: completion (a raw prompt) — those two come from the OpenAI routes — or calibration (a unit of a
+    #: calibration: storage/calibrations.py)
     kind: Mapped[str] = mapped_column(String(16), default="job", server_default="job")
     #: the model the request named (OpenAI routes), for the response's `model`
     model: Mapped[str | None] = mapped_column(String(255))
-    #: claim order: 0 interactive (single jobs, chat and completion requests), 1 batch requests
+    #: claim order: 0 interactive (single jobs, chat and completion requests), 1 batch requests, 9 calibration units
     priority: Mapped[int] = mapped_column(SmallInteger, default=0, server_default=text("0"))
     #: the broker queue it was sent to (claims pick among their queue's jobs); NULL: rows from before
     #: queues were recorded, claimable from any queue
@@ -488,6 +489,49 @@ class ShadowCheck(Base):
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
 
 
+class Calibration(Base):
+    """A calibration submitted through the service (POST /v1/calibrations, storage/calibrations.py): its settings,
+    its units (CalibrationUnit, each run as a job of kind `calibration`) and the evidence rows written for it.
+    `planned`: a worker has counted every document's tokens and put each unit under its length (`plan`);
+    `written`: the (length, keep) groups whose rows are stored ({"<length>:<keep>": [evidence ids]}), each written
+    once, in the transaction that adds it here."""
+
+    __tablename__ = "calibrations"
+    __table_args__ = (Index(None, "created_at"),)
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    tenant: Mapped[str] = mapped_column(String(64))
+    #: {"lengths": [edges], "keep": [..], "n": int, "task": str, "max_tokens": int}
+    settings: Mapped[dict[str, Any]] = mapped_column(JSONType)
+    planned: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    #: why the calibration cannot finish (a document longer than every length edge), else NULL
+    error: Mapped[str | None] = mapped_column(Text)
+    written: Mapped[dict[str, Any]] = mapped_column(JSONType, default=dict)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+
+
+class CalibrationUnit(Base):
+    """One question of a calibration at one keep: the job that runs its three passes (`job_id`, no foreign key:
+    the outcome outlives the job's retention), its line, reference answer, and once planned its length (or
+    `skipped`: beyond `n` questions of its length); `record` is its outcome (engine/policy/calibration_rows
+    unit_record), stored in the transaction that marks the job succeeded."""
+
+    __tablename__ = "calibration_units"
+    __table_args__ = (Index(None, "calibration_id", "keep", "length"), UniqueConstraint("job_id"))
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    calibration_id: Mapped[str] = mapped_column(String(40), ForeignKey("calibrations.id", ondelete="CASCADE"))
+    job_id: Mapped[str] = mapped_column(String(40))
+    line: Mapped[int] = mapped_column(Integer)
+    keep: Mapped[float] = mapped_column(Float)
+    answer: Mapped[str | None] = mapped_column(Text)
+    length: Mapped[int | None] = mapped_column(Integer)
+    skipped: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    record: Mapped[dict[str, Any] | None] = mapped_column(JSONType)
+
+
 __all__ = [
     "Base",
     "ApiKey",
@@ -497,6 +541,8 @@ __all__ = [
     "Document",
     "EvidenceRecord",
     "ShadowCheck",
+    "Calibration",
+    "CalibrationUnit",
     "Result",
     "PhaseTiming",
     "JobDelta",

@@ -14,6 +14,7 @@ import hashlib
 from sqlalchemy import func, select, text
 from sqlalchemy.orm import Session
 
+from .calibrations import KIND as CALIBRATION
 from .db import write_transaction
 from .models import Job
 
@@ -35,9 +36,11 @@ def _lock_tenant(session: Session, tenant: str, space: str) -> None:
 
 
 def unfinished_jobs(session: Session, tenant: str) -> int:
-    """The tenant's queued and running jobs (no lock; in the caller's transaction)."""
+    """The tenant's queued and running jobs (no lock; in the caller's transaction). Calibration units are not
+    counted: they are the deployment's (POST /v1/calibrations, admin only), bounded by its own line limit, and
+    must not turn an admin's own jobs away."""
     n = session.scalar(select(func.count()).select_from(Job)
-                       .where(Job.tenant == tenant, Job.status.in_(("queued", "running"))))
+                       .where(Job.tenant == tenant, Job.status.in_(("queued", "running")), Job.kind != CALIBRATION))
     return int(n or 0)
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from sqlalchemy import select, update
@@ -46,7 +46,8 @@ def _timings(raw: Any) -> dict[str, float]:
     return out
 
 
-def save_result(session: Session, job_id: str, result: Any, *, token: str) -> bool:
+def save_result(session: Session, job_id: str, result: Any, *, token: str,
+                also: Callable[[Session], None] | None = None) -> bool:
     """Store the result of the attempt holding `token` in ONE transaction: the job -> succeeded with
     finished_at, the results row, and one phase_timings row per `timings_ms` key.
 
@@ -54,7 +55,8 @@ def save_result(session: Session, job_id: str, result: Any, *, token: str) -> bo
     job (storage.jobs, "Fencing"): it takes the row's lock and matches only (job id, `token`,
     running), so a stale worker cannot turn a requeued, failed, cancelled or re-claimed job into
     `succeeded`; it raises contracts.Fenced then, changing nothing. True once stored; False if this
-    attempt had stored it already (a write repeated after a lost commit acknowledgement).
+    attempt had stored it already (a write repeated after a lost commit acknowledgement). `also`: more
+    writes of the same transaction (a calibration unit's outcome: storage/calibrations.store_record).
     """
     d = _result_dict(result)
     usage = d.get("usage") or {}
@@ -90,6 +92,8 @@ def save_result(session: Session, job_id: str, result: Any, *, token: str) -> bo
         session.flush()
         session.add_all(PhaseTiming(job_id=job_id, phase=p, ms=ms) for p, ms in timings.items())
         session.flush()
+        if also is not None:
+            also(session)
         session.commit()
     except BaseException:
         session.rollback()

@@ -52,6 +52,12 @@ before it claims, so the questions start together as one group (`_group_wants`).
 claim tells the engine loop how many were claimed together (`submit(group_hint=N)`): mode auto's rule
 1a (engine/policy/auto.py) may run them as one group-sparse prefill before every member has reached the loop.
 
+**Calibration units** (jobs of kind `calibration`, POST /v1/calibrations; worker/calibration.py) are claimed
+like any job, at the lowest priority, and run through the same watcher, fencing and failure handling; their
+three passes drive the engine directly, so with the engine loop a unit waits until the other jobs running here
+have ended and no job is claimed here meanwhile (`exclusive`). Its outcome is saved with the job's result
+(results.save_result's `also`); then the rows of the groups it completed are written (exactly once).
+
 Each worker process also runs the reconciler (`specq.reconciler`) in a thread: jobs whose worker died
 go back to the queue from there.
 
@@ -79,8 +85,9 @@ from ..contracts import Drained, EngineError, Fenced, InputError, JobTimeLimit, 
 from ..engine.options import RunParams
 from ..engine.llama.stop import Stop
 from ..settings import ServiceSettings
-from ..storage import claims, db, groups, jobs, results
+from ..storage import calibrations, claims, db, groups, jobs, results
 from ..storage.retry import retry_transient
+from . import calibration
 from .evidence import EvidenceWatch
 from .shadow import ShadowRunner
 from .stream import DeltaPublisher
@@ -220,6 +227,11 @@ class WorkerRuntime:
         #: job -> the size of the group claim it was part of (leader included), until its run submits it
         #: to the engine loop (mode auto's rule 1a counts the group before every member has reached the loop)
         self.claimed_with: dict[str, int] = {}
+        #: a calibration unit holds the engine alone (worker/calibration.py): no job is claimed here meanwhile
+        self.exclusive = False
+        #: calibration units live in this process (they wait for the engine one at a time: `_unit_lock`)
+        self.units_live: set[str] = set()
+        self._unit_lock = threading.Lock()
         #: jobs this process runs at once (load(): SPECQ_SLOTS; 1 without the engine loop)
         self.slots = 1
         #: the engine loop (built by load(); None when a test hands in an engine: it then runs in the
@@ -376,7 +388,7 @@ class WorkerRuntime:
                         log.info("job %s: its message arrived while it runs here (group claim); nothing to do",
                                  job_id)
                         return Outcome("skipped", "group-claimed")
-                    if len(self.live) < self.slots:  # one slot without the engine loop (see below)
+                    if len(self.live) < self.slots and not self.exclusive:  # one slot without the engine loop (see below)
                         free = self.slots - len(self.live)
                         want = self._group_wants(s, job_id, free)  # 0 without serving slots or a hold
                         if want <= free:
@@ -555,6 +567,7 @@ class WorkerRuntime:
                 raise InputError("job input is missing")
             params = RunParams.from_dict({**(job.params or {}), "question": inp.question})
             source = engine_input(job.kind, inp)
+            unit = job.kind == calibration.KIND  # a calibration's question: worker/calibration.py
         except InputError as e:
             jobs.mark_failed(s, job_id, str(e), token=token)
             return Outcome("failed", str(e))
@@ -569,7 +582,9 @@ class WorkerRuntime:
         try:
             try:
                 reuse = {"scope": job.tenant, "reused_document": inp.document_id is not None}
-                if self.serving is None:
+                if unit:
+                    result = self._run_unit(s, job_id, inp.text, params, watcher)
+                elif self.serving is None:
                     def progress(phase: str, done: int, total: int) -> None:
                         self.engine_steps += 1  # one slot: the engine's progress calls are its steps
                         watcher.progress(phase, done, total)
@@ -595,13 +610,14 @@ class WorkerRuntime:
         except Drained as e:
             watcher.stop()
             return self._requeue_drained(s, job, token, str(e))
-        except RunCancelled:
+        except RunCancelled as e:
             watcher.stop()
             if watcher.fenced is not None:  # the Stop tripped by the fence, not a cancel request
                 raise watcher.fenced
+            why = str(e) if isinstance(e, calibration.UnitSkipped) else "cancelled while running"
             self._store(s, f"job {job_id}: marking it cancelled",
-                        lambda: jobs.mark_cancelled(s, job_id, "cancelled while running", token=token))
-            log.info("job %s: cancelled", job_id)
+                        lambda: jobs.mark_cancelled(s, job_id, why, token=token))
+            log.info("job %s: cancelled (%s)", job_id, why)
             self._clear_stream(job_id)
             return Outcome("cancelled")
         except (InputError, ModelError) as e:
@@ -627,8 +643,9 @@ class WorkerRuntime:
         try:
             if watcher.fenced is not None:  # refused after the engine's last progress call
                 raise watcher.fenced
+            also = calibrations.store_record(job_id, stored["calibration"]) if unit else None
             saved = self._store(s, f"job {job_id}: saving the result",
-                                lambda: results.save_result(s, job_id, stored, token=token))
+                                lambda: results.save_result(s, job_id, stored, token=token, also=also))
         except Fenced as e:  # ran to the end, but the job is another attempt's now (reliability_figures)
             log.warning("job %s: finished but not saved (%s)", job_id, e)
             raise
@@ -637,13 +654,47 @@ class WorkerRuntime:
         with self._claim_lock:
             self.jobs_done += 1
         self._clear_stream(job_id)
-        # the engine's result object (its spec and token ids), not the stored dict
-        self.shadow.offer(job_id, inp.text, params, source, result)  # runs once the process is idle (_release)
+        if unit:  # the rows of the groups this unit completed (exactly once: storage/calibrations.write_groups)
+            try:
+                self._store(s, f"job {job_id}: writing its calibration's rows",
+                            lambda: calibration.write_rows(s, self.name, job_id))
+            except Exception as e:  # the unit is saved; the next unit's worker or an API read writes the rows
+                log.warning("job %s: its calibration's rows were not written (%s: %s)", job_id, type(e).__name__, e)
+        else:  # the engine's result object (its spec and token ids), not the stored dict
+            self.shadow.offer(job_id, inp.text, params, source, result)  # runs once the process is idle (_release)
         if not saved:
             log.info("job %s: result saved before (a repeated write)", job_id)
         log.info("job %s: succeeded in %.0f ms (queue wait %.0f ms)", job_id, ms, job.queue_wait_ms or 0.0)
         self._housekeeping()
         return Outcome("succeeded")
+
+    def _run_unit(self, s, job_id: str, text: str, params: RunParams, watcher: _Watcher) -> dict[str, Any]:
+        """A calibration unit (worker/calibration.py) on the engine itself; with the engine loop, only once every
+        other job running here has ended, no job being claimed here meanwhile (`exclusive`)."""
+        def progress(phase: str, done: int, total: int) -> None:
+            self.engine_steps += 1
+            watcher.progress(phase, done, total)
+
+        if self.serving is None:
+            return calibration.run(self.engine, s, job_id, text, params, progress, watcher.run_stop)
+        with self._claim_lock:
+            self.units_live.add(job_id)
+        try:
+            with self._unit_lock:
+                try:
+                    with self._claim_lock:
+                        self.exclusive = True
+                        while any(j not in self.units_live for j in self.live) or self.serving.live():
+                            watcher.progress("waiting for the engine", 0, 0)  # a cancel or the time limit ends the wait
+                            self._slot_free.wait(0.2)
+                    return calibration.run(self.engine, s, job_id, text, params, progress, watcher.run_stop)
+                finally:
+                    with self._claim_lock:
+                        self.exclusive = False
+                        self._slot_free.notify_all()
+        finally:
+            with self._claim_lock:
+                self.units_live.discard(job_id)
 
     def _wait(self, handle, watcher: _Watcher):
         """The job's RunResult from the engine loop; a cancel request or the time limit seen by the

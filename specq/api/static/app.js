@@ -990,8 +990,45 @@
       h("thead", {}, h("tr", {}, ["origin", "arm", "metric", "length", "documents", "n", "value", "bound", "passes", "in-sample", "shadow checks", "agreement", "key", "source"]
         .map((t) => h("th", {}, t)))), tbody);
     const note = h("p", { class: "muted" });
-    root.replaceChildren(h("h1", {}, "Quality evidence"), note, table);
+    // calibrations run by the service's workers (GET /v1/calibrations, admin only: docs/quality.md "Calibrate
+    // through the service"), refreshed while the page is open
+    const calBody = h("tbody");
+    const calNote = h("p", { class: "muted" });
+    const calTable = h("table", { class: "list calibrations" },
+      h("thead", {}, h("tr", {}, ["calibration", "status", "progress", "keep", "lengths", "rows written", "created", "error"]
+        .map((t) => h("th", {}, t)))), calBody);
+    root.replaceChildren(h("h1", {}, "Quality evidence"), note, table,
+      h("h2", {}, "Calibrations"), calNote, calTable);
     let stopped = false;
+    let calTimer = null;
+    const calibrations = async () => {
+      let list;
+      try { list = await api("/v1/calibrations"); } catch (e) {
+        if (!stopped) calNote.textContent = e.status === 403 ? "Calibrations are an admin key's (specq keys create --admin)." : e.message;
+        return;
+      }
+      if (stopped) return;
+      const cals = Array.isArray(list.data) ? list.data : [];
+      calNote.textContent = cals.length ? "" : "No calibration yet: `specq calibrate --documents qs.jsonl --service` runs one on this deployment's workers.";
+      calBody.replaceChildren(...cals.map((c) => {
+        const p = c.progress || {};
+        const rows = Object.values(c.rows_written || {}).reduce((n, ids) => n + ids.length, 0);
+        return h("tr", { dataset: { calibration: c.id, status: c.status } },
+          h("td", { class: "mono" }, c.id),
+          h("td", {}, badge(c.status)),
+          h("td", { class: "num cal-progress" }, `${fmtNum(p.done)} / ${fmtNum(p.total)}` + (p.skipped ? ` (${fmtNum(p.skipped)} skipped)` : "")),
+          h("td", {}, ((c.settings || {}).keep || []).join(", ")),
+          h("td", {}, ((c.settings || {}).lengths || []).join(", ")),
+          h("td", { class: "num cal-rows" }, fmtNum(rows)),
+          h("td", {}, (c.created_at || "").replace("T", " ").slice(0, 19)),
+          h("td", { class: "evwhy" }, c.error || ""));
+      }));
+    };
+    (async () => {
+      await calibrations();
+      const tick = async () => { if (stopped) return; await calibrations(); if (!stopped) calTimer = setTimeout(tick, 3000); };
+      if (!stopped) calTimer = setTimeout(tick, 3000);
+    })();
     (async () => {
       let list;
       try { list = await api("/v1/evidence"); } catch (e) { if (!stopped) { note.textContent = e.message; ready("evidence"); } return; }
@@ -1025,7 +1062,7 @@
         h("td", { class: "evsrc" }, r.source))));
       ready("evidence");
     })();
-    return () => { stopped = true; };
+    return () => { stopped = true; clearTimeout(calTimer); };
   }
 
   route();
