@@ -404,7 +404,10 @@ def test_a_worker_without_the_models_volume_says_why_it_is_not_ready(stack):
         want = (f"target model {target.name} is missing: /var/lib/specq/models/{target.filename} "
                 "(SPECQ_HOME=/var/lib/specq); this worker does not pull (SPECQ_PULL_MODELS=0)")
         deadline = time.monotonic() + 120
-        while not any(want in line for line in (ready := stack.http.get("/readyz").json())["workers_not_ready"]):
+        while True:
+            ready = stack.http.get("/readyz").json()
+            if any(want in line for line in ready["workers_not_ready"]):
+                break
             logs = _run(["docker", "logs", "--tail", "30", name], check=False).stderr
             assert time.monotonic() < deadline, (ready, logs)
             time.sleep(1)
