@@ -1,13 +1,13 @@
 """What keeps a worker from loading its models, said where operators look: its heartbeat.
 
-A worker whose model files are missing used to say nothing until they were loaded: with the pull on
-(the default) it downloaded them for minutes, off it failed to start, and `/readyz` showed only
-`workers_ready: 0` either way. In a Compose deployment the usual cause is a models volume that is not
-mounted, or not filled by the `models` one-shot. Now the worker checks the files first; when one is not
-there and verified, it writes a not-ready heartbeat naming the file, its path and what to do (`/readyz`
-lists it under `workers_not_ready`, `/v1/workers` as `not_ready`), then either pulls (SPECQ_PULL_MODELS
-on) or waits, checking again every few seconds, and loads once the files are there (off: compose.yaml,
-where the `models` one-shot pulls into the volume).
+A worker whose model files were missing said nothing until they were loaded: it downloaded them for
+minutes (or died, where the download failed) while `/readyz` showed only `workers_ready: 0`. In a
+Compose deployment the usual cause is a models volume that is not mounted, or not filled by the
+`models` one-shot. Now the worker checks the files first; when one is not there and verified, it writes
+a not-ready heartbeat naming the file, its path and what to do (`/readyz` lists it under
+`workers_not_ready`, `/v1/workers` as `not_ready`), then either pulls (SPECQ_PULL_MODELS on, the
+default) or waits, checking again every few seconds, and loads once the files are there (off:
+compose.yaml, where the `models` one-shot pulls into the volume).
 """
 
 from __future__ import annotations

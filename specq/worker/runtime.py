@@ -253,7 +253,6 @@ class WorkerRuntime:
         from ..engine.llama.binding import backend_name
         from ..engine.pipeline import Engine
         from ..engine.serving.loop import ServingEngine
-
         from .model_wait import wait_for_models
 
         t0 = time.perf_counter()
