@@ -57,10 +57,16 @@ WORKDIR /app
 # rebuild llama.cpp (minutes): the build needs only the patches and the script
 COPY patches ./patches
 COPY scripts/build-llama.sh ./scripts/build-llama.sh
-# our patched llama-cpp-python, for the CPU (no CUDA flag: the script then builds the .cpu flavour)
+# optional prebuilt wheels (wheels/: empty in the repository, so a plain checkout compiles): the script
+# installs a wheel there only when its version names exactly these patches and build flags, else it
+# compiles. scripts/compose-wheel.sh puts the host's own build there (the development and CI machines).
+COPY wheels/ /tmp/specq-build/wheels/
+# our patched llama-cpp-python, for the CPU (no CUDA flag: the script then builds the .cpu flavour);
+# importing it proves the library loads here (a wheel from another glibc would fail now, not at run time)
 RUN CMAKE_ARGS="${CPU_CMAKE_ARGS}" PYTHON=/opt/venv/bin/python SPECQ_HOME=/tmp/specq-build \
     bash scripts/build-llama.sh \
- && python -c "import importlib.metadata as m; v = m.version('llama-cpp-python'); print(v); assert v.endswith('.cpu'), v"
+ && python -c "import importlib.metadata as m; v = m.version('llama-cpp-python'); print(v); assert v.endswith('.cpu'), v" \
+ && python -c "import llama_cpp"
 COPY pyproject.toml ./
 # the other dependencies (llama-cpp-python's pin is met by the patched build: its local version)
 RUN python -c "import tomllib; d = tomllib.load(open('pyproject.toml', 'rb')); \

@@ -10,6 +10,8 @@
 #
 # Usage: scripts/build-llama.sh            CPU build (about 6 minutes on 2 cores, once)
 #        CMAKE_ARGS="-DGGML_CUDA=on" scripts/build-llama.sh     CUDA build
+#        scripts/build-llama.sh --print-version   the local version it would install (nothing else;
+#                                                 scripts/compose-wheel.sh picks the cached wheel by it)
 # Environment: PYTHON (default: python3 on PATH), SPECQ_HOME (default ~/.cache/specq).
 set -euo pipefail
 ver=0.3.36
@@ -27,6 +29,7 @@ build_flags="-DCMAKE_C_FLAGS=$no_amx|-DCMAKE_CXX_FLAGS=$no_amx"
 # the wheel's version names the patches and these build flags, so a cached wheel built otherwise is not reused
 hash=$( { cat "$root"/patches/*.patch; echo "$build_flags"; } | sha256sum | cut -c1-10)
 local_ver="$ver+specq.$hash.$flavour"
+if [ "${1:-}" = "--print-version" ]; then echo "$local_ver"; exit 0; fi
 
 installed=$("$py" -c 'import importlib.metadata as m; print(m.version("llama-cpp-python"))' 2>/dev/null || true)
 if [ "$installed" = "$local_ver" ]; then

@@ -148,6 +148,12 @@ class ServiceSettings:
     #: seconds a worker keeps retrying a store write (a result, a final status) while the database is
     #: unreachable (a PostgreSQL restart or failover) before giving the job back to the broker
     store_retry_for: float = 300.0
+    #: a worker whose target or speculator (a registry model) is not in $SPECQ_HOME/models pulls it
+    #: when it starts (off: it waits, not ready, and checks again every 5 s). Either way its heartbeat
+    #: names the missing file until it is loaded (/readyz `workers_not_ready`, /v1/workers `not_ready`).
+    #: compose.yaml turns it off: the `models` one-shot fills the volume, so a missing file there means
+    #: a volume that is not mounted, which a pull into the container would only hide
+    pull_models: bool = True
     #: engine options of the worker's models (see specq.engine.options.EngineOptions); empty/None =
     #: the engine's defaults (the registry's default target and speculator, all layers on the GPU)
     target: str = ""

@@ -84,7 +84,7 @@ def store(tmp_path, monkeypatch):
 # --- marked suites: CI fails when one is skipped entirely (.ci/check_suites.py) ---------------------
 #: the markers of suites that need something outside Python (servers, the real models, minutes of time);
 #: a run where every test of one of them skipped proves nothing about it
-MARKED_SUITES = ("services", "real_models", "faults", "load", "engine")
+MARKED_SUITES = ("services", "real_models", "faults", "load", "engine", "compose")
 _suite_outcomes: dict[str, dict[str, str]] = {m: {} for m in MARKED_SUITES}
 
 

@@ -291,7 +291,9 @@ def test_healthz_readyz_and_workers_from_heartbeats(api, client):
             monitor.write_heartbeat(settings, rec)
         ready = client.get("/readyz").json()
         assert ready["status"] == "ready" and ready["workers_ready"] == 2, ready
+        assert ready["workers_not_ready"] == ["loading-worker:3: loading"], ready  # it gave no reason
         workers = {w["name"]: w for w in client.get("/v1/workers").json()["data"]}
+        assert workers["loading-worker:3"]["not_ready"] is None and workers["new-worker:2"]["not_ready"] is None
         assert workers["old-worker:1"]["ready"] and workers["old-worker:1"]["slots"] == 1
         assert workers["old-worker:1"]["current_jobs"] == ["job_abc"] and workers["old-worker:1"]["device"] == "0"
         assert workers["new-worker:2"]["busy"] == 2 and workers["new-worker:2"]["slots"] == 4

@@ -102,3 +102,35 @@ def test_ci_runs_the_readme_test_command_then_the_check():
     assert f"`{command}` runs everything" in readme
     lines = [line.strip() for line in ci.splitlines()]
     assert command in lines and lines.index(command) < lines.index('.venv/bin/python .ci/check_suites.py "$SPECQ_SUITE_REPORT"')
+
+
+def test_the_compose_suite_is_checked_alone_and_strictly(tmp_path):
+    """Issue 52: .ci/run runs tests/test_compose_up.py after the suite, with its own report, and
+    `--suites compose --strict` fails it when it did not run all of it (a skip, a failure, none run)."""
+    report = tmp_path / "compose.json"
+
+    def check(counts: dict, *extra: str) -> subprocess.CompletedProcess:
+        report.write_text(json.dumps({"suites": {"compose": counts}}))
+        return subprocess.run([sys.executable, str(CHECK), str(report), "--suites", "compose", *extra],
+                              capture_output=True, text=True, timeout=60)
+
+    assert check({"passed": 5, "failed": 0, "skipped": 0}, "--strict").returncode == 0
+    got = check({"passed": 4, "failed": 0, "skipped": 1}, "--strict")
+    assert got.returncode == 1 and "compose: 1 skipped, 0 failed (--strict" in got.stderr
+    assert check({"passed": 4, "failed": 0, "skipped": 1}).returncode == 0  # not strict: one passed is enough
+    got = check({"passed": 0, "failed": 0, "skipped": 5}, "--strict")
+    assert got.returncode == 1 and "compose: no test passed (5 skipped" in got.stderr
+    assert check({}, "--strict").returncode == 1  # no compose test ran at all
+    # the default suites do not include compose (the README run skips it): a report without it passes them
+    ok = {m: {"passed": 1, "failed": 0, "skipped": 0} for m in ("services", "real_models", "faults", "load", "engine")}
+    report.write_text(json.dumps({"suites": {**ok, "compose": {"passed": 0, "failed": 0, "skipped": 5}}}))
+    assert _check(report).returncode == 0
+
+
+def test_ci_runs_the_compose_test_after_the_suite_and_requires_it():
+    lines = [line.strip() for line in (REPO / ".ci" / "run").read_text().splitlines()]
+    suite_check = lines.index('.venv/bin/python .ci/check_suites.py "$SPECQ_SUITE_REPORT"')
+    compose = next(i for i, line in enumerate(lines) if "tests/test_compose_up.py" in line and "pytest" in line)
+    assert compose > suite_check
+    assert "SPECQ_REQUIRE_DOCKER=1" in lines[compose] and "-m compose" in lines[compose]
+    assert lines[compose + 1] == '.venv/bin/python .ci/check_suites.py "$SPECQ_COMPOSE_REPORT" --suites compose --strict'

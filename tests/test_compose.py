@@ -103,6 +103,8 @@ def test_deployment_rules():
     # the models volume is where `models pull` writes and the worker reads
     assert "models:/var/lib/specq" in s["models"]["volumes"] and "models:/var/lib/specq" in s["worker"]["volumes"]
     assert s["models"]["environment"]["SPECQ_HOME"] == s["worker"]["environment"]["SPECQ_HOME"] == "/var/lib/specq"
+    # the one-shot pulls; a worker that finds a model missing says so and waits (a volume not mounted)
+    assert s["worker"]["environment"]["SPECQ_PULL_MODELS"] == s["worker-cpu"]["environment"]["SPECQ_PULL_MODELS"] == "0"
     # GPU worker: an NVIDIA reservation, a CUDA build, a stop grace period well above a phase
     dev = s["worker"]["deploy"]["resources"]["reservations"]["devices"][0]
     assert dev["driver"] == "nvidia" and dev["capabilities"] == ["gpu"] and dev["device_ids"] == ["0"]

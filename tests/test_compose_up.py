@@ -5,9 +5,11 @@ Marked `compose`. Needs a Docker engine (started here as root when `dockerd` is 
 runs; it is left running, so its image cache serves the next run), Compose (`docker compose` v2 or
 Debian's `docker-compose` 1.29; SPECQ_COMPOSE_CLI picks one) and the real pair in $SPECQ_HOME/models.
 Docker Hub is not reachable here: scripts/compose-images.sh makes local stand-ins under the Hub names
-compose.yaml and the Dockerfile use (docs/deploy.md). They run where SPECQ_COMPOSE=1 or
-SPECQ_REQUIRE_DOCKER=1 is set (.ci/run sets neither yet), else skip (a cold image build takes tens of minutes on a
-busy machine); without an engine or the models they skip, unless SPECQ_REQUIRE_DOCKER=1, where they fail.
+compose.yaml and the Dockerfile use (docs/deploy.md), and scripts/compose-wheel.sh hands the worker-cpu
+build this machine's own llama-cpp-python wheel where it fits (no compile of llama.cpp). They run where
+SPECQ_COMPOSE=1 or SPECQ_REQUIRE_DOCKER=1 is set (.ci/run sets the latter, after README's test command),
+else skip (README's test command leaves them out: they take minutes); without an engine or the models
+they skip, unless SPECQ_REQUIRE_DOCKER=1, where they fail.
 
 What stays the user's: compose.yaml, .env and the Dockerfile, unchanged. What the test adds in an
 override file: the host's model files (hard links, no 1.6 GB pull) mounted at the models volume's
@@ -41,6 +43,8 @@ REQUIRED = os.environ.get("SPECQ_REQUIRE_DOCKER") == "1"
 PROJECT = f"specqcompose{os.getpid()}"
 STALE_AFTER_S = 12
 TIMES: dict[str, float] = {}
+#: what the times depend on: the machine's load, how llama.cpp got into the image (written with TIMES)
+NOTES: dict[str, object] = {}
 
 # two small files with one distinctive function each: the answer must name it
 DOC_A = '''import decimal
@@ -184,11 +188,18 @@ def stack():
         pytest.skip("the compose test builds images (minutes, tens of them cold): SPECQ_COMPOSE=1 runs it "
                     "(or SPECQ_REQUIRE_DOCKER=1)")
     files = _model_files()
+    NOTES["load_average_start"] = [round(x, 2) for x in os.getloadavg()]
     _ensure_engine()
     cli = _compose_cli()
     t = time.monotonic()
     _run(["bash", str(REPO / "scripts" / "compose-images.sh")], timeout=1800)
     _timed("stand-in images", t)
+    # this machine's llama-cpp-python wheel into wheels/ where it fits the image (else the build compiles);
+    # CPU_CMAKE_ARGS as the build below sees it (Stack drops it from the environment)
+    wheel = _run(["bash", str(REPO / "scripts" / "compose-wheel.sh")],
+                 env={k: v for k, v in os.environ.items() if k != "CPU_CMAKE_ARGS"}).stdout.strip()
+    print(wheel)
+    NOTES["wheel"] = wheel
 
     models_dir = _linked_models(files)
     work = Path(tempfile.mkdtemp(prefix="specq-compose-"))
@@ -201,8 +212,12 @@ def stack():
     st = Stack(cli, override, free_port())
     try:
         t = time.monotonic()
-        st.compose("build", timeout=3000)
+        built = st.compose("build", timeout=3000).stdout
         _timed("build", t)
+        # how the worker-cpu image got llama.cpp (scripts/build-llama.sh's lines; none: the layer was cached)
+        NOTES["llama_cpp_in_image"] = ("compiled" if "building llama-cpp-python" in built else
+                                       "installed from wheels/" if "installed llama-cpp-python" in built else
+                                       "cached image layer")
         t = time.monotonic()
         st.compose("up", "-d", timeout=600)
         _timed("up -d", t)
@@ -224,7 +239,8 @@ def stack():
             shutil.rmtree(work, ignore_errors=True)
             out = Path(os.environ.get("SPECQ_COMPOSE_TIMES") or REPO / ".pytest_cache" / "specq-compose-up.json")
             out.parent.mkdir(parents=True, exist_ok=True)
-            out.write_text(json.dumps({"compose": " ".join(cli), "seconds": TIMES}, indent=2) + "\n")
+            NOTES["load_average_end"] = [round(x, 2) for x in os.getloadavg()]
+            out.write_text(json.dumps({"compose": " ".join(cli), **NOTES, "seconds": TIMES}, indent=2) + "\n")
 
 
 def _wait_ready(st: Stack, timeout: float) -> dict:
@@ -283,6 +299,12 @@ def test_the_stack_started_in_order_and_nothing_restarted(stack):
     for c in (api, worker, *_containers("postgres"), *_containers("redis")):
         assert c["RestartCount"] == 0 and c["State"]["Running"], (c["Name"], c["RestartCount"], c["State"])
     assert api["Config"]["User"] == worker["Config"]["User"] == "specq"
+    # the API never met a PostgreSQL that was not ready: migrate (restart "no") started after postgres and
+    # connected at its first try, and neither it nor the api logged an error
+    (postgres,) = _containers("postgres")
+    assert _when(migrate["State"]["StartedAt"]) >= _when(postgres["State"]["StartedAt"])
+    logs = stack.logs("migrate", "api")
+    assert "Traceback" not in logs and "OperationalError" not in logs, logs
 
 
 def test_a_job_through_the_api_container_with_the_cli(stack):
@@ -363,3 +385,38 @@ def test_a_worker_killed_mid_job_is_replaced_and_the_job_finishes_once(stack):
     assert (status, attempts, n) == ("succeeded", "2", "1"), (status, attempts, n)
     assert n_final in ("0", "1"), n_final  # at most one attempt's answer was finished
     assert stack.http.get("/readyz").json()["workers_ready"] >= 1
+
+
+def test_a_worker_without_the_models_volume_says_why_it_is_not_ready(stack):
+    """The worker-cpu image run with no models volume at all, beside the stack (what an override or a
+    `docker run` without the volume does): it does not pull 1.6 GB into its container or exit (compose.yaml
+    sets SPECQ_PULL_MODELS=0); it waits, and /readyz names the missing file and what to do."""
+    from specq.engine import models
+
+    target = models.get_spec(models.DEFAULT_TARGET)
+    name = f"{PROJECT}-no-models-volume"
+    t = time.monotonic()
+    _run(["docker", "run", "-d", "--rm", "--name", name, "--network", f"{PROJECT}_default",
+          "-e", "SPECQ_DATABASE_URL=postgresql://specq:specq@postgres:5432/specq",
+          "-e", "SPECQ_BROKER_URL=redis://redis:6379/0", "-e", "SPECQ_QUEUE=specq", "-e", "SPECQ_PULL_MODELS=0",
+          "specq-worker-cpu:latest"], timeout=60)
+    try:
+        want = (f"target model {target.name} is missing: /var/lib/specq/models/{target.filename} "
+                "(SPECQ_HOME=/var/lib/specq); this worker does not pull (SPECQ_PULL_MODELS=0)")
+        deadline = time.monotonic() + 120
+        while True:
+            ready = stack.http.get("/readyz").json()
+            if any(want in line for line in ready["workers_not_ready"]):
+                break
+            logs = _run(["docker", "logs", "--tail", "30", name], check=False).stderr
+            assert time.monotonic() < deadline, (ready, logs)
+            time.sleep(1)
+        _timed("a worker with no models volume: started to not ready, saying why", t)
+        assert ready["workers_ready"] >= 1, ready  # the stack's own worker is unaffected
+        time.sleep(6)  # it waits (checking again every 5 s) rather than exiting
+        (c,) = json.loads(_run(["docker", "inspect", name]).stdout)
+        assert c["State"]["Running"] and c["RestartCount"] == 0, c["State"]
+        logs = _run(["docker", "logs", name]).stderr
+        assert "specq worker not ready: target model" in logs and "Traceback" not in logs, logs[-3000:]
+    finally:
+        _run(["docker", "rm", "-f", name], check=False, timeout=60)

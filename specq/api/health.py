@@ -6,7 +6,8 @@
                       is at the newest migration, the broker answers — else 503 naming what is not;
                       `workers_ready` counts the workers of this API's queue (SPECQ_QUEUE) with a
                       fresh heartbeat that say they are ready (jobs are accepted with none: they
-                      wait in the queue)
+                      wait in the queue); `workers_not_ready` says why each other one is not (e.g.
+                      a model file missing: specq.worker.model_wait)
     GET /health       as llama-server and vLLM serve it (what their users' probes and scripts call):
                       200 `{"status": "ok"}` when /readyz would be 200, else 503 (type
                       `unavailable_error`, llama-server's) naming what is not ready
@@ -77,6 +78,7 @@ def worker_view(rec: dict[str, Any], now: float, admin: bool) -> dict[str, Any]:
         "backend": _text(rec.get("backend")),
         "model": _text(rec.get("model", rec.get("target"))),
         "ready": ready if isinstance(ready, bool) else str(ready).lower() in ("1", "true", "yes"),
+        "not_ready": _text(rec.get("not_ready")),
         "slots": max(1, slots),
         "busy": max(0, busy if busy is not None else len(jobs)),
         "current_jobs": jobs if admin else [],
@@ -116,8 +118,9 @@ def readiness(settings: ServiceSettings) -> dict[str, Any]:
         check_broker(settings)
         body["broker"] = "ok"
         now = time.time()
-        body["workers_ready"] = sum(1 for r in _heartbeats(settings)
-                                    if r.get("queue") == settings.queue and worker_view(r, now, False)["ready"])
+        mine = [worker_view(r, now, False) for r in _heartbeats(settings) if r.get("queue") == settings.queue]
+        body["workers_ready"] = sum(1 for w in mine if w["ready"])
+        body["workers_not_ready"] = [f"{w['name']}: {w['not_ready'] or 'loading'}" for w in mine if not w["ready"]]
     except Exception as e:
         ok = False
         body["broker"] = f"unreachable: {_first_line(e)}"

@@ -493,6 +493,8 @@ class Ready(Response):
     broker_kind: Literal["embedded", "redis"]
     queue: str
     workers_ready: int = Field(description="workers of this API's queue with a fresh heartbeat that say they are ready")
+    workers_not_ready: list[str] = Field(default_factory=list, description=(
+        "the other workers of this queue, each as `name: why` (e.g. a model file missing, with its path)"))
 
 
 class WorkerOut(Response):
@@ -504,6 +506,8 @@ class WorkerOut(Response):
     backend: str | None
     model: str | None = Field(description="the target model")
     ready: bool
+    not_ready: str | None = Field(None, description="why it is not ready yet (e.g. a model file missing, with its "
+                                                    "path); null when ready or when it does not say")
     slots: int = Field(description="jobs it can run at once")
     busy: int = Field(description="jobs it is running")
     current_jobs: list[str] = Field(description="their ids (admins only; empty for tenant keys)")

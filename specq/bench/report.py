@@ -426,15 +426,17 @@ Renderer = Callable[[list[Result], Path], str]
 
 def compose_up_table(_results: list[Result], base: Path) -> str:
     """The step times of each `tests/test_compose_up.py` run kept under bench/compose/ (its JSON names the
-    command, code and machine)."""
+    command, code and machine, and how the worker-cpu image got llama.cpp: compiled, from wheels/, cached)."""
     rows = []
     for path in sorted((REPO / "bench" / "compose").glob("*.json")):
         data = json.loads(path.read_text(encoding="utf-8"))
         rel = os.path.relpath(path, base).replace(os.sep, "/")
         steps = "; ".join(f"{k} {v:g} s" for k, v in data.get("seconds", {}).items())
         rows.append([f"[{path.name}]({rel})", str(data.get("date", "–")), str(data.get("code", "–")),
-                     str(data.get("hardware", "–")), str(data.get("result", "–")), steps])
-    return _table(["run", "date", "code", "machine", "result", "seconds per step"], "llllll", rows)
+                     str(data.get("hardware", "–")), str(data.get("llama_cpp_in_image", "–")),
+                     str(data.get("result", "–")), steps])
+    return _table(["run", "date", "code", "machine", "worker-cpu's llama.cpp", "result", "seconds per step"],
+                  "lllllll", rows)
 
 
 RENDERERS: dict[str, Renderer] = {

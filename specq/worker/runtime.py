@@ -265,10 +265,13 @@ class WorkerRuntime:
         from ..engine.llama.binding import backend_name
         from ..engine.pipeline import Engine
         from ..engine.serving.loop import ServingEngine
+        from .model_wait import wait_for_models
 
         t0 = time.perf_counter()
         slots = self.settings.resolved_slots(backend_name())
         opts = self.settings.engine_options(slots)
+        # a missing model file: a not-ready heartbeat says which (and, with SPECQ_PULL_MODELS off, this waits)
+        not_ready = wait_for_models(self.settings, {"target": opts.target, "speculator": opts.speculator}, self.queue)
         self.engine = Engine(opts, select_override=self.select_override)
         with db.session() as s:  # mode auto's evidence: shipped + the store's (worker/evidence.py)
             self.evidence.refresh(s, self.engine)
@@ -298,6 +301,8 @@ class WorkerRuntime:
             self.engine.n_ctx, slots, "" if slots == 1 else "s", groups_on, time.perf_counter() - t0,
         )
         self.ready = True
+        if not_ready is not None:
+            not_ready.stop()
         self._start_watchdog()
         self._start_heartbeat(info)
         self._start_reconciler()
