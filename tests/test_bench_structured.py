@@ -82,24 +82,22 @@ def test_aggregate_gives_accuracy_parse_rate_speed_and_grammar_cost_per_arm():
     assert rows["schema-draft"]["same_tokens_as_undrafted"] == "1/2" and rows["schema-draft"]["accept_rate_mean"] == 0.6
 
 
-def test_bench_report_renders_the_table_from_a_result_file(tmp_path):
-    prov = {"code": {"describe": "abc123def456"}, "host": {"cpu": "Test CPU", "cores": 2}, "date_utc": "2026-12-06T23:00:00Z"}
+def test_bench_report_renders_the_table_from_a_result_file():
+    prov = {"code": {"describe": "abc123def456"}, "host": {"cpu": "Test Xeon", "cores": 2}, "date_utc": "2026-12-06T23:00:00Z"}
     data = st.build_report(FIXTURE_RECORDS, prov, {"arms": ["schema", "plain", "schema-draft"], "max_tokens": 160,
                                                    "mode": "baseline"})
     assert data["loadavg"] == {"start": [2.0, 2.0, 2.0], "end": [3.0, 2.0, 2.0], "max_1min": 3.0}
-    path = tmp_path / "bench" / "results" / "structured-test.json"
-    path.parent.mkdir(parents=True)
-    path.write_text(json.dumps(data))
-    results = [report.Result(path, data)]
+    results = [report.Result(REPO / "bench" / "results" / "structured-fixture.json", data)]  # (not written)
     doc = "intro\n<!-- report:structured -->\nstale\n<!-- /report:structured -->\nafter\n"
-    out = report.render_text(doc, tmp_path / "docs", results)
+    out = report.render_text(doc, REPO / "docs", results)
     assert "stale" not in out and out.startswith("intro\n") and out.endswith("after\n")
-    assert "code `abc123def456`" in out and "Test CPU, 2 cores" in out and "2.0 → 3.0" in out
+    assert "[structured-fixture.json](../bench/results/structured-fixture.json)" in out
+    assert "code `abc123def456`" in out and "Test Xeon, 2 cores" in out and "2.0 → 3.0" in out
     assert re.search(r"\| `schema` \| yes \| none \| 2 \| 8/10 \| \*\*0\.80\*\* \| 1\.00 \| 0 \| 2,000 \| 10\.00 \| 1\.00 \|", out)
     assert re.search(r"\| `plain` \| no \| none \| 2 \| 4/10 \| \*\*0\.40\*\* \| 0\.50 \| 1 \|", out)
     assert "| 20.00 | 1.00 | 0.60 | 1/2 |" in out  # schema-draft: decode tok/s, grammar ms/token, acceptance, same tokens
     with pytest.raises(report.ReportError):  # no result: the marker cannot render
-        report.render_text(doc, tmp_path / "docs", [])
+        report.render_text(doc, REPO / "docs", [])
 
 
 def test_the_committed_references_are_well_formed_and_their_strings_are_in_their_documents():

@@ -260,6 +260,13 @@ def run_structured(engine, documents: Iterable[Document], journal: Path, *, arms
 # ----------------------------------------------------------------------------------------- report
 
 
+def _drafter(arm: str, records: list[dict]) -> str:
+    """The arm's drafter, with what `auto` resolved to on the run's engine ("auto = ngram")."""
+    asked = ARMS[arm][1]
+    ran = sorted({str(r["draft"]) for r in records if r.get("draft") and r["draft"] != asked})
+    return f"{asked} = {', '.join(ran)}" if asked != "none" and ran else asked
+
+
 def aggregate(records: list[dict], arms: Iterable[str] | None = None) -> list[dict]:
     """One row per arm: field accuracy, parse rate, median TTFT, decode tokens/s, grammar ms/token."""
     rows = []
@@ -275,7 +282,7 @@ def aggregate(records: list[dict], arms: Iterable[str] | None = None) -> list[di
         same_flags = [r["same_tokens_as_undrafted"] for r in rs if r.get("same_tokens_as_undrafted") is not None]
         accept = [r["accept_rate"] for r in rs if r.get("accept_rate") is not None]
         rows.append({
-            "arm": arm, "schema": ARMS[arm][0], "draft": ARMS[arm][1], "documents": len(rs), "fields": fields,
+            "arm": arm, "schema": ARMS[arm][0], "draft": _drafter(arm, rs), "documents": len(rs), "fields": fields,
             "fields_right": sum(r["n_right"] for r in rs),
             "field_accuracy": round(sum(r["n_right"] for r in rs) / fields, 4) if fields else None,
             "parse_rate": round(sum(1 for r in rs if r["parsed"]) / len(rs), 4),
