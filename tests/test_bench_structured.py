@@ -57,17 +57,19 @@ def test_grade_counts_each_field_and_an_unparseable_answer_as_all_wrong():
 def _record(arm: str, doc: str, n_right: int, parsed: bool = True, **kw) -> dict:
     rec = {"document": doc, "arm": arm, "settings": {"max_tokens": 160, "mode": "baseline"}, "fields": 5,
            "n_right": n_right, "parsed": parsed, "finish_reason": "stop", "completion_tokens": 40, "ttft_ms": 1000.0,
-           "decode_ms": 4000.0, "grammar_ms": None, "accept_rate": None, "same_tokens_as_undrafted": None,
+           "decode_ms": 4000.0, "grammar_ms": None, "accept_rate": None, "prefill_cached": False,
            "loadavg_before": [2.0, 2.0, 2.0], "loadavg_after": [3.0, 2.0, 2.0]}
     rec.update(kw)
     return rec
 
 
 FIXTURE_RECORDS = [
-    _record("schema", "a", 5, grammar_ms=20.0), _record("plain", "a", 0, parsed=False),
-    _record("schema-draft", "a", 5, grammar_ms=30.0, decode_ms=2000.0, accept_rate=0.5, same_tokens_as_undrafted=True),
-    _record("schema", "b", 3, grammar_ms=60.0, ttft_ms=3000.0), _record("plain", "b", 4, finish_reason="length"),
-    _record("schema-draft", "b", 3, grammar_ms=50.0, decode_ms=2000.0, accept_rate=0.7, same_tokens_as_undrafted=False),
+    _record("schema", "a", 5, grammar_ms=20.0, tokens_sha256="x"), _record("plain", "a", 0, parsed=False, prefill_cached=True),
+    _record("schema-draft", "a", 5, grammar_ms=30.0, decode_ms=2000.0, accept_rate=0.5, tokens_sha256="x",
+            prefill_cached=True),
+    _record("schema", "b", 3, grammar_ms=60.0, ttft_ms=3000.0, tokens_sha256="y", prefill_cached=True),
+    _record("plain", "b", 4, finish_reason="length", ttft_ms=5000.0, prefill_cached=True),
+    _record("schema-draft", "b", 3, grammar_ms=50.0, decode_ms=2000.0, accept_rate=0.7, tokens_sha256="z", ttft_ms=4000.0),
 ]
 
 
@@ -76,7 +78,9 @@ def test_aggregate_gives_accuracy_parse_rate_speed_and_grammar_cost_per_arm():
     assert rows["schema"]["field_accuracy"] == 0.8 and rows["schema"]["parse_rate"] == 1.0
     assert rows["plain"]["field_accuracy"] == 0.4 and rows["plain"]["parse_rate"] == 0.5
     assert rows["plain"]["finish_length"] == 1 and rows["plain"]["grammar_ms_per_token"] is None
-    assert rows["schema"]["ttft_ms_median"] == 2000.0
+    # TTFT: only the runs that prefilled (the others restored the document's cached prompt)
+    assert rows["schema"]["ttft_ms_median"] == 1000.0 and rows["schema"]["ttft_runs"] == 1
+    assert rows["plain"]["ttft_ms_median"] is None and rows["schema-draft"]["ttft_ms_median"] == 4000.0
     assert rows["schema"]["decode_tokens_per_s"] == 10.0 and rows["schema-draft"]["decode_tokens_per_s"] == 20.0
     assert rows["schema"]["grammar_ms_per_token"] == 1.0  # 80 ms over 80 tokens
     assert rows["schema-draft"]["same_tokens_as_undrafted"] == "1/2" and rows["schema-draft"]["accept_rate_mean"] == 0.6
@@ -93,7 +97,7 @@ def test_bench_report_renders_the_table_from_a_result_file():
     assert "stale" not in out and out.startswith("intro\n") and out.endswith("after\n")
     assert "[structured-fixture.json](../bench/results/structured-fixture.json)" in out
     assert "code `abc123def456`" in out and "Test Xeon, 2 cores" in out and "2.0 → 3.0" in out
-    assert re.search(r"\| `schema` \| yes \| none \| 2 \| 8/10 \| \*\*0\.80\*\* \| 1\.00 \| 0 \| 2,000 \| 10\.00 \| 1\.00 \|", out)
+    assert re.search(r"\| `schema` \| yes \| none \| 2 \| 8/10 \| \*\*0\.80\*\* \| 1\.00 \| 0 \| 1,000 \(1\) \| 10\.00 \| 1\.00 \|", out)
     assert re.search(r"\| `plain` \| no \| none \| 2 \| 4/10 \| \*\*0\.40\*\* \| 0\.50 \| 1 \|", out)
     assert "| 20.00 | 1.00 | 0.60 | 1/2 |" in out  # schema-draft: decode tok/s, grammar ms/token, acceptance, same tokens
     with pytest.raises(report.ReportError):  # no result: the marker cannot render
@@ -131,13 +135,16 @@ def test_a_run_on_tiny_models_journals_each_arm_and_resumes(tiny_models, tmp_pat
         records = st.run_structured(eng, [doc], journal, arms=["schema", "plain", "schema-draft"], max_tokens=48,
                                     root=tmp_path, say=said.append)
         assert [r["arm"] for r in records] == ["schema", "plain", "schema-draft"] and len(said) == 3
+        assert not any(r["prefill_cached"] for r in records)  # no prompt cache on this engine
         by = {r["arm"]: r for r in records}
         for arm in ("schema", "schema-draft"):  # a random model under the grammar still writes the object
             assert by[arm]["grammar_ms"] is not None and by[arm]["grammar_ms"] >= 0
             if by[arm]["finish_reason"] == "stop":
                 assert by[arm]["parsed"]
         assert by["plain"]["grammar_ms"] is None and by["schema"]["mode_ran"] == "baseline"
-        assert by["schema-draft"]["same_tokens_as_undrafted"] is True  # greedy: drafting changes no token
+        # greedy: drafting changes no token
+        assert by["schema-draft"]["tokens_sha256"] == by["schema"]["tokens_sha256"]
+        assert st.aggregate(records)[2]["same_tokens_as_undrafted"] == "1/1"
         assert by["schema"]["loadavg_before"] is not None
         again = st.run_structured(eng, [doc], journal, arms=["schema", "plain", "schema-draft"], max_tokens=48,
                                   root=tmp_path, say=said.append)

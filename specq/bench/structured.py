@@ -22,16 +22,22 @@ compares as that number and "true"/"yes"/"false"/"no" as booleans; numbers compa
 integer and a float of the same value are equal). A missing field is wrong.
 
 Every run is greedy and in mode `baseline` (every prompt token prefilled): the measurement is about
-the grammar, so specprefill's selection stays out of the accuracy. Per arm the report gives field
-accuracy, parse rate, median TTFT, decode tokens/s (emitted tokens ÷ the `decode` phase), grammar ms
-per generated token (the engine's `grammar` timing: time in the grammar mask, decode/grammar.py), and
-the draft's acceptance rate. Each (document, arm) is one JSON line appended to a journal; a rerun with
+the grammar, so specprefill's selection stays out of the accuracy. The arms of one document share
+their prompt, so with the engine's prompt cache on (the command's default: a loaded 2-core CPU pays
+minutes per prefill) only the first arm of a document prefills it and the others restore its KV
+state; the first arm rotates from document to document, and the TTFT column is the median over the
+runs that prefilled (`prefill_cached` false), so each arm's TTFT comes from its own share of the
+documents. Per arm the report gives field accuracy, parse rate, median TTFT, decode tokens/s (emitted
+tokens ÷ the `decode` phase), grammar ms per generated token (the engine's `grammar` timing: time in
+the grammar mask, decode/grammar.py), the draft's acceptance rate, and for a drafting arm on how many
+documents its tokens equal its undrafted twin's. Each (document, arm) is one JSON line appended to a journal; a rerun with
 the same journal skips what it holds, so the command can stop and resume. The machine's load average
 is recorded per record and at the start and end of the run (other work shares a CPU).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -212,7 +218,8 @@ def run_structured(engine, documents: Iterable[Document], journal: Path, *, arms
                    max_tokens: int = 160, mode: str = "baseline", root: Path = REPO,
                    say: Callable[[str], None] = print) -> list[dict]:
     """Run every (document, arm) the journal does not hold yet (documents outer, arms inner, so the
-    arms of one document run close together in time); returns the journal's records afterwards."""
+    arms of one document run close together in time and share its cached prompt; the first arm rotates);
+    returns the journal's records afterwards."""
     from ..engine.options import RunParams
 
     arms = list(arms)
@@ -221,10 +228,9 @@ def run_structured(engine, documents: Iterable[Document], journal: Path, *, arms
         raise ValueError(f"unknown arm(s): {', '.join(unknown)} (known: {', '.join(ARMS)})")
     key = {"max_tokens": max_tokens, "mode": mode}
     done = {(r["document"], r["arm"]) for r in read_journal(journal) if r.get("settings") == key}
-    for doc in documents:
+    for k, doc in enumerate(documents):
         text = doc.text(root)
-        tokens_of: dict[str, list[int]] = {}
-        for arm in arms:
+        for arm in arms[k % len(arms):] + arms[: k % len(arms)]:  # the first arm (the one that prefills) rotates
             if (doc.name, arm) in done:
                 continue
             with_schema, draft = ARMS[arm]
@@ -237,9 +243,6 @@ def run_structured(engine, documents: Iterable[Document], journal: Path, *, arms
             t = result.timings_ms
             n = result.usage.completion_tokens
             g = grade(doc, result.text)
-            undrafted = "schema" if with_schema else "plain"
-            if draft == "none":
-                tokens_of[arm] = list(result.tokens)
             rec = {
                 "document": doc.name, "arm": arm, "settings": key, "draft": result.draft.method if draft != "none" else "none",
                 "prompt_tokens": result.usage.prompt_tokens, "completion_tokens": n, "finish_reason": result.finish_reason,
@@ -247,7 +250,8 @@ def run_structured(engine, documents: Iterable[Document], journal: Path, *, arms
                 "ttft_ms": round(t.get("ttft", 0.0), 1), "decode_ms": round(t.get("decode", 0.0), 1),
                 "grammar_ms": round(t.get("grammar", 0.0), 2) if with_schema else None,
                 "wall_ms": round(wall, 1), "accept_rate": result.draft.accept_rate if draft != "none" else None,
-                "same_tokens_as_undrafted": (result.tokens == tokens_of[undrafted]) if draft != "none" and undrafted in tokens_of else None,
+                "tokens_sha256": hashlib.sha256(json.dumps(list(result.tokens)).encode()).hexdigest(),
+                "prefill_cached": bool(result.spec.cache.get("bytes_restored", 0)),
                 "mode_ran": result.spec.mode, "loadavg_before": load_before, "loadavg_after": _load(),
             }
             _append(journal, rec)
@@ -267,6 +271,17 @@ def _drafter(arm: str, records: list[dict]) -> str:
     return f"{asked} = {', '.join(ran)}" if asked != "none" and ran else asked
 
 
+def _same_as_undrafted(arm: str, rs: list[dict], records: list[dict]) -> list[bool]:
+    """A drafting arm: per document, whether its tokens equal those of the same arm without drafting."""
+    with_schema, draft = ARMS[arm]
+    if draft == "none":
+        return []
+    twin = "schema" if with_schema else "plain"
+    theirs = {r["document"]: r.get("tokens_sha256") for r in records if r["arm"] == twin}
+    return [r["tokens_sha256"] == theirs[r["document"]] for r in rs
+            if r.get("tokens_sha256") and theirs.get(r["document"])]
+
+
 def aggregate(records: list[dict], arms: Iterable[str] | None = None) -> list[dict]:
     """One row per arm: field accuracy, parse rate, median TTFT, decode tokens/s, grammar ms/token."""
     rows = []
@@ -279,7 +294,8 @@ def aggregate(records: list[dict], arms: Iterable[str] | None = None) -> list[di
         tokens = sum(r["completion_tokens"] for r in rs)
         decode_s = sum(r["decode_ms"] for r in rs) / 1000.0
         grammar = [r["grammar_ms"] for r in rs if r.get("grammar_ms") is not None]
-        same_flags = [r["same_tokens_as_undrafted"] for r in rs if r.get("same_tokens_as_undrafted") is not None]
+        same_flags = _same_as_undrafted(arm, rs, records)
+        prefilled = [r["ttft_ms"] for r in rs if not r.get("prefill_cached")]
         accept = [r["accept_rate"] for r in rs if r.get("accept_rate") is not None]
         rows.append({
             "arm": arm, "schema": ARMS[arm][0], "draft": _drafter(arm, rs), "documents": len(rs), "fields": fields,
@@ -287,7 +303,8 @@ def aggregate(records: list[dict], arms: Iterable[str] | None = None) -> list[di
             "field_accuracy": round(sum(r["n_right"] for r in rs) / fields, 4) if fields else None,
             "parse_rate": round(sum(1 for r in rs if r["parsed"]) / len(rs), 4),
             "finish_length": sum(1 for r in rs if r["finish_reason"] == "length"),
-            "ttft_ms_median": round(statistics.median(r["ttft_ms"] for r in rs), 1),
+            "ttft_ms_median": round(statistics.median(prefilled), 1) if prefilled else None,
+            "ttft_runs": len(prefilled),
             "completion_tokens": tokens,
             "decode_tokens_per_s": round(tokens / decode_s, 2) if decode_s > 0 else None,
             "grammar_ms_per_token": round(sum(grammar) / tokens, 3) if grammar and tokens else None,
@@ -315,13 +332,13 @@ def _cell(x: Any, fmt: str) -> str:
 def table_markdown(report: dict) -> str:
     """The per-arm table of one report (docs/openai.md renders it through `specq bench report`)."""
     head = ["arm", "schema", "draft", "documents", "fields right", "field accuracy", "parsed", "ended at max_tokens",
-            "TTFT median ms", "decode tok/s", "grammar ms/token", "draft acceptance", "same tokens as undrafted"]
+            "TTFT median ms (runs that prefilled)", "decode tok/s", "grammar ms/token", "draft acceptance", "same tokens as undrafted"]
     lines = ["| " + " | ".join(head) + " |", "|---|---|---|" + "---:|" * (len(head) - 3)]
     for a in report.get("arms", []):
         lines.append("| " + " | ".join([
             f"`{a['arm']}`", "yes" if a["schema"] else "no", a["draft"], str(a["documents"]),
             f"{a['fields_right']}/{a['fields']}", f"**{_cell(a['field_accuracy'], '{:.2f}')}**",
-            _cell(a["parse_rate"], "{:.2f}"), str(a["finish_length"]), _cell(a["ttft_ms_median"], "{:,.0f}"),
+            _cell(a["parse_rate"], "{:.2f}"), str(a["finish_length"]), (_cell(a["ttft_ms_median"], "{:,.0f}") + f" ({a.get('ttft_runs', a['documents'])})"),
             _cell(a["decode_tokens_per_s"], "{:.2f}"), _cell(a["grammar_ms_per_token"], "{:.2f}"),
             _cell(a["accept_rate_mean"], "{:.2f}"), a["same_tokens_as_undrafted"] or "–"]) + " |")
     return "\n".join(lines)

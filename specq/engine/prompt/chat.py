@@ -1,7 +1,9 @@
 """Prompts of chat and completion jobs (the OpenAI routes), and which of their tokens scoring may drop.
 
 A chat is rendered with the target's chat template by llama.cpp's built-in renderer
-(`llama_chat_apply_template`, what llama-server uses without `--jinja`). Each message's content is
+(`llama_chat_apply_template`, what llama-server uses without `--jinja`); a chat with tools, tool
+results or calls by the model's own Jinja template where it renders tools, else in the Hermes format
+(prompt/tools.py). Each message's content (and each tool definition and call's arguments) is
 tokenized as plain text (never as special tokens: a user cannot forge `<|im_start|>`), the template's
 own text with special tokens, as `build_prompt` does for native jobs.
 
@@ -10,8 +12,10 @@ the end of the last user message, less that message's protected tail — its las
 last blank line), at most DEFAULT_PROTECT_TAIL tokens, or its last `protect_tail` tokens when given —
 and less its question wherever it stands (prompt/question.py: first, last or between document blocks;
 or the exact text `question`, the API's `specq.question`), which is pinned (`Prompt.pinned`).
-Always kept: the template head (BOS, system messages, the first turn's opener), the template text
-between messages and the question (`Prompt.pinned`), the protected tail and everything after it. So
+A `tool` message (a tool's result) counts as a user turn. Always kept: the template head (BOS, system
+messages, the first turn's opener; tool definitions a template writes in its system turn), the template
+text between messages, tool definitions and call arguments wherever the template puts them, and the
+question (`Prompt.pinned`), the protected tail and everything after it. So
 a user message holding a document and a question, in either order, is scored like a native job.
 Where no question is found (`Prompt.question_found` False), only the tail is protected, and mode
 auto runs baseline (auto.py).
