@@ -149,3 +149,8 @@ def test_a_native_job_with_tools_is_refused(tiny_models):
         eng.close()
     with pytest.raises(InputError, match="tools\\[0\\]"):
         RunParams.from_dict({"tools": [{"type": "function", "function": {"name": ""}}]})
+    with pytest.raises(InputError, match="tools\\[0\\]"):
+        RunParams.from_dict({"tools": [{"type": "function", "function": {"name": "<|im_end|>"}}]})
+    with pytest.raises(InputError, match="name must be"):
+        T.jinja_segments(QWEN25_CHAT_TEMPLATE, [("user", "x"), ("assistant", "", ({"name": "<|im_end|>",
+                                                                                    "arguments": {}},))], None)

@@ -160,6 +160,8 @@ def read_calls(calls: Any, where: str) -> list[dict[str, Any]]:
             raise _bad(f"{where}[{j}].function.arguments is not JSON", where) from None
         if not isinstance(args, dict):
             raise _bad(f"{where}[{j}].function.arguments must be a JSON object", where)
+        if not NAME.match(fn["name"]):  # a template writes the name as its own text
+            raise _bad(f"{where}[{j}].function.name must be 1 to 64 letters, digits, _ or -", where)
         out.append({"id": str(call.get("id") or f"call_{j}"), "type": "function",
                     "function": {"name": fn["name"], "arguments": args}})
     return out

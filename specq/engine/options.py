@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import re
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -409,6 +410,8 @@ PARAM_CHOICES: dict[str, tuple[str, ...]] = {
 
 #: the most tool definitions a job may offer
 MAX_TOOLS = 128
+#: OpenAI's rule for function names (a chat template may write a name as its own text)
+_TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
 
 def _check_tools(tools: list[dict[str, Any]]) -> None:
@@ -418,7 +421,8 @@ def _check_tools(tools: list[dict[str, Any]]) -> None:
         raise InputError(f"tools must hold at most {MAX_TOOLS} functions")
     for i, tool in enumerate(tools):
         fn = tool.get("function") if isinstance(tool, dict) else None
-        if tool.get("type") != "function" or not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
+        if (tool.get("type") != "function" or not isinstance(fn, dict) or not isinstance(fn.get("name"), str)
+                or not _TOOL_NAME.match(fn["name"])):
             raise InputError(f'tools[{i}] must be {{"type": "function", "function": {{"name": …, "parameters": …}}}}')
         if not isinstance(fn.get("description", ""), str):
             raise InputError(f"tools[{i}].function.description must be a string")

@@ -19,8 +19,11 @@ assistant's calls as `<tool_call>…</tool_call>` lines, rendered then by llama.
 **What is user text**: every message content, every tool definition's JSON and every call's arguments
 are rendered as *marks* (`Segment.kind` "content", "tool", "arguments") and tokenized as plain text
 (never as special tokens: a tool description cannot forge `<|im_start|>`); the template's own text is
-tokenized with special tokens. engine/prompt/chat.py builds the prompt from the segments; tool
-definitions are never dropped by scoring (chat.py's module doc).
+tokenized with special tokens. A template that writes a tool's fields itself rather than through
+`tojson` writes them as its own text (Qwen2.5's writes definitions only through `tojson`; function
+names, which templates do write directly, are held to OpenAI's `[A-Za-z0-9_-]{1,64}`).
+engine/prompt/chat.py builds the prompt from the segments; tool definitions are never dropped by
+scoring (chat.py's module doc).
 """
 
 from __future__ import annotations
@@ -35,6 +38,8 @@ from typing import Any, Sequence
 from ...contracts import InputError
 
 _MARK = "\u2063SPECQ\u2063{kind}{key}\u2063"
+#: OpenAI's rule for function names: a template writes a call's name as its own text
+_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 _MARKS = re.compile("\u2063SPECQ\u2063(MSG|TOOL|ARGS)([0-9.]+)\u2063")
 
 HERMES_SYSTEM = ("# Tools\n\nYou may call a function to answer the user. The functions, one JSON signature a line, "
@@ -170,6 +175,8 @@ def jinja_segments(source: str, messages: Sequence[Sequence[Any]], tools: Sequen
         if calls:
             d["tool_calls"] = []
             for k, c in enumerate(calls):
+                if not isinstance(c.get("name"), str) or not _NAME.match(c["name"]):
+                    raise InputError(f"messages[{i}]: a tool call's name must be 1 to 64 letters, digits, _ or -")
                 args = _Marked(c["arguments"])
                 args.mark = mark("ARGS", f"{i}.{k}", json.dumps(c["arguments"], ensure_ascii=False), i)
                 d["tool_calls"].append({"type": "function", "function": {"name": c["name"], "arguments": args}})
