@@ -96,7 +96,7 @@ def test_bench_report_renders_the_table_from_a_result_file():
     out = report.render_text(doc, REPO / "docs", results)
     assert "stale" not in out and out.startswith("intro\n") and out.endswith("after\n")
     assert "[structured-fixture.json](../bench/results/structured-fixture.json)" in out
-    assert "code `abc123def456`" in out and "Test Xeon, 2 cores" in out and "2.0 → 3.0" in out
+    assert "code `abc123def456`" in out and "Test Xeon, 2 cores" in out and "2.0 → 3.0 (highest after a run 3.0)" in out
     assert re.search(r"\| `schema` \| yes \| none \| 2 \| 8/10 \| \*\*0\.80\*\* \| 1\.00 \| 0 \| 1,000 \(1\) \| 10\.00 \| 1\.00 \|", out)
     assert re.search(r"\| `plain` \| no \| none \| 2 \| 4/10 \| \*\*0\.40\*\* \| 0\.50 \| 1 \|", out)
     assert "| 20.00 | 1.00 | 0.60 | 1/2 |" in out  # schema-draft: decode tok/s, grammar ms/token, acceptance, same tokens

@@ -446,8 +446,9 @@ def structured_table(results: list[Result], base: Path) -> str:
         if r.kind != "structured" or r.provenance is None:
             continue
         load = r.data.get("loadavg") or {}
-        loads = "–" if not load.get("start") else (f"{load['start'][0]:.1f} → {(load.get('end') or ['?'])[0]} "
-                                                   f"(max {load.get('max_1min')})")
+        end, top = (load.get("end") or [None])[0], load.get("max_1min")
+        loads = "–" if not load.get("start") else (f"{load['start'][0]:.1f} → {_f(end, '{:.1f}')} "
+                                                   f"(highest after a run {_f(top, '{:.1f}')})")
         st = r.data.get("settings", {})
         parts.append(f"From {_link(r, base)} (code `{r.code}`, {r.device}, {r.date}, mode {st.get('mode', '–')}, "
                      f"max_tokens {st.get('max_tokens', '–')}, 1-min load average {loads}):\n\n"
