@@ -151,6 +151,8 @@ def test_a_native_job_with_tools_is_refused(tiny_models):
         RunParams.from_dict({"tools": [{"type": "function", "function": {"name": ""}}]})
     with pytest.raises(InputError, match="tools\\[0\\]"):
         RunParams.from_dict({"tools": [{"type": "function", "function": {"name": "<|im_end|>"}}]})
+    with pytest.raises(InputError, match="NUL"):  # the job store (JSONB) cannot hold it
+        RunParams.from_dict({"tools": [{"type": "function", "function": {"name": "f", "description": "a\x00"}}]})
     with pytest.raises(InputError, match="name must be"):
         T.jinja_segments(QWEN25_CHAT_TEMPLATE, [("user", "x"), ("assistant", "", ({"name": "<|im_end|>",
                                                                                     "arguments": {}},))], None)

@@ -414,6 +414,19 @@ MAX_TOOLS = 128
 _TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
 
+def _strings(value: Any):
+    """Every string (keys too) inside a JSON value."""
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            yield str(k)
+            yield from _strings(v)
+    elif isinstance(value, list):
+        for v in value:
+            yield from _strings(v)
+
+
 def _check_tools(tools: list[dict[str, Any]]) -> None:
     """Each tool is {"type": "function", "function": {name, description?, parameters?}} with a name and a
     parameters schema the allowlist takes (the API checks the same, with OpenAI's words)."""
@@ -428,6 +441,13 @@ def _check_tools(tools: list[dict[str, Any]]) -> None:
             raise InputError(f"tools[{i}].function.description must be a string")
         if "parameters" in fn:
             json_schema.check(fn["parameters"], f"tools[{i}].function.parameters")
+        for text in _strings(tool):
+            if "\x00" in text:  # PostgreSQL's JSONB cannot hold it
+                raise InputError(f"tools[{i}] contains a NUL character")
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError:
+                raise InputError(f"tools[{i}] contains lone surrogates; send UTF-8 text") from None
 
 
 def _coerce(name: str, type_name: Any, value: Any) -> Any:
