@@ -63,6 +63,9 @@ def test_reading_a_call_back():
     assert auto.read_call('Gern.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "K", "days": 1}}\n'
                           "</tool_call>")["function"]["name"] == "get_weather"
     assert auto.read_call(' {"name": "get_weather", "arguments": {"city": "K", "days": 1}}\n')  # bare, as Qwen2.5-Coder answers
+    # one fenced block, as Qwen2.5-Coder 1.5B answers under its own template
+    assert auto.read_call('```json\n{\n  "name": "get_weather",\n  "arguments": {"city": "Berlin"}\n}\n```')
+    assert auto.read_call('Sure:\n```json\n{"name": "get_weather", "arguments": {}}\n```') is None  # prose around it
     for text in ('Gern: {"name": "get_weather", "arguments": {}}',  # a bare object must be the whole answer
                  '{"name": "get_weather", "arguments": {}, "why": 1}',  # not a call's keys
                  "<tool_call>{\"name\": \"nope\", \"arguments\": {}}</tool_call>",  # not a tool

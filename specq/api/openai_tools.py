@@ -12,8 +12,9 @@ Decoding: `tool_choice` `required` or a named function → the whole answer is t
 `{"name": …, "arguments": …}` (no `<tool_call>` wrapper), constrained by a JSON Schema (the job's
 `json_schema`): `name` one of the tools (or the named one), `arguments` that function's `parameters`,
 each checked by the same allowlist as `response_format` (engine/json_schema.py). `auto` → unconstrained;
-an answer that is such an object, or holds one inside `<tool_call>`, naming a tool becomes the call
-(Qwen2.5-Coder 1.5B answers the bare object), anything else is content.
+an answer that is such an object (bare, or as the one fenced code block of the answer: Qwen2.5-Coder
+1.5B under its own template answers ```json …```), or holds one inside `<tool_call>`, naming a tool
+becomes the call, anything else is content.
 `none` → the tools are not passed to the model and no call is read. At most one call per answer
 (`parallel_tool_calls` is accepted; only the first call is returned).
 """
@@ -75,7 +76,7 @@ class Tools:
         """The OpenAI tool call an answer holds, else None (the answer is content)."""
         if not self.active:
             return None
-        found = _object(text.strip())
+        found = _object(_unfenced(text.strip()))
         if found is None:
             m = CALL.search(text)
             found = _object(m.group(1)) if m else None
@@ -88,6 +89,15 @@ class Tools:
             return None
         return {"id": "call_" + secrets.token_hex(12), "type": "function",
                 "function": {"name": found["name"], "arguments": json.dumps(args, ensure_ascii=False)}}
+
+
+#: an answer that is one fenced code block (Qwen2.5-Coder 1.5B under its own template answers a call so)
+FENCE = re.compile(r"^```[A-Za-z0-9_-]*\n(.*)\n```$", re.S)
+
+
+def _unfenced(text: str) -> str:
+    m = FENCE.match(text)
+    return m.group(1) if m else text
 
 
 def _object(text: str) -> dict[str, Any] | None:
