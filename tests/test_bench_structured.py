@@ -153,3 +153,25 @@ def test_a_run_on_tiny_models_journals_each_arm_and_resumes(tiny_models, tmp_pat
         eng.close()
     with pytest.raises(ValueError, match="unknown arm"):
         st.run_structured(None, [doc], journal, arms=["nope"])
+
+
+@pytest.mark.engine
+def test_with_the_prompt_cache_only_the_rotating_first_arm_prefills(tiny_models, tmp_path):
+    from specq.engine.options import EngineOptions
+    from specq.engine.pipeline import Engine
+
+    for name in ("one", "two"):
+        (tmp_path / f"{name}.txt").write_text(f"Document {name}: the year was 2000. " * 12)
+    docs = [st.Document(n, f"{n}.txt", DOC.fields) for n in ("one", "two")]
+    eng = Engine(EngineOptions(target=str(tiny_models.target), speculator=str(tiny_models.speculator), n_gpu_layers=0,
+                               n_ctx=2048, cache_bytes=64 << 20))
+    try:
+        records = st.run_structured(eng, docs, tmp_path / "j.jsonl", arms=["schema", "plain", "schema-draft"],
+                                    max_tokens=16, root=tmp_path, say=lambda _: None)
+    finally:
+        eng.close()
+    order = [(r["document"], r["arm"], r["prefill_cached"]) for r in records]
+    assert order == [("one", "schema", False), ("one", "plain", True), ("one", "schema-draft", True),
+                     ("two", "plain", False), ("two", "schema-draft", True), ("two", "schema", True)]
+    rows = {r["arm"]: r for r in st.aggregate(records)}
+    assert rows["schema"]["ttft_runs"] == 1 and rows["plain"]["ttft_runs"] == 1 and rows["schema-draft"]["ttft_runs"] == 0
