@@ -41,7 +41,6 @@ import hashlib
 import json
 import math
 import os
-import re
 import statistics
 import time
 import unicodedata
