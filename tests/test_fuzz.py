@@ -447,6 +447,8 @@ UNSTORABLE = [  # (what, request) -> 422 each; raw JSON so that "\\u0000" and "\
     ("NUL in the question", ("/v1/jobs", r'{"text": "x = 1", "question": "why\u0000"}')),
     ("lone surrogate in the question", ("/v1/jobs", r'{"text": "x = 1", "question": "\ud800"}')),
     ("NUL in a params value", ("/v1/jobs", r'{"text": "x = 1", "params": {"system": "\u0000"}}')),
+    ("NUL in a tool definition", ("/v1/jobs", r'{"text": "x = 1", "params": {"tools": [{"type": "function", '
+                                              r'"function": {"name": "f", "description": "a\u0000"}}]}}')),
     ("NUL in the file name", ("/v1/jobs", r'{"text": "x = 1", "filename": "a\u0000.py"}')),
     ("a 256-character file name", ("/v1/jobs", '{"text": "x = 1", "filename": "%s"}' % ("f" * 256))),
     ("NUL in a custom_id", ("/v1/batches", r'{"custom_id": "\u0000", "text": "x = 1"}')),

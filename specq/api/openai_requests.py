@@ -35,7 +35,7 @@ from ..engine.json_schema import JSON_OBJECT, check as check_schema
 from ..engine.options import RunParams
 from .errors import ApiError
 from . import openai_schemas as O
-from .openai_tools import Tools, call_text, read_tools, response_text
+from .openai_tools import Tools, read_calls, read_tools
 
 #: the OpenAI error type of a bad request
 INVALID = "invalid_request_error"
@@ -256,11 +256,12 @@ def _text(msg: O.ChatMessage, i: int) -> str:
     return "".join(parts)
 
 
-def _messages(req: O.ChatCompletionRequest, tools: Tools, tools_ok: bool) -> tuple[list[dict[str, str]], bool]:
-    """(the messages as the engine renders them, whether any is a tool result or call): a `tool` message is a
-    user turn holding its `<tool_response>`, an assistant's `tool_calls` its `<tool_call>` lines, and the
-    tool definitions are appended to the first system message (openai_tools.py)."""
-    out, any_tool = [], False
+def _messages(req: O.ChatCompletionRequest, tools_ok: bool) -> tuple[list[dict[str, Any]], bool]:
+    """(the messages as the job stores them, whether any is a tool result or call): a `tool` message keeps
+    its role (and `tool_call_id`), an assistant's `tool_calls` their names and parsed arguments; the engine
+    renders them (engine/prompt/tools.py)."""
+    out: list[dict[str, Any]] = []
+    any_tool = False
     for i, msg in enumerate(req.messages):
         if msg.role == "function" or msg.function_call is not None:
             raise _unsupported(f"messages[{i}].role", "the deprecated function messages; use tools")
@@ -274,20 +275,14 @@ def _messages(req: O.ChatCompletionRequest, tools: Tools, tools_ok: bool) -> tup
         if msg.role == "tool":
             if not msg.tool_call_id:
                 raise bad(f"Missing required parameter: 'messages[{i}].tool_call_id'.", f"messages[{i}].tool_call_id")
-            out.append({"role": "user", "content": response_text(content)})
+            out.append({"role": "tool", "content": content, "tool_call_id": str(msg.tool_call_id)})
             any_tool = True
             continue
+        entry: dict[str, Any] = {"role": "system" if msg.role == "developer" else msg.role, "content": content}
         if msg.tool_calls:
-            calls = call_text(msg.tool_calls, f"messages[{i}].tool_calls")
-            content = f"{content}\n{calls}" if content else calls
+            entry["tool_calls"] = read_calls(msg.tool_calls, f"messages[{i}].tool_calls")
             any_tool = True
-        out.append({"role": "system" if msg.role == "developer" else msg.role, "content": content})
-    extra = tools.system_text()
-    if extra:
-        if out and out[0]["role"] == "system":
-            out[0] = {"role": "system", "content": f"{out[0]['content']}\n\n{extra}" if out[0]["content"] else extra}
-        else:
-            out.insert(0, {"role": "system", "content": extra})
+        out.append(entry)
     return out, any_tool
 
 
@@ -328,12 +323,27 @@ def check_params(params: dict[str, Any]) -> RunParams:
         raise bad(message, {"max_tokens": "max_tokens"}.get(name or "", name)) from None
 
 
+def _strings(value: Any):
+    """Every string (keys too) inside a JSON value: a tool definition or call stored with the job."""
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            yield str(k)
+            yield from _strings(v)
+    elif isinstance(value, list):
+        for v in value:
+            yield from _strings(v)
+
+
 def _storable(spec: JobSpec) -> JobSpec:
     """400 for text the job store cannot hold (a NUL; a lone surrogate escape)."""
     from .schemas import storable
 
     texts = [("prompt" if spec.kind == "completion" else "specq.document", spec.text)]
     texts += [(f"messages[{i}].content", m["content"]) for i, m in enumerate(spec.messages or [])]
+    texts += [(f"messages[{i}].tool_calls", t) for i, m in enumerate(spec.messages or []) for t in _strings(m.get("tool_calls"))]
+    texts += [(k, t) for k, v in spec.params.items() if isinstance(v, (dict, list)) for t in _strings(v)]
     texts += [(k, v) for k, v in spec.params.items() if isinstance(v, str)]
     texts += [("stop", v) for v in spec.params.get("stop") or []]
     for name, value in texts:
@@ -360,8 +370,10 @@ def chat_spec(req: O.ChatCompletionRequest, tools_ok: bool = False) -> JobSpec:
     """The job of a chat request; `tools_ok`: tools are answered (the chat route; batch lines refuse them)."""
     _check_chat(req, tools_ok)
     tools = read_tools(req.tools, req.tool_choice) if tools_ok else Tools()
-    messages, any_tool = _messages(req, tools, tools_ok)
+    messages, any_tool = _messages(req, tools_ok)
     params = _params(req, req.max_completion_tokens or req.max_tokens)
+    if tools.active:
+        params["tools"] = tools.definitions()
     schema = tools.call_schema()
     if schema is not None:
         if "json_schema" in params:

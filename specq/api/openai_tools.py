@@ -1,20 +1,21 @@
-"""OpenAI tool calls on /v1/chat/completions: `tools` and `tool_choice` checked, rendered into the prompt,
-the forced call constrained by a grammar, and the answer read back as `tool_calls`.
+"""OpenAI tool calls on /v1/chat/completions: `tools` and `tool_choice` checked, passed to the job, the
+forced call constrained by a grammar, and the answer read back as `tool_calls`.
 
-Rendering: the tool definitions go into the system message in the Hermes format that Qwen2.5's own
-chat template writes (`<tools>` with one JSON signature a line, calls as `<tool_call>{"name": …,
-"arguments": …}</tool_call>`, results as `<tool_response>`); the model's Jinja template itself is not
-read (the chat is still rendered by `llama_chat_apply_template`, engine/prompt/chat.py). A `tool`
-message becomes a user message holding `<tool_response>…</tool_response>`, an assistant message's
-`tool_calls` become its `<tool_call>` lines, as Qwen2.5's template renders them.
+Rendering is the engine's (engine/prompt/tools.py): the job carries the tool definitions
+(`params.tools`, only while a tool may be called) and the chat's `tool` messages and assistant
+`tool_calls` as they are (`messages[i].tool_calls` with their arguments parsed); the worker renders them
+with the model's own Jinja chat template where it renders tools (Qwen2.5's does: its Hermes
+`<tools>` / `<tool_call>` / `<tool_response>` format), else in a documented Hermes system-message format.
+This module only checks them, with OpenAI's words.
 
 Decoding: `tool_choice` `required` or a named function → the whole answer is the call's JSON object
 `{"name": …, "arguments": …}` (no `<tool_call>` wrapper), constrained by a JSON Schema (the job's
 `json_schema`): `name` one of the tools (or the named one), `arguments` that function's `parameters`,
 each checked by the same allowlist as `response_format` (engine/json_schema.py). `auto` → unconstrained;
-an answer that is such an object, or holds one inside `<tool_call>`, naming a tool becomes the call
-(Qwen2.5-Coder 1.5B answers the bare object), anything else is content.
-`none` → the tools are not rendered and no call is read. At most one call per answer
+an answer that is such an object (bare, or as the one fenced code block of the answer: Qwen2.5-Coder
+1.5B under its own template answers ```json …```), or holds one inside `<tool_call>`, naming a tool
+becomes the call, anything else is content.
+`none` → the tools are not passed to the model and no call is read. At most one call per answer
 (`parallel_tool_calls` is accepted; only the first call is returned).
 """
 
@@ -34,12 +35,6 @@ from .errors import ApiError
 NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 #: a call in an unconstrained answer
 CALL = re.compile(r"<tool_call>\s*(\{.*?\})\s*</tool_call>", re.S)
-
-SYSTEM = ("# Tools\n\nYou may call a function to answer the user. The functions, one JSON signature a line, "
-          "are inside <tools></tools>:\n<tools>\n{signatures}\n</tools>\n\nTo call a function, answer with "
-          "its name and its arguments as a JSON object inside <tool_call></tool_call>:\n<tool_call>\n"
-          '{{"name": <function-name>, "arguments": <args-json-object>}}\n</tool_call>')
-
 
 def _bad(message: str, param: str, code: str | None = None) -> ApiError:
     return ApiError(400, message, "invalid_request_error", param=param, code=code)
@@ -61,13 +56,11 @@ class Tools:
     def forced(self) -> bool:
         return self.active and self.choice in ("required", "named")
 
-    def system_text(self) -> str:
-        """The tool definitions for the system message (empty when no tool is offered)."""
+    def definitions(self) -> list[dict[str, Any]] | None:
+        """The tool definitions the job carries (`params.tools`; None when no tool may be called)."""
         if not self.active:
-            return ""
-        lines = [json.dumps({"type": "function", "function": {"name": n, **f}}, ensure_ascii=False)
-                 for n, f in self.functions.items()]
-        return SYSTEM.format(signatures="\n".join(lines))
+            return None
+        return [{"type": "function", "function": {"name": n, **f}} for n, f in self.functions.items()]
 
     def call_schema(self) -> dict[str, Any] | None:
         """The JSON Schema of a forced answer (None unless `forced`)."""
@@ -83,7 +76,7 @@ class Tools:
         """The OpenAI tool call an answer holds, else None (the answer is content)."""
         if not self.active:
             return None
-        found = _object(text.strip())
+        found = _object(_unfenced(text.strip()))
         if found is None:
             m = CALL.search(text)
             found = _object(m.group(1)) if m else None
@@ -96,6 +89,15 @@ class Tools:
             return None
         return {"id": "call_" + secrets.token_hex(12), "type": "function",
                 "function": {"name": found["name"], "arguments": json.dumps(args, ensure_ascii=False)}}
+
+
+#: an answer that is one fenced code block (Qwen2.5-Coder 1.5B under its own template answers a call so)
+FENCE = re.compile(r"^```[A-Za-z0-9_-]*\n(.*)\n```$", re.S)
+
+
+def _unfenced(text: str) -> str:
+    m = FENCE.match(text)
+    return m.group(1) if m else text
 
 
 def _object(text: str) -> dict[str, Any] | None:
@@ -151,11 +153,12 @@ def read_tools(tools: list[Any] | None, choice: Any) -> Tools:
     return out
 
 
-def call_text(calls: Any, where: str) -> str:
-    """An assistant message's `tool_calls` as the `<tool_call>` lines the model writes."""
+def read_calls(calls: Any, where: str) -> list[dict[str, Any]]:
+    """An assistant message's `tool_calls` checked, as the job stores them: each call's `arguments` (a JSON
+    string in OpenAI's format) parsed into its object."""
     if not isinstance(calls, list) or not calls:
         raise _bad(f"{where} must be a list of tool calls", where)
-    lines = []
+    out = []
     for j, call in enumerate(calls):
         fn = call.get("function") if isinstance(call, dict) else None
         if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not isinstance(fn.get("arguments", "{}"), str):
@@ -165,14 +168,13 @@ def call_text(calls: Any, where: str) -> str:
             args = json.loads(fn.get("arguments") or "{}")
         except ValueError:
             raise _bad(f"{where}[{j}].function.arguments is not JSON", where) from None
-        lines.append("<tool_call>\n" + json.dumps({"name": fn["name"], "arguments": args}, ensure_ascii=False)
-                     + "\n</tool_call>")
-    return "\n".join(lines)
+        if not isinstance(args, dict):
+            raise _bad(f"{where}[{j}].function.arguments must be a JSON object", where)
+        if not NAME.match(fn["name"]):  # a template writes the name as its own text
+            raise _bad(f"{where}[{j}].function.name must be 1 to 64 letters, digits, _ or -", where)
+        out.append({"id": str(call.get("id") or f"call_{j}"), "type": "function",
+                    "function": {"name": fn["name"], "arguments": args}})
+    return out
 
 
-def response_text(content: str) -> str:
-    """A `tool` message's content as the user turn that carries it."""
-    return f"<tool_response>\n{content}\n</tool_response>"
-
-
-__all__ = ["Tools", "read_tools", "call_text", "response_text", "SYSTEM"]
+__all__ = ["Tools", "read_tools", "read_calls"]

@@ -31,6 +31,7 @@ from typing import Any, Callable
 from ..settings_reference import settings_markdown
 from .provenance import REPO
 from .quality_report import table_markdown
+from .structured import table_markdown as structured_markdown
 
 RESULTS = REPO / "bench" / "results"
 #: the files whose marker blocks `specq bench report` renders
@@ -439,7 +440,28 @@ def compose_up_table(_results: list[Result], base: Path) -> str:
                   "lllllll", rows)
 
 
+def structured_table(results: list[Result], base: Path) -> str:
+    """`specq bench structured` reports with provenance: field accuracy with and without a JSON Schema,
+    TTFT, decode speed and grammar cost per arm (specq/bench/structured.py), each under its source line."""
+    parts = []
+    for r in results:
+        if r.kind != "structured" or r.provenance is None:
+            continue
+        load = r.data.get("loadavg") or {}
+        end, top = (load.get("end") or [None])[0], load.get("max_1min")
+        loads = "–" if not load.get("start") else (f"{load['start'][0]:.1f} → {_f(end, '{:.1f}')} "
+                                                   f"(highest after a run {_f(top, '{:.1f}')})")
+        st = r.data.get("settings", {})
+        parts.append(f"From {_link(r, base)} (code `{r.code}`, {r.device}, {r.date}, mode {st.get('mode', '–')}, "
+                     f"max_tokens {st.get('max_tokens', '–')}, 1-min load average {loads}):\n\n"
+                     + structured_markdown(r.data))
+    if not parts:
+        raise ReportError("no `specq bench structured` report with provenance under bench/results")
+    return "\n\n".join(parts)
+
+
 RENDERERS: dict[str, Renderer] = {
+    "structured": structured_table,
     "compose-up": compose_up_table,
     "headline": headline_table,
     "ttft": ttft_table,
@@ -493,4 +515,4 @@ def render_all(write: bool, repo: Path = REPO, results: list[Result] | None = No
     return changed
 
 
-__all__ = ["compose_up_table", "RENDERERS", "ReportError", "Result", "load_results", "render_text", "render_all", "doc_files"]
+__all__ = ["compose_up_table", "structured_table", "RENDERERS", "ReportError", "Result", "load_results", "render_text", "render_all", "doc_files"]

@@ -640,6 +640,91 @@ def bench_quality(
         typer.echo(f"wrote {plot}")
 
 
+@bench_app.command("structured")
+def bench_structured(
+    journal: Path = typer.Option(..., help="JSONL journal: one line per (document, arm); a rerun skips what it holds."),
+    out: Path = typer.Option(None, help="Write the aggregated report (per arm, with provenance and every record) as JSON here."),
+    references: Path = typer.Option(None, help="Documents and hand-written reference values (default: bench/structured/references.json)."),
+    arms: str = typer.Option("schema,plain,schema-draft", help="Comma-separated arms: schema, plain, schema-draft, plain-draft."),
+    documents: str = typer.Option("", help="Comma-separated document names to run (default: all)."),
+    max_tokens: int = typer.Option(160, help="Tokens to generate at most per answer."),
+    mode: str = typer.Option("baseline", help="Prefill mode: baseline (default: the measurement is about the grammar) or specprefill."),
+    report_only: bool = typer.Option(False, "--report-only", help="Run nothing: aggregate the journal into --out and print the table."),
+    target: str = typer.Option(None, help="Target model: registry name or GGUF path."),
+    speculator: str = typer.Option(None, help="Speculator model: registry name or GGUF path."),
+    n_gpu_layers: int = typer.Option(-1, help="Layers offloaded to the GPU (-1 = all)."),
+    threads: int = typer.Option(0, help="CPU threads (0 = all cores)."),
+    n_ctx: int = typer.Option(8192, help="Target context (the longest document and its answer must fit)."),
+    prompt_cache: bool = typer.Option(True, "--prompt-cache/--no-prompt-cache", help="Keep each document's prompt in the engine's prompt cache, so only the first arm of a document prefills it (its TTFT counts; the first arm rotates)."),
+) -> None:
+    """Field accuracy of extraction with a JSON Schema and without (a plain prompt asking for JSON), TTFT,
+    grammar ms per token and decode tokens/s with and without drafting, on documents with hand-written
+    reference values (specq/bench/structured.py says how answers are graded)."""
+    import json
+
+    from ..bench import structured as st
+    from ..contracts import EngineError
+
+    try:
+        docs = st.load_documents(references or st.REFERENCES)
+    except (OSError, ValueError, KeyError) as e:
+        raise fail(f"cannot read the references: {e}") from None
+    if documents:
+        wanted = [d.strip() for d in documents.split(",") if d.strip()]
+        unknown = sorted(set(wanted) - {d.name for d in docs})
+        if unknown:
+            raise fail(f"unknown document(s): {', '.join(unknown)} (known: {', '.join(d.name for d in docs)})")
+        docs = [d for d in docs if d.name in wanted]
+    arm_list = [a.strip() for a in arms.split(",") if a.strip()]
+    unknown_arms = [a for a in arm_list if a not in st.ARMS]
+    if unknown_arms:
+        raise fail(f"unknown arm(s): {', '.join(unknown_arms)} (known: {', '.join(st.ARMS)})")
+    if mode not in ("baseline", "specprefill"):
+        raise fail(f"--mode must be baseline or specprefill, not {mode!r}")
+    settings = {"arms": arm_list, "max_tokens": max_tokens, "mode": mode, "documents": [d.name for d in docs],
+                "prompt_cache": prompt_cache,
+                "references": str(references or st.REFERENCES.relative_to(st.REPO))}
+    if report_only:
+        from ..bench.provenance import provenance as collect
+
+        records = st.read_journal(journal)
+        prov = collect(None, settings=settings)
+    else:
+        from ..bench.provenance import Start
+        from ..bench.provenance import provenance as collect
+        from ..engine.options import EngineOptions, RunParams
+        from ..engine.pipeline import Engine
+
+        opts = with_models(EngineOptions(n_gpu_layers=n_gpu_layers, n_threads=threads, n_ctx=n_ctx,
+                                         cache_bytes=(1 << 30) if prompt_cache else 0), target=target,
+                           speculator=speculator)
+        start = Start()
+        try:
+            engine = Engine(opts)
+        except EngineError as e:
+            raise fail(str(e)) from None
+        try:
+            engine.run("warm up", RunParams(question="ok", max_tokens=4, mode="baseline"))
+            records = st.run_structured(engine, docs, journal, arms=arm_list, max_tokens=max_tokens, mode=mode,
+                                        say=typer.echo)
+            prov = collect(engine, positions=[], warnings=[], start=start, settings=settings)
+        except (EngineError, ValueError) as e:
+            raise fail(str(e)) from None
+        except KeyboardInterrupt:
+            raise fail("interrupted (the journal keeps what finished; run again to resume)") from None
+        finally:
+            engine.close()
+    names = {d.name for d in docs}
+    records = [r for r in records if r["document"] in names and r["arm"] in arm_list
+               and r.get("settings") == {"max_tokens": max_tokens, "mode": mode}]
+    report = st.build_report(records, prov, settings)
+    typer.echo(st.table_markdown(report))
+    if out:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(report, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+        typer.echo(f"wrote {out}")
+
+
 @bench_app.command("report")
 def bench_report(
     check: bool = typer.Option(False, "--check", help="Write nothing; exit 1 when a committed table differs from what the results render."),

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import re
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -259,6 +260,10 @@ class RunParams:
     #: the supported keywords: engine/json_schema.py); {"type": "object"} = any JSON object (OpenAI's
     #: response_format json_object); null = free text
     json_schema: dict[str, Any] | None = None
+    #: chat jobs: the tool definitions offered to the model (OpenAI's {"type": "function", "function":
+    #: {name, description, parameters}}), rendered by the model's own chat template where it renders tools,
+    #: else in the Hermes system-message format (engine/prompt/tools.py); never dropped by scoring
+    tools: list[dict[str, Any]] | None = None
 
     @classmethod
     def from_dict(cls, data: dict[str, Any] | None) -> "RunParams":
@@ -319,6 +324,8 @@ class RunParams:
             if self.ignore_eos:
                 raise InputError("ignore_eos cannot be used with json_schema (the output ends where the schema's "
                                  "JSON ends)")
+        if self.tools is not None:
+            _check_tools(self.tools)
         for text in self.stop:
             if not isinstance(text, str) or not text:
                 raise InputError("stop strings must be non-empty strings")
@@ -411,6 +418,48 @@ PARAM_CHOICES: dict[str, tuple[str, ...]] = {
 }
 
 
+#: the most tool definitions a job may offer
+MAX_TOOLS = 128
+#: OpenAI's rule for function names (a chat template may write a name as its own text)
+_TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+
+
+def _strings(value: Any):
+    """Every string (keys too) inside a JSON value."""
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            yield str(k)
+            yield from _strings(v)
+    elif isinstance(value, list):
+        for v in value:
+            yield from _strings(v)
+
+
+def _check_tools(tools: list[dict[str, Any]]) -> None:
+    """Each tool is {"type": "function", "function": {name, description?, parameters?}} with a name and a
+    parameters schema the allowlist takes (the API checks the same, with OpenAI's words)."""
+    if len(tools) > MAX_TOOLS:
+        raise InputError(f"tools must hold at most {MAX_TOOLS} functions")
+    for i, tool in enumerate(tools):
+        fn = tool.get("function") if isinstance(tool, dict) else None
+        if (tool.get("type") != "function" or not isinstance(fn, dict) or not isinstance(fn.get("name"), str)
+                or not _TOOL_NAME.match(fn["name"])):
+            raise InputError(f'tools[{i}] must be {{"type": "function", "function": {{"name": …, "parameters": …}}}}')
+        if not isinstance(fn.get("description", ""), str):
+            raise InputError(f"tools[{i}].function.description must be a string")
+        if "parameters" in fn:
+            json_schema.check(fn["parameters"], f"tools[{i}].function.parameters")
+        for text in _strings(tool):
+            if "\x00" in text:  # PostgreSQL's JSONB cannot hold it
+                raise InputError(f"tools[{i}] contains a NUL character")
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError:
+                raise InputError(f"tools[{i}] contains lone surrogates; send UTF-8 text") from None
+
+
 def _coerce(name: str, type_name: Any, value: Any) -> Any:
     """Coerce a JSON/CLI value to the field's type, with a message naming the field."""
     type_name = str(type_name)
@@ -420,6 +469,10 @@ def _coerce(name: str, type_name: Any, value: Any) -> Any:
         if not isinstance(value, dict):
             raise InputError(f"parameter {name} must be a JSON object")
         return value
+    if type_name.startswith("list[dict"):
+        if not isinstance(value, list) or not all(isinstance(x, dict) for x in value):
+            raise InputError(f"parameter {name} must be a list of JSON objects")
+        return list(value)
     if type_name == "list[str]":
         if not isinstance(value, list) or not all(isinstance(x, str) for x in value):
             raise InputError(f"parameter {name} must be a list of strings")

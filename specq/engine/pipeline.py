@@ -247,8 +247,10 @@ class Engine:
                         raw: bool = False) -> Prompt:
         """The prompt: native (`document` + question + system), a chat (`messages`), or `document` as a
         raw completion prompt (`raw`); engine/prompt/chat.py says what scoring may drop in the last two."""
+        if params.tools and messages is None:
+            raise InputError("tools are for chat jobs (messages); this job has none")
         if messages is not None:
-            prompt = build_chat_prompt(self.target, messages, params.protect_tail, params.question)
+            prompt = build_chat_prompt(self.target, messages, params.protect_tail, params.question, params.tools)
         elif raw:
             prompt = build_raw_prompt(self.target, document, params.protect_tail, params.question)
         else:

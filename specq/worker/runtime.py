@@ -812,6 +812,24 @@ def _describe(e: BaseException) -> str:
     return f"{type(e).__name__}: {text}" if text else type(e).__name__
 
 
+def _message(m: dict[str, Any]) -> tuple:
+    """A stored chat message as the engine takes it: (role, content), or (role, content, calls) for an
+    assistant's tool calls (engine/prompt/tools.py; the API stored them with their arguments parsed)."""
+    role, content = str(m.get("role", "user")), str(m.get("content") or "")
+    calls = m.get("tool_calls")
+    if not calls:
+        return (role, content)
+    if not isinstance(calls, list):
+        raise InputError("a stored message's tool_calls is not a list")
+    out = []
+    for c in calls:
+        fn = c.get("function") if isinstance(c, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not isinstance(fn.get("arguments"), dict):
+            raise InputError("a stored tool call needs function.name and function.arguments (an object)")
+        out.append({"name": fn["name"], "arguments": fn["arguments"]})
+    return (role, content, tuple(out))
+
+
 def engine_input(kind: str, inp) -> dict[str, Any]:
     """Engine.run's keyword arguments for a job of `kind`: a chat's messages, a raw prompt, or none (a
     native job, or a chat request that gave specq.document)."""
@@ -819,7 +837,7 @@ def engine_input(kind: str, inp) -> dict[str, Any]:
         messages = inp.messages
         if not isinstance(messages, list) or not messages:
             raise InputError("the chat job has no messages")
-        return {"messages": [(str(m.get("role", "user")), str(m.get("content", ""))) for m in messages]}
+        return {"messages": [_message(m) for m in messages]}
     if kind == "completion":
         return {"raw": True}
     return {}

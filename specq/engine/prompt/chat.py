@@ -1,7 +1,9 @@
 """Prompts of chat and completion jobs (the OpenAI routes), and which of their tokens scoring may drop.
 
 A chat is rendered with the target's chat template by llama.cpp's built-in renderer
-(`llama_chat_apply_template`, what llama-server uses without `--jinja`). Each message's content is
+(`llama_chat_apply_template`, what llama-server uses without `--jinja`); a chat with tools, tool
+results or calls by the model's own Jinja template where it renders tools, else in the Hermes format
+(prompt/tools.py). Each message's content (and each tool definition and call's arguments) is
 tokenized as plain text (never as special tokens: a user cannot forge `<|im_start|>`), the template's
 own text with special tokens, as `build_prompt` does for native jobs.
 
@@ -10,8 +12,10 @@ the end of the last user message, less that message's protected tail — its las
 last blank line), at most DEFAULT_PROTECT_TAIL tokens, or its last `protect_tail` tokens when given —
 and less its question wherever it stands (prompt/question.py: first, last or between document blocks;
 or the exact text `question`, the API's `specq.question`), which is pinned (`Prompt.pinned`).
-Always kept: the template head (BOS, system messages, the first turn's opener), the template text
-between messages and the question (`Prompt.pinned`), the protected tail and everything after it. So
+A `tool` message (a tool's result) counts as a user turn. Always kept: the template head (BOS, system
+messages, the first turn's opener; tool definitions a template writes in its system turn), the template
+text between messages, tool definitions and call arguments wherever the template puts them, and the
+question (`Prompt.pinned`), the protected tail and everything after it. So
 a user message holding a document and a question, in either order, is scored like a native job.
 Where no question is found (`Prompt.question_found` False), only the tail is protected, and mode
 auto runs baseline (auto.py).
@@ -31,6 +35,7 @@ from ..llama.binding import Model
 from ..options import DEFAULT_PROTECT_TAIL
 from .build import Prompt
 from .question import find_question
+from .tools import Segment, has_tools, hermes_messages, jinja_segments, renders_tools, role
 
 #: stands for message i's content while the template renders (invisible separators never in templates)
 _MARK = "\u2063SPECQ\u2063MSG{}\u2063"
@@ -133,35 +138,63 @@ def question_tokens(model: Model, content: str, tokens: Sequence[int], question:
     return sorted(idx), f"question in {where} ({how}, {len(idx)} tokens) protected"
 
 
-def build_chat_prompt(model: Model, messages: Sequence[tuple[str, str]], protect_tail: int = -1,
-                      question: str = "") -> Prompt:
-    """The prompt of a chat: `messages` are (role, content) with role system, user or assistant;
+def _segments(model: Model, messages: Sequence[Sequence], tools: Sequence[dict] | None, source: str) -> list[Segment]:
+    """The rendered chat as segments (tools.py): by the Jinja template `source` (a chat with tools, a
+    template that renders them), else by llama.cpp's built-in renderer."""
+    if source:
+        return jinja_segments(source, messages, tools)
+    plain = [(role(m), str(m[1])) for m in messages]
+    pieces = _pieces(model, plain)
+    out = [Segment("template", pieces[0])]
+    for i, (_, content) in enumerate(plain):
+        out += [Segment("content", content, i), Segment("template", pieces[i + 1])]
+    return out
+
+
+def build_chat_prompt(model: Model, messages: Sequence[Sequence], protect_tail: int = -1,
+                      question: str = "", tools: Sequence[dict] | None = None) -> Prompt:
+    """The prompt of a chat: `messages` are (role, content) with role system, user, assistant or tool, or
+    (role, content, calls) for an assistant's tool calls (tools.py); `tools`: the job's tool definitions;
     `question`: the exact text of the question in the last user message (else it is looked for)."""
     if not messages:
         raise InputError("messages must not be empty")
-    pieces = _pieces(model, messages)
-    contents = [model.tokenize(c, add_special=False, parse_special=False) for _, c in messages]
-    first = next((i for i, (role, _) in enumerate(messages) if role != "system"), len(messages))
-    last_user = max((i for i, (role, _) in enumerate(messages) if role == "user"), default=-1)
+    source = ""
+    if has_tools(messages, tools):
+        template = model.chat_template.decode("utf-8", errors="replace") if model.chat_template else ""
+        if template and renders_tools(template):
+            source = template
+        else:  # the Hermes format in plain messages (their indices are used below)
+            messages, tools = hermes_messages(messages, tools), None
+    segments = _segments(model, messages, tools, source)
+    first = next((i for i, m in enumerate(messages) if role(m) != "system"), len(messages))
+    # a tool's result is the user's turn (the template renders it as one)
+    last_user = max((i for i, m in enumerate(messages) if role(m) in ("user", "tool")), default=-1)
+    contents = {i: model.tokenize(str(m[1]), add_special=False, parse_special=False) for i, m in enumerate(messages)}
+    asked, note = ([], "no user message") if last_user < 0 else question_tokens(
+        model, str(messages[last_user][1]), contents[last_user], question)
+    last_seen = max((k for k, seg in enumerate(segments) if seg.kind == "content" and seg.index == last_user), default=-1)
     tokens: list[int] = []
     doc_start = doc_end = -1
     pinned: list[int] = []
-    asked, note = ([], "no user message") if last_user < 0 else question_tokens(
-        model, messages[last_user][1], contents[last_user], question)
-    for i, piece in enumerate(pieces):
-        part = model.tokenize(piece, add_special=(i == 0), parse_special=True) if (piece or (i == 0 and model.add_bos)) else []
+    for k, seg in enumerate(segments):
+        if seg.kind == "content":
+            if doc_start < 0 and first <= seg.index <= last_user:
+                doc_start = len(tokens)
+            at = len(tokens)
+            tokens += contents[seg.index]
+            if k == last_seen and doc_start >= 0:
+                doc_end = len(tokens) - protected_count(model, str(messages[last_user][1]), contents[last_user],
+                                                        protect_tail)
+                pinned.extend(at + j for j in asked)
+            continue
+        if seg.kind == "template":
+            part = (model.tokenize(seg.text, add_special=(k == 0), parse_special=True)
+                    if (seg.text or (k == 0 and model.add_bos)) else [])
+        else:  # a tool definition or a call's arguments: user text, kept like the template's own
+            part = model.tokenize(seg.text, add_special=False, parse_special=False)
         if doc_start >= 0 and doc_end < 0:
             pinned.extend(range(len(tokens), len(tokens) + len(part)))  # template text inside the document
         tokens += part
-        if i == len(messages):
-            break
-        if i == first and first <= last_user:
-            doc_start = len(tokens)
-        at = len(tokens)
-        tokens += contents[i]
-        if i == last_user and doc_start >= 0:
-            doc_end = len(tokens) - protected_count(model, messages[i][1], contents[i], protect_tail)
-            pinned.extend(at + j for j in asked)
     if doc_start < 0 or doc_end <= doc_start:
         doc_start = doc_end = len(tokens) if doc_start < 0 else doc_start
         pinned = []
