@@ -132,8 +132,8 @@ def _object(text: str) -> dict[str, Any] | None:
 
 
 def read_tools(tools: list[Any] | None, choice: Any, parallel: bool | None = None) -> Tools:
-    """`tools`, `tool_choice` and `parallel_tool_calls` checked (a 400 naming the part refused, a schema's
-    keyword included)."""
+    """`tools` and `tool_choice` checked (a 400 naming the part refused, a schema's keyword included), with
+    `parallel_tool_calls` (None: true)."""
     out = Tools(parallel=parallel is not False)
     for i, tool in enumerate(tools or []):
         where = f"tools[{i}]"
