@@ -215,7 +215,9 @@ def answered(api, ask, text: str):
                         "usage": {"prompt_tokens": 40, "kept_tokens": 40, "completion_tokens": 30},
                         "spec": {"mode": "baseline"}}, token=token)
                     break
-            assert time.monotonic() < deadline and not pending.done(), pending.result() if pending.done() else api.log("api")
+            if pending.done():  # answered before its job was stored: raise what it raised
+                pytest.fail(f"the request ended first: {pending.result()!r}")
+            assert time.monotonic() < deadline, api.log("api")
             time.sleep(0.05)
         return pending.result(timeout=60)
 
