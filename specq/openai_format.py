@@ -39,15 +39,15 @@ def specq_fields(job_id: str, result: dict[str, Any] | None = None) -> dict[str,
 
 
 def completion_object(job_id: str, kind: str, model: str, created: int, result: dict[str, Any],
-                      tool_call: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The whole response of a finished chat or completion job; `tool_call`: the call its answer is
-    (content null, finish_reason tool_calls)."""
+                      tool_calls: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """The whole response of a finished chat or completion job; `tool_calls`: the calls its answer is,
+    in order (content null, finish_reason tool_calls; empty or None: the answer is content)."""
     finish = result.get("finish_reason") or "stop"
     text = result.get("text") or ""
     if kind == "chat":
         message: dict[str, Any] = {"role": "assistant", "content": text, "refusal": None}
-        if tool_call is not None:
-            message.update(content=None, tool_calls=[tool_call])
+        if tool_calls:
+            message.update(content=None, tool_calls=list(tool_calls))
             finish = "tool_calls"
         choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish}
     else:
@@ -60,10 +60,11 @@ def completion_object(job_id: str, kind: str, model: str, created: int, result: 
 def chunk(job_id: str, kind: str, model: str, created: int, *, text: str | None = None, role: bool = False,
           finish_reason: str | None = None, usage_: dict[str, int] | None = None, with_usage: bool = False,
           specq: dict[str, Any] | None = None, empty: bool = False,
-          tool_call: dict[str, Any] | None = None) -> dict[str, Any]:
-    """One stream chunk: a delta (`text`, the first with `role`; or a whole `tool_call`), the last
-    (`finish_reason`), or the usage chunk (`empty`: no choices). `with_usage`: the request asked for
-    usage, so every chunk has the key (null until the last)."""
+          tool_call: dict[str, Any] | None = None, tool_index: int = 0) -> dict[str, Any]:
+    """One stream chunk: a delta (`text`, the first with `role`; or a whole `tool_call`, the
+    `tool_index`-th of the answer: OpenAI's streamed entry carries its `index`, by which clients
+    accumulate parallel calls), the last (`finish_reason`), or the usage chunk (`empty`: no choices).
+    `with_usage`: the request asked for usage, so every chunk has the key (null until the last)."""
     if kind == "chat":
         delta: dict[str, Any] = {}
         if role:
@@ -71,7 +72,7 @@ def chunk(job_id: str, kind: str, model: str, created: int, *, text: str | None 
         if text is not None:
             delta["content"] = text
         if tool_call is not None:
-            delta["tool_calls"] = [{"index": 0, **tool_call}]
+            delta["tool_calls"] = [{"index": tool_index, **tool_call}]
         choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
     else:
         choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish_reason}

@@ -135,10 +135,10 @@ async def _answer(request: Request, settings: ServiceSettings, caller: Caller, s
     if done["status"] != "succeeded":
         raise _failed(spec, job_id, done, headers)
     result = await run_in_threadpool(_result, job_id)
-    call = spec.tools.read_call(result.get("text") or "")
+    calls = spec.tools.answer_calls(result.get("text") or "")
     stamps["first_byte"] = time.time()
-    return JSONResponse(F.completion_object(job_id, spec.kind, spec.model, stamp, result, tool_call=call), headers=headers,
-                        background=background)
+    return JSONResponse(F.completion_object(job_id, spec.kind, spec.model, stamp, result, tool_calls=calls),
+                        headers=headers, background=background)
 
 
 def _failed(spec: JobSpec, job_id: str, done: dict[str, Any], headers: dict[str, str]) -> ApiError:
@@ -315,11 +315,13 @@ async def _chunks(spec: JobSpec, job_id: str, created: int, events: _Events, hel
                 finish = data.get("finish_reason") or "stop"
                 if held_text is not None:
                     text = result.get("text") or "".join(held_text)
-                    call = spec.tools.read_call(text)
+                    calls = spec.tools.answer_calls(text)
                     stamps.setdefault("first_text", time.time())
-                    if call is not None:
+                    if calls:
                         finish = "tool_calls"
-                        yield _data(F.chunk(job_id, kind, model, created, tool_call=call, with_usage=usage))
+                        for i, call in enumerate(calls):  # one chunk per call, as OpenAI streams them
+                            yield _data(F.chunk(job_id, kind, model, created, tool_call=call, tool_index=i,
+                                                with_usage=usage))
                     elif text:
                         yield _data(F.chunk(job_id, kind, model, created, text=text, with_usage=usage))
                 yield _data(F.chunk(job_id, kind, model, created, finish_reason=finish,

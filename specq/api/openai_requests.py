@@ -5,11 +5,12 @@ Mapped: `temperature`, `top_p` (0 = greedy), `max_tokens` / `max_completion_toke
 `developer` messages are system messages; text content parts are joined. Accepted and ignored:
 neutral values (`n: 1`, zero penalties, `logprobs: false`, `top_logprobs: 0`, empty `logit_bias`,
 `tools: []`, `response_format: {"type": "text"}`, `modalities: ["text"]`) and informational fields
-(`user`, `store`, `metadata`, `service_tier`, `stream_options`, `parallel_tool_calls`,
-`reasoning_effort`, `verbosity`, `safety_identifier`, `prompt_cache_*`, `moderation`).
+(`user`, `store`, `metadata`, `service_tier`, `stream_options`, `reasoning_effort`, `verbosity`,
+`safety_identifier`, `prompt_cache_*`, `moderation`), and `parallel_tool_calls` where no call is read.
 `response_format` json_object / json_schema (chat and completions) is the job's `json_schema`
-(grammar-constrained output), checked here against what the grammar can honour. `tools`, `tool_choice`
-and `tool` / assistant `tool_calls` messages: openai_tools.py (chat completions only, not batch lines).
+(grammar-constrained output), checked here against what the grammar can honour. `tools`, `tool_choice`,
+`parallel_tool_calls` and `tool` / assistant `tool_calls` messages: openai_tools.py (chat completions
+only, not batch lines).
 Anything else that would change the output is a 400 naming the field.
 Requests run in mode `auto` (engine/policy/auto.py: a prompt-cache hit, baseline below the break-even length,
 specprefill for long prompts where its quality was measured) unless `specq.mode` says otherwise (a chat
@@ -369,7 +370,7 @@ def _named_question(req, params: dict[str, Any], text: str, where: str) -> None:
 def chat_spec(req: O.ChatCompletionRequest, tools_ok: bool = False) -> JobSpec:
     """The job of a chat request; `tools_ok`: tools are answered (the chat route; batch lines refuse them)."""
     _check_chat(req, tools_ok)
-    tools = read_tools(req.tools, req.tool_choice) if tools_ok else Tools()
+    tools = read_tools(req.tools, req.tool_choice, req.parallel_tool_calls) if tools_ok else Tools()
     messages, any_tool = _messages(req, tools_ok)
     params = _params(req, req.max_completion_tokens or req.max_tokens)
     if tools.active:

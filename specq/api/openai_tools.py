@@ -11,12 +11,12 @@ This module only checks them, with OpenAI's words.
 Decoding: `tool_choice` `required` or a named function → the whole answer is the call's JSON object
 `{"name": …, "arguments": …}` (no `<tool_call>` wrapper), constrained by a JSON Schema (the job's
 `json_schema`): `name` one of the tools (or the named one), `arguments` that function's `parameters`,
-each checked by the same allowlist as `response_format` (engine/json_schema.py). `auto` → unconstrained;
-an answer that is such an object (bare, or as the one fenced code block of the answer: Qwen2.5-Coder
-1.5B under its own template answers ```json …```), or holds one inside `<tool_call>`, naming a tool
-becomes the call, anything else is content.
-`none` → the tools are not passed to the model and no call is read. At most one call per answer
-(`parallel_tool_calls` is accepted; only the first call is returned).
+each checked by the same allowlist as `response_format` (engine/json_schema.py); one call.
+`auto` → unconstrained, and the answer may hold several calls (parallel tool calls; Qwen2.5's Hermes
+format writes one `<tool_call>` block per call): `Tools.answer_calls` reads them (its docstring says
+when an answer is calls and when content). `parallel_tool_calls: false` → only the first call is
+returned (OpenAI's "at most one"; the model is not constrained to write one).
+`none` → the tools are not passed to the model and no call is read.
 """
 
 from __future__ import annotations
@@ -33,8 +33,9 @@ from .errors import ApiError
 
 #: OpenAI's rule for function names
 NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
-#: a call in an unconstrained answer
-CALL = re.compile(r"<tool_call>\s*(\{.*?\})\s*</tool_call>", re.S)
+#: a call block of an unconstrained answer (Hermes format), and an opening tag (an unclosed block counts)
+CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.S)
+OPEN = "<tool_call>"
 
 def _bad(message: str, param: str, code: str | None = None) -> ApiError:
     return ApiError(400, message, "invalid_request_error", param=param, code=code)
@@ -47,6 +48,8 @@ class Tools:
     functions: dict[str, dict[str, Any]] = field(default_factory=dict)  # name -> {description, parameters}
     choice: str = "none"  # none | auto | required | named
     named: str | None = None
+    #: the request's `parallel_tool_calls` (absent: true): false → at most one call is returned
+    parallel: bool = True
 
     @property
     def active(self) -> bool:
@@ -72,14 +75,34 @@ class Tools:
                  "required": ["name", "arguments"], "additionalProperties": False} for n in names]
         return alts[0] if len(alts) == 1 else {"anyOf": alts}
 
-    def read_call(self, text: str) -> dict[str, Any] | None:
-        """The OpenAI tool call an answer holds, else None (the answer is content)."""
+    def answer_calls(self, text: str) -> list[dict[str, Any]]:
+        """The OpenAI tool calls an answer holds, in order; [] when the answer is content.
+
+        * A bare JSON object `{"name": …, "arguments": {…}}` naming a tool — the whole answer, or its one
+          fenced code block — is one call (a forced call's grammar writes exactly this).
+        * Otherwise every `<tool_call>{…}</tool_call>` block, in order (prose around them is dropped).
+          The answer is calls only when every block parses and names a tool (for a named `tool_choice`,
+          that one) with object `arguments`, and no `<tool_call>` is left unclosed (an answer cut by
+          `max_tokens`); one bad block makes the whole answer content, as a partial list of calls would
+          silently lose the others.
+        A forced call, or `parallel_tool_calls: false`, returns the first call only."""
         if not self.active:
-            return None
+            return []
         found = _object(_unfenced(text.strip()))
-        if found is None:
-            m = CALL.search(text)
-            found = _object(m.group(1)) if m else None
+        if found is not None:
+            blocks = [found]
+        else:
+            bodies = CALL.findall(text)
+            if not bodies or text.count(OPEN) != len(bodies):
+                return []
+            blocks = [_object(b.strip()) for b in bodies]
+        calls = [self._call(b) for b in blocks]
+        if any(c is None for c in calls):
+            return []
+        return calls[:1] if self.forced or not self.parallel else calls  # type: ignore[return-value]
+
+    def _call(self, found: dict[str, Any] | None) -> dict[str, Any] | None:
+        """One block as an OpenAI tool call (its own id), else None."""
         if found is None or found.get("name") not in self.functions or set(found) - {"name", "arguments"}:
             return None
         if self.choice == "named" and found["name"] != self.named:
@@ -108,9 +131,10 @@ def _object(text: str) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else None
 
 
-def read_tools(tools: list[Any] | None, choice: Any) -> Tools:
-    """`tools` and `tool_choice` checked (a 400 naming the part refused, a schema's keyword included)."""
-    out = Tools()
+def read_tools(tools: list[Any] | None, choice: Any, parallel: bool | None = None) -> Tools:
+    """`tools` and `tool_choice` checked (a 400 naming the part refused, a schema's keyword included), with
+    `parallel_tool_calls` (None: true)."""
+    out = Tools(parallel=parallel is not False)
     for i, tool in enumerate(tools or []):
         where = f"tools[{i}]"
         if not isinstance(tool, dict) or tool.get("type") != "function" or not isinstance(tool.get("function"), dict):
