@@ -399,3 +399,40 @@ def test_engine_score_math_choice(tiny_models, engine):
         eng.close()
     assert b.engine.score_math == "torch"
     assert b.kept_indices == a.kept_indices and b.tokens == a.tokens
+
+
+def test_interleaved_prefill_puts_a_chunk_of_every_stream_in_each_call():
+    """The parallel windows' prefill order (scorer.interleaved): every call of `call_tokens` holds a chunk of each
+    stream still being filled, each stream's positions stay in order, and the tokens are those of window-major."""
+    from specq.engine.scoring.scorer import interleaved
+
+    spans = [(list(range(100, 130)), 0, 0), (list(range(200, 225)), 5, 1), ([], 0, 2), (list(range(300, 310)), 0, 3)]
+    toks, pos, seqs = interleaved(spans, 12)
+    assert sorted(zip(seqs, pos, toks)) == sorted((s, p0 + i, t) for ts, p0, s in spans for i, t in enumerate(ts))
+    for s in (0, 1, 3):
+        mine = [p for p, q in zip(pos, seqs) if q == s]
+        assert mine == sorted(mine)
+    assert set(seqs[:12]) == {0, 1, 3}  # the first call: 4 tokens of each live stream
+    assert seqs[:12] == [0] * 4 + [1] * 4 + [3] * 4
+    assert interleaved([], 8) == ([], [], [])
+
+
+def test_parallel_windows_in_small_interleaved_calls_score_like_one_at_a_time(tiny_models):
+    """With calls of 128 tokens each call holds a chunk of all three windows; the scores are still the windows'
+    own (the cells written do not depend on the order)."""
+    from specq.engine.prompt.build import build_prompt
+    from specq.engine.scoring.scorer import SpecPrefillScorer
+
+    model = llama.Model(tiny_models.speculator, n_gpu_layers=0)
+    prompt = build_prompt(model, TEXT[:3500], "Who moved where?")
+    one = SpecPrefillScorer(model, n_ctx=4096, n_batch=2048, n_ubatch=512, n_threads=2, flash_attn=True, n_parallel=1)
+    par = SpecPrefillScorer(model, n_ctx=4096, n_batch=2048, n_ubatch=512, n_threads=2, flash_attn=True, n_parallel=3,
+                            call_tokens=128)
+    a = one.score(prompt, window=700, lookahead=5, pool=13)
+    b = par.score(prompt, window=700, lookahead=5, pool=13)
+    assert a.windows == b.windows
+    np.testing.assert_allclose(a.scores, b.scores, rtol=2e-2, atol=1e-3)
+    assert np.corrcoef(a.scores, b.scores)[0, 1] > 0.999
+    one.close()
+    par.close()
+    model.close()
