@@ -214,7 +214,7 @@ def other_table(results: list[Result], base: Path) -> str:
     """Other reports with provenance (their figures are in the sections that discuss them)."""
     rows = []
     for r in results:
-        if r.kind in ("serve", "ttft", "quality") or r.provenance is None:
+        if r.kind in ("serve", "ttft", "quality", "speculator-throughput") or r.provenance is None:
             continue
         rows.append([_link(r, base), r.kind, r.device, f"`{r.code}`", r.date])
     return _table(["result", "benchmark", "device", "code", "date (UTC)"], "lllll", rows)
@@ -460,12 +460,65 @@ def structured_table(results: list[Result], base: Path) -> str:
     return "\n\n".join(parts)
 
 
+def speculator_throughput_table(results: list[Result], base: Path) -> str:
+    """bench/gpu/speculator_throughput.py reports with provenance: one prefill of the same tokens under each order,
+    micro-batch and call size, against the card's measured F16 GEMM throughput."""
+    rows = []
+    for r in results:
+        if r.kind != "speculator-throughput" or r.provenance is None:
+            continue
+        for row in r.data.get("rows", []):
+            if "seconds" not in row:
+                continue
+            rows.append([_link(r, base), r.device, f"`{r.code}`", row["role"], f"{row['streams']} × {row['per_stream']:,}",
+                         row.get("order", "window-major"), f"{row['n_ubatch']:,}", f"{row['call_tokens']:,}",
+                         _ms(row["seconds"] * 1000), f"{row['tokens_per_s']:,.0f}", f"{row['tflops']:.0f}",
+                         f"**{100 * row['fraction_of_card']:.1f}%** of {r.data.get('card_f16_tflops', 0):.0f}"])
+    return _table(["result", "device", "code", "model", "streams × tokens", "order", "n_ubatch", "call tokens", "ms",
+                   "tokens/s", "TFLOP/s", "of the card's F16 GEMM TFLOP/s"], "lllllllrrrrr", rows)
+
+
+def followup_table(results: list[Result], base: Path) -> str:
+    """Per-doc arrival (each document's next question sent when its last one ended): specq beside llama-server from
+    the same folder (one machine start), with specq's server-side breakdown (p50, ms) of where a job's time went."""
+    by_dir: dict[str, dict[str, Result]] = {}
+    for r in results:
+        w = r.data.get("workload", {})
+        if r.kind != "serve" or r.provenance is None or w.get("arrival") != "per-doc":
+            continue
+        side = "llama" if str(r.data.get("label", "")).startswith("llama-server") else "specq"
+        by_dir.setdefault(str(r.path.parent), {})[side] = r
+    rows = []
+    for d in sorted(by_dir):
+        pair = by_dir[d]
+        if set(pair) != {"specq", "llama"}:
+            continue
+        a, b = pair["specq"].data["summary"], pair["llama"].data["summary"]
+        bd = a.get("breakdown_ms") or {}
+
+        def gap(name: str) -> str:
+            return _ms((bd.get(name) or {}).get("p50"))
+
+        later = (a.get("client_ttft_ms_later_questions_p50"), b.get("client_ttft_ms_later_questions_p50"))
+        rows.append([_link(pair["specq"], base, "specq"), _link(pair["llama"], base, "llama-server"), pair["specq"].device,
+                     f"`{pair['specq'].code}`", _workload(pair["specq"].data["workload"]),
+                     f"{a['jobs_per_min']:.1f} / {b['jobs_per_min']:.1f}", f"**{a['jobs_per_min'] / b['jobs_per_min']:.2f}×**",
+                     f"{_ms(later[0])} / {_ms(later[1])}",
+                     f"**{later[0] / later[1]:.2f}×**" if None not in later else "–",
+                     gap("stored_to_claimed"), gap("claimed_to_engine_start"), gap("engine_start_to_first_token")])
+    return _table(["specq", "llama-server", "device", "code", "workload (specq's)", "jobs/min specq / llama-server",
+                   "ratio", "follow-up client TTFT p50 ms specq / llama-server", "TTFT ratio", "stored → claimed",
+                   "claimed → engine start", "engine start → first token"], "llllllrrrrrr", rows)
+
+
 RENDERERS: dict[str, Renderer] = {
     "structured": structured_table,
     "compose-up": compose_up_table,
     "headline": headline_table,
     "ttft": ttft_table,
     "serve": serve_table,
+    "followup": followup_table,
+    "speculator-throughput": speculator_throughput_table,
     "other": other_table,
     "history": history_table,
     "quality-answer": quality_answer_table,
