@@ -55,6 +55,18 @@ class _SqlaChannel(kombu_sqla.Channel):
 
         return engine
 
+    def _get_or_create(self, queue):
+        """kombu's, without its race between processes: the API's first send and a starting worker's
+        declare both found no row for the queue and both inserted it; the loser's send failed with
+        `UNIQUE constraint failed: kombu_queue.name` (a 503 for the first request after `specq up`)."""
+        from sqlalchemy.exc import IntegrityError
+
+        try:
+            return super()._get_or_create(queue)
+        except IntegrityError:
+            self.session.rollback()
+            return self.session.query(self.queue_cls).filter(self.queue_cls.name == queue).one()
+
     def basic_ack(self, delivery_tag, multiple=False):
         super().basic_ack(delivery_tag, multiple=multiple)
         self.connection.active_at = time.monotonic()  # a job just ended here: its follow-up comes next
