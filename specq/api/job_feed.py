@@ -9,9 +9,10 @@ terminal, for END_WINDOW_S. So a stream's `done` follows the worker's last write
 up to a poll interval. On the embedded default a feed also reads a queued job's row every END_POLL_S
 for its first START_WINDOW_S: an interactive job with a free slot is claimed within them (issue 50: a
 follow-up's first token came out of the engine while its feed still slept on "queued" for up to
-STORE_POLL_S); once the row says it runs, its text is read every DELTA_POLL_S and the row at the usual pace. The row is also read every STATUS_POLL_S (the safety net: progress, a job that
-fails or is cancelled without text, an event lost), on the embedded default every STORE_POLL_S (no
-pub/sub there; a queued job's text is read only once its row says it runs). It hands both to each subscribed
+STORE_POLL_S); once the row says it runs, its text is read every DELTA_POLL_S and the row at the
+usual pace. The row is also read every STATUS_POLL_S (the safety net: progress, a job that fails or
+is cancelled without text, an event lost), on the embedded default every STORE_POLL_S (no pub/sub
+there; a queued job's text is read only once its row says it runs). It hands both to each subscribed
 stream's queue. So 300 streams on one job cost one row read per interval and one Redis subscription, not
 300 of each. A stream that subscribes late gets the latest row and the text so far first. The feeds of
 different jobs read their rows through one `RowReader`, which puts the reads asked for within BATCH_S
