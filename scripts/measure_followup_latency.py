@@ -13,7 +13,8 @@ driver (this checkout's client: the same client for every tree) with arrival per
         --rounds 2 --json bench/results/cpu-followup-latency-2026-12-06.json
 
 The report holds each run's summary (client TTFT p50/p95, jobs/min and, where the server stamps its
-jobs, `breakdown_ms`), the load average before it, the command and the commit of this checkout.
+jobs, `breakdown_ms`), the load average before it, the command and the commit of this checkout, and
+`pooled`: per stack, tree and arrival over all rounds, outside-the-engine time and each gap's p50/p90.
 """
 
 from __future__ import annotations
@@ -98,6 +99,40 @@ def _service(tree: Path, stack: str, models, home: Path, port: int):
                     p.wait()
 
 
+#: the gaps pooled over a (stack, tree, arrival)'s runs: (name, from, to); "sent" and "client_first_text" are
+#: the client's clocks, the rest the server's trace (specq.storage.trace)
+POOLED_GAPS = (("send_to_accept", "sent", "accepted"), ("accept_to_stored", "accepted", "stored"),
+               ("stored_to_queued", "stored", "queued"), ("stored_to_claimed", "stored", "claimed"),
+               ("claimed_to_engine_start", "claimed", "engine_start"),
+               ("engine_start_to_first_token", "engine_start", "first_token"),
+               ("first_token_to_first_text", "first_token", "first_text"),
+               ("first_text_to_client", "first_text", "client_first_text"))
+
+
+def pooled(runs: list[dict]) -> list[dict]:
+    """Per stack, tree and arrival, over all rounds' jobs: outside-the-engine time (client TTFT less the
+    engine's) and each gap of POOLED_GAPS, p50/p90 in ms, with the load averages before its runs."""
+    out = []
+    for key in dict.fromkeys((r["stack"], r["tree"], r["arrival"]) for r in runs):
+        rs = [r for r in runs if (r["stack"], r["tree"], r["arrival"]) == key]
+        jobs = [j for r in rs for j in r["jobs"]]
+        over = [j["ttft_ms"] - j["engine"]["ttft"] for j in jobs if j["ttft_ms"] is not None and "ttft" in j["engine"]]
+        row = {"stack": key[0], "tree": key[1], "arrival": key[2], "rounds": len(rs), "jobs": len(jobs),
+               "load_1min_before": [r["load_before"][0] for r in rs],
+               "outside_engine_ms": {"p50": percentile(over, 0.5), "p90": percentile(over, 0.9), "n": len(over)},
+               "gaps_ms": {}}
+        for name, a, b in POOLED_GAPS:
+            ms = []
+            for j in jobs:
+                t = {**(j["trace"] or {}), "sent": j["sent_unix"], "client_first_text": j["first_unix"]}
+                if t.get(a) is not None and t.get(b) is not None:
+                    ms.append((t[b] - t[a]) * 1000.0)
+            if ms:
+                row["gaps_ms"][name] = {"p50": percentile(ms, 0.5), "p90": percentile(ms, 0.9), "n": len(ms)}
+        out.append(row)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tree", action="append", required=True, help="NAME=PATH of a code tree to serve from")
@@ -150,7 +185,12 @@ def main() -> None:
     report = {"command": " ".join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]]), "cpus": os.cpu_count(),
               "trees": {n: str(p) for n, p in trees}, "models": "tiny random-weight qwen2 GGUFs (byte vocabulary; "
               "target 4 layers, speculator 2), CPU, SPECQ_THREADS=2, SPECQ_CACHE_BYTES=0, mode baseline",
-              "provenance": provenance(None, start=start, measured_from="client"), "runs": runs}
+              "provenance": provenance(None, start=start, measured_from="client"), "pooled": pooled(runs), "runs": runs}
+    for row in report["pooled"]:
+        o = row["outside_engine_ms"]
+        print(f"pooled {row['stack']:9} {row['tree']:7} {row['arrival']:8} ({row['jobs']} jobs): outside the engine "
+              f"p50 {o['p50']:.1f} ms p90 {o['p90']:.1f} ms; " + ", ".join(
+                  f"{k} {v['p50']:.1f}/{v['p90']:.1f}" for k, v in row["gaps_ms"].items()), flush=True)
     if a.json:
         a.json.parent.mkdir(parents=True, exist_ok=True)
         a.json.write_text(json.dumps(report, indent=1))

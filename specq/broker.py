@@ -11,12 +11,19 @@ Brokers:
   come back after that timeout.
 * Embedded (default): kombu's SQLAlchemy transport on ``$SPECQ_HOME/broker.sqlite``. specq uses a
   small subclass of it (`SqliteTransport`) that opens the file in WAL mode with a busy timeout, polls
-  every `broker_poll_interval` seconds and deletes delivered rows (kombu keeps them forever).
+  every `broker_poll_interval` seconds and deletes delivered rows (kombu keeps them forever). For
+  ACTIVE_WINDOW_S after its last delivery or acknowledgement it polls every ACTIVE_POLL_S instead: a
+  follow-up question (or an agent's next call) is sent right after the previous answer ended, and half a
+  poll interval was the largest part of its wait outside the engine (issue 50); an idle worker goes back
+  to the slow poll.
 """
 
 from __future__ import annotations
 
+import socket
 import threading
+import time
+from queue import Empty
 from typing import Any
 
 from kombu.transport import TRANSPORT_ALIASES
@@ -48,11 +55,60 @@ class _SqlaChannel(kombu_sqla.Channel):
 
         return engine
 
+    def _get_or_create(self, queue):
+        """kombu's, without its race between processes: the API's first send and a starting worker's
+        declare both found no row for the queue and both inserted it; the loser's send failed with
+        `UNIQUE constraint failed: kombu_queue.name` (a 503 for the first request after `specq up`)."""
+        from sqlalchemy.exc import IntegrityError
+
+        try:
+            return super()._get_or_create(queue)
+        except IntegrityError:
+            self.session.rollback()
+            return self.session.query(self.queue_cls).filter(self.queue_cls.name == queue).one()
+
+    def basic_ack(self, delivery_tag, multiple=False):
+        super().basic_ack(delivery_tag, multiple=multiple)
+        self.connection.active_at = time.monotonic()  # a job just ended here: its follow-up comes next
+
+
+#: seconds between polls of an empty embedded broker within ACTIVE_WINDOW_S of its last delivery or ack
+ACTIVE_POLL_S = 0.01
+#: ... this long; then `broker_poll_interval` (SPECQ_BROKER_POLL_INTERVAL) again
+ACTIVE_WINDOW_S = 10.0
+
 
 class SqliteTransport(kombu_sqla.Transport):
-    """kombu's SQLAlchemy transport with WAL, a busy timeout and a configurable polling interval."""
+    """kombu's SQLAlchemy transport with WAL, a busy timeout, a configurable polling interval, and a fast
+    poll right after activity (module doc)."""
 
     Channel = _SqlaChannel
+    #: time.monotonic() of the last delivery or acknowledgement (the channels set it on ack)
+    active_at = float("-inf")
+
+    def poll_interval(self, now: float) -> float:
+        """Seconds to sleep after an empty poll at `now`."""
+        slow = self.polling_interval or 0.0
+        return min(slow, ACTIVE_POLL_S) if now - self.active_at < ACTIVE_WINDOW_S else slow
+
+    def drain_events(self, connection, timeout=None):
+        """kombu's virtual `Transport.drain_events` with the sleep of `poll_interval`."""
+        start = time.monotonic()
+        while True:
+            try:
+                self.cycle.get(self._deliver, timeout=timeout)
+            except Empty:
+                now = time.monotonic()
+                if timeout is not None and now - start >= timeout:
+                    raise socket.timeout()
+                pause = self.poll_interval(now)
+                if timeout:
+                    pause = min(pause, max(0.0, timeout - (now - start)))
+                if pause:
+                    time.sleep(pause)
+            else:
+                self.active_at = time.monotonic()
+                return
 
 
 def _transport_url(url: str) -> str:

@@ -64,7 +64,9 @@ class ServiceSettings:
     #: the queue the API sends jobs to and `specq worker` consumes (``--queue`` overrides per worker)
     queue: str = "specq"
     #: seconds between polls of the embedded (SQLAlchemy) broker when it is empty; the queue
-    #: overhead of the embedded default is about half of this on average (Redis does not poll)
+    #: overhead of the embedded default is about half of this on average (Redis does not poll).
+    #: For 10 s after a delivery or acknowledgement the worker polls every 10 ms instead (a
+    #: follow-up comes right after an answer; docs/service.md)
     broker_poll_interval: float = 0.1
 
     # --- time limits and retries --------------------------------------------------------------------

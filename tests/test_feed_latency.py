@@ -84,3 +84,51 @@ def test_a_stream_gets_done_promptly_without_the_status_poll(feed_store, monkeyp
     assert "".join(d["text"] for n, d in events if n == "delta") == "".join(words)
     lag = done_at - ended_at[0]
     assert lag < 1.0, f"done came {lag:.2f}s after the result was saved (the status poll is 30 s)"
+
+
+def test_a_queued_jobs_first_text_reaches_its_stream_promptly(feed_store, monkeypatch):
+    """A follow-up's stream opens on a queued job, which a free slot claims a moment later: its first
+    text reaches the stream within a fraction of a second of the worker's publish, though the row polls
+    are set to 30 s (embedded default: the feed's start window reads the row every END_POLL_S; Redis:
+    pub/sub)."""
+    from specq.api import job_feed
+    from specq.api.job_stream import follow
+    from specq.storage import db, jobs
+    from specq.worker.stream import DeltaPublisher, make_channel
+
+    monkeypatch.setattr(job_feed, "STATUS_POLL_S", 30.0)
+    monkeypatch.setattr(job_feed, "STORE_POLL_S", 30.0)
+    with db.session() as s:
+        job_id = jobs.create_job(s, text="x = 1\n", params={}).id
+    published: list[float] = []
+    release = threading.Event()
+
+    def worker() -> None:
+        time.sleep(0.3)  # the stream has seen the job queued
+        with db.session() as s:
+            token = jobs.mark_running(s, job_id, "w:1")
+        pub = DeltaPublisher(make_channel(feed_store), job_id, attempt=1, token=token)
+        published.append(time.monotonic())
+        pub.feed("first ")
+        release.wait(10)
+        pub.finish()
+
+    async def main() -> float:
+        thread = threading.Thread(target=worker)
+        try:
+            async for name, data in follow(feed_store, job_id):
+                if name == "status":
+                    assert data["status"] == "queued" or published, data
+                    if not thread.is_alive() and not published:
+                        thread.start()
+                if name == "delta":
+                    return time.monotonic()
+            raise AssertionError("the stream ended without text")
+        finally:
+            release.set()
+            if thread.is_alive():
+                await asyncio.to_thread(thread.join)
+
+    got = asyncio.run(asyncio.wait_for(main(), 20))
+    lag = got - published[0]
+    assert lag < 0.5, f"the first text came {lag:.2f}s after its publish (the row polls are 30 s)"

@@ -6,9 +6,13 @@ A `JobFeed` reads its answer text from the worker's publisher (Redis pub/sub, or
 last delta is marked `final`; on Redis the worker also announces the end once the job's row is written,
 `worker.stream.RedisChannel.clear`): then it reads the row at once and every END_POLL_S until it is
 terminal, for END_WINDOW_S. So a stream's `done` follows the worker's last write by a row read, not by
-up to a poll interval. The row is also read every STATUS_POLL_S (the safety net: progress, a job that
-fails or is cancelled without text, an event lost), on the embedded default every STORE_POLL_S (no
-pub/sub there; a queued job's text is read only once its row says it runs). It hands both to each subscribed
+up to a poll interval. On the embedded default a feed also reads a queued job's row every END_POLL_S
+for its first START_WINDOW_S: an interactive job with a free slot is claimed within them (issue 50: a
+follow-up's first token came out of the engine while its feed still slept on "queued" for up to
+STORE_POLL_S); once the row says it runs, its text is read every DELTA_POLL_S and the row at the
+usual pace. The row is also read every STATUS_POLL_S (the safety net: progress, a job that fails or
+is cancelled without text, an event lost), on the embedded default every STORE_POLL_S (no pub/sub
+there; a queued job's text is read only once its row says it runs). It hands both to each subscribed
 stream's queue. So 300 streams on one job cost one row read per interval and one Redis subscription, not
 300 of each. A stream that subscribes late gets the latest row and the text so far first. The feeds of
 different jobs read their rows through one `RowReader`, which puts the reads asked for within BATCH_S
@@ -48,6 +52,8 @@ STORE_POLL_S = 0.1
 END_POLL_S = 0.02
 #: ... for at most this many seconds (a worker that cannot write the result: the safety net goes on)
 END_WINDOW_S = 2.0
+#: embedded default: a feed reads a queued job's row every END_POLL_S for this many seconds after it started
+START_WINDOW_S = 2.0
 #: seconds between reads of job_deltas on the embedded default
 DELTA_POLL_S = 0.05
 #: row reads asked for within this many seconds go to the store together (`RowReader`)
@@ -267,6 +273,8 @@ class JobFeed:
             self._pieces(await source.start())
             next_poll = 0.0
             fast_until = 0.0  # reading the row every END_POLL_S until then: the job is ending
+            # ... and until then while the row says queued (embedded: its text is read once it runs)
+            start_until = time.monotonic() + START_WINDOW_S if source.polls else 0.0
             while self.queues:
                 if time.monotonic() >= next_poll:
                     row = await _reader().read(self.job_id)
@@ -276,7 +284,8 @@ class JobFeed:
                         self._end(("row", row))
                         return
                     now = time.monotonic()
-                    next_poll = now + (END_POLL_S if now < fast_until else idle_row_interval(source.polls))
+                    fast = now < fast_until or (now < start_until and row["status"] == "queued")
+                    next_poll = now + (END_POLL_S if fast else idle_row_interval(source.polls))
                     if row != self.row:
                         self.row = row
                         self._send(("row", row))
@@ -345,4 +354,5 @@ def feeds_running() -> int:
 
 
 __all__ = ["JobFeed", "Piece", "StoreSource", "RedisSource", "open_source", "read_rows", "RowReader", "subscribe", "feeds_running",
-           "idle_row_interval", "publishes_on_redis", "row_poll_s", "STATUS_POLL_S", "DELTA_POLL_S", "STORE_POLL_S", "END_POLL_S", "END_WINDOW_S"]
+           "idle_row_interval", "publishes_on_redis", "row_poll_s", "STATUS_POLL_S", "DELTA_POLL_S", "STORE_POLL_S", "END_POLL_S", "END_WINDOW_S",
+           "START_WINDOW_S"]

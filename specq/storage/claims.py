@@ -51,6 +51,12 @@ def _in_queue(queue: str | None):
 def pick_next(session: Session, queue: str | None, hint: str | None = None,
               exclude: Sequence[str] = ()) -> str | None:
     """The id of the job the next claim in `queue` should take (module doc, rule 2), or None."""
+    pick = _pick(session, queue, hint, exclude)
+    return pick[0] if pick is not None else None
+
+
+def _pick(session: Session, queue: str | None, hint: str | None, exclude: Sequence[str]) -> tuple[str, str] | None:
+    """pick_next's job id and its tenant (the claim records the tenant's turn without reading it again)."""
     now = utcnow()
     ready = or_(Job.not_before.is_(None), Job.not_before <= now)
     if hint is not None:
@@ -71,7 +77,7 @@ def pick_next(session: Session, queue: str | None, hint: str | None = None,
     job_id = session.scalar(select(Job.id).where(and_(cand, Job.tenant == tenant, Job.priority == best[tenant]))
                             .order_by(Job.created_at, Job.id).limit(1))
     session.commit()
-    return job_id
+    return (job_id, tenant) if job_id is not None else None
 
 
 def claim_next(session: Session, hint: str, worker: str, *, queue: str | None,
@@ -88,28 +94,38 @@ def claim_next(session: Session, hint: str, worker: str, *, queue: str | None,
     another connection (the API adding jobs) wrote since that read began."""
     if session.in_transaction():
         session.commit()
-    token = None if hint in live else (
+    token = None if hint in live or not _running(session, hint) else (
         _jobs.mark_running(session, hint, worker, stale_after_s=stale_after_s, only_stale=True)
         or reclaim_own(session, hint, worker, live=live))
     if token:
         return Claim(hint, token)
     lost: list[str] = []
     for _ in range(CLAIM_RETRIES):
-        job_id = pick_next(session, queue, hint, exclude=lost)
-        if job_id is None:
+        pick = _pick(session, queue, hint, exclude=lost)
+        if pick is None:
             return None
+        job_id, tenant = pick
         token = _jobs.mark_running(session, job_id, worker, stale_after_s=None)
         if token:
-            _take_turn(session, queue or "", job_id)
+            _take_turn(session, queue or "", tenant)
             return Claim(job_id, token)
         lost.append(job_id)  # another worker claimed it between our pick and our claim
     return None
 
 
-def _take_turn(session: Session, queue: str, job_id: str) -> None:
-    """Record that the job's tenant was served from `queue` now (best effort: fairness, not correctness)."""
+def _running(session: Session, job_id: str) -> bool:
+    """Whether the job is `running` (one read, then the read transaction ends). Only a running job can be
+    a redelivery or this worker's own interrupted job (rule 1); the usual message names a queued job, and
+    this read spares it rule 1's two write transactions, which change nothing then (issue 50: a
+    follow-up's claim was a chain of store round trips)."""
+    status = session.scalar(select(Job.status).where(Job.id == job_id))
+    session.commit()
+    return status == "running"
+
+
+def _take_turn(session: Session, queue: str, tenant: str) -> None:
+    """Record that `tenant` was served from `queue` now (best effort: fairness, not correctness)."""
     try:
-        tenant = session.scalar(select(Job.tenant).where(Job.id == job_id))
         dialect = session.get_bind().dialect.name
         if dialect == "postgresql":
             from sqlalchemy.dialects.postgresql import insert
