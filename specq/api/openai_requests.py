@@ -33,7 +33,7 @@ from pydantic import BaseModel, ValidationError
 
 from ..contracts import InputError
 from ..engine.json_schema import JSON_OBJECT, check as check_schema
-from ..engine.options import RunParams
+from ..engine.options import RunParams, json_strings
 from .errors import ApiError
 from . import openai_schemas as O
 from .openai_tools import Tools, read_calls, read_tools
@@ -324,27 +324,14 @@ def check_params(params: dict[str, Any]) -> RunParams:
         raise bad(message, {"max_tokens": "max_tokens"}.get(name or "", name)) from None
 
 
-def _strings(value: Any):
-    """Every string (keys too) inside a JSON value: a tool definition or call stored with the job."""
-    if isinstance(value, str):
-        yield value
-    elif isinstance(value, dict):
-        for k, v in value.items():
-            yield str(k)
-            yield from _strings(v)
-    elif isinstance(value, list):
-        for v in value:
-            yield from _strings(v)
-
-
 def _storable(spec: JobSpec) -> JobSpec:
     """400 for text the job store cannot hold (a NUL; a lone surrogate escape)."""
     from .schemas import storable
 
     texts = [("prompt" if spec.kind == "completion" else "specq.document", spec.text)]
     texts += [(f"messages[{i}].content", m["content"]) for i, m in enumerate(spec.messages or [])]
-    texts += [(f"messages[{i}].tool_calls", t) for i, m in enumerate(spec.messages or []) for t in _strings(m.get("tool_calls"))]
-    texts += [(k, t) for k, v in spec.params.items() if isinstance(v, (dict, list)) for t in _strings(v)]
+    texts += [(f"messages[{i}].tool_calls", t) for i, m in enumerate(spec.messages or []) for t in json_strings(m.get("tool_calls"))]
+    texts += [(k, t) for k, v in spec.params.items() if isinstance(v, (dict, list)) for t in json_strings(v)]
     texts += [(k, v) for k, v in spec.params.items() if isinstance(v, str)]
     texts += [("stop", v) for v in spec.params.get("stop") or []]
     for name, value in texts:

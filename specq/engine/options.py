@@ -424,17 +424,17 @@ MAX_TOOLS = 128
 _TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
 
-def _strings(value: Any):
-    """Every string (keys too) inside a JSON value."""
+def json_strings(value: Any):
+    """Every string (keys too) inside a JSON value (a tool definition or call: each is checked as text)."""
     if isinstance(value, str):
         yield value
     elif isinstance(value, dict):
         for k, v in value.items():
             yield str(k)
-            yield from _strings(v)
+            yield from json_strings(v)
     elif isinstance(value, list):
         for v in value:
-            yield from _strings(v)
+            yield from json_strings(v)
 
 
 def _check_tools(tools: list[dict[str, Any]]) -> None:
@@ -451,7 +451,7 @@ def _check_tools(tools: list[dict[str, Any]]) -> None:
             raise InputError(f"tools[{i}].function.description must be a string")
         if "parameters" in fn:
             json_schema.check(fn["parameters"], f"tools[{i}].function.parameters")
-        for text in _strings(tool):
+        for text in json_strings(tool):
             if "\x00" in text:  # PostgreSQL's JSONB cannot hold it
                 raise InputError(f"tools[{i}] contains a NUL character")
             try:
@@ -501,6 +501,6 @@ def _coerce(name: str, type_name: Any, value: Any) -> Any:
 ENGINE_OPTION_NAMES = tuple(f.name for f in dataclasses.fields(EngineOptions))
 RUN_PARAM_NAMES = tuple(f.name for f in dataclasses.fields(RunParams))
 
-__all__ = ["EngineOptions", "RunParams", "DEFAULT_KEEP", "OPTIONAL_PARAMS", "TASK_KINDS", "ENGINE_OPTION_NAMES", "RUN_PARAM_NAMES", "PARAM_BOUNDS", "PARAM_CHOICES",
+__all__ = ["EngineOptions", "RunParams", "json_strings", "DEFAULT_KEEP", "OPTIONAL_PARAMS", "TASK_KINDS", "ENGINE_OPTION_NAMES", "RUN_PARAM_NAMES", "PARAM_BOUNDS", "PARAM_CHOICES",
            "MAX_PROMPT_TEXT_BYTES", "Bound", "MAX_STOP_STRINGS",
            "MAX_STOP_BYTES", "DEFAULT_PROTECT_TAIL"]
