@@ -283,7 +283,7 @@ KIND_METRIC = {"summary": "fidelity"}
 
 def lookup(rows: Sequence[EvidenceRow], key: EvidenceKey | None, arm: str = "specprefill") -> tuple[tuple[Band, ...], str]:
     """(bands, why): the prompt-length bands where `key` has passing `arm` rows (module doc); where there
-    are none, `why` says so ("" otherwise). `key` None: only whether any row passes (no key made). A key
+    are none, `why` says so; where there are some, `why` names the measured lengths that fail ("" where none do). `key` None: only whether any row passes (no key made). A key
     whose task is not declared (None) has the bands where every kind of TASK_KINDS has (`every_kind`).
 
     Several metrics (specq calibrate writes one row per metric): at each measured length the row with the most
@@ -316,9 +316,12 @@ def lookup(rows: Sequence[EvidenceRow], key: EvidenceKey | None, arm: str = "spe
             out.append(Band(min(r.doc_tokens[0] for r in run[0]), max(r.doc_tokens[1] for r in run[-1]) + QUESTION_ALLOWANCE,
                             tuple(r for g_ in run for r in g_)))
             run = []
-    if out:
-        return tuple(out), ""
     what = "group-sparse" if arm == "group" else "specprefill"
+    if out:  # the lengths measured for this key that fail are named too: a prompt no band covers says why
+        failing = sorted((g for g in groups if length_fails(g)), key=lambda g: g[0].length)
+        return tuple(out), ("" if not failing else f"{what} evidence for these settings does not pass at "
+                            + "; ".join(f"{g[0].length} ({g[0].source or 'no source'}): {length_fails(g)}" for g in failing)
+                            + "; docs/quality.md")
     if groups:
         return (), (f"{what} evidence for these settings does not pass ("
                     + "; ".join(f"{g[0].length}: {length_fails(g)}" for g in sorted(groups, key=lambda g: g[0].length))
