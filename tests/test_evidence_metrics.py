@@ -111,9 +111,9 @@ def test_several_metrics_combine_every_one_must_pass_and_one_must_be_decisive():
 
 
 def test_a_length_that_fails_is_named_where_no_band_covers_the_prompt():
-    """Found on the real pair (bench/results/calibrate-real-*.json): a key with passing rows at some lengths
-    and a `specq calibrate` run's failing rows at another got, for a prompt at that other length, only
-    "not measured at N tokens (measured to hold: …)": the calibrated rows it had looked up went unnamed."""
+    """A key with passing rows at some lengths and a `specq calibrate` run's failing rows at another used to get,
+    for a prompt at that other length, only "not measured at N tokens (measured to hold: …)": the calibrated
+    rows it had looked up went unnamed (the no-row-passes case is tests/test_calibrate.py's, on the tiny pair)."""
     from specq.engine.policy import auto
 
     agree = _passing("agreement")  # 1,000-token rows that pass: the band 900-1,356

@@ -281,6 +281,23 @@ def length_fails(rows: Sequence[EvidenceRow]) -> str:
 KIND_METRIC = {"summary": "fidelity"}
 
 
+def added_text(rows: Sequence[EvidenceRow], most: int = 3) -> str:
+    """The rows beyond the shipped ones (a `specq calibrate` run's, POST /v1/evidence's), per length and source,
+    with why each length fails: where no row passes, no job key is made (module doc), so a reason names these
+    rather than leaving an operator's calibration unmentioned; "" where there are none."""
+    known = {r.source for r in shipped_rows()}
+    added: dict[tuple[int, str], list[EvidenceRow]] = {}
+    for r in rows:
+        if r.source not in known:
+            added.setdefault((r.length, r.source), []).append(r)
+    if not added:
+        return ""
+    named = [f"{length} ({src or 'no source'}): {length_fails(rs)}" for (length, src), rs in sorted(added.items())]
+    more = f"; {len(named) - most} more" if len(named) > most else ""
+    return (f"; {sum(len(rs) for rs in added.values())} of them added to the shipped rows (any settings): "
+            + "; ".join(named[:most]) + more)
+
+
 def lookup(rows: Sequence[EvidenceRow], key: EvidenceKey | None, arm: str = "specprefill") -> tuple[tuple[Band, ...], str]:
     """(bands, why): the prompt-length bands where `key` has passing `arm` rows (module doc); where there
     are none, `why` says so; where there are some, `why` names the measured lengths that fail ("" where none do). `key` None: only whether any row passes (no key made). A key
@@ -331,6 +348,7 @@ def lookup(rows: Sequence[EvidenceRow], key: EvidenceKey | None, arm: str = "spe
         off = [r for r in live if r.disabled]  # e.g. by shadow checks (shadow.py): the reason names it
         return (), (f"no {what} evidence row passes ({len(live)} rows"
                     + (f"; {len(off)} disabled, {off[0].length}: {off[0].disabled}" if off else "")
+                    + added_text(live)
                     + f"; a pass needs {_bar_text('answer_right')}; docs/quality.md)")
     # the passing row that matches the job longest: the field where it stops is the one to name
     if key is None:
@@ -431,4 +449,4 @@ def with_documents(row: EvidenceRow, documents: dict) -> EvidenceRow:
 
 __all__ = ["EvidenceRow", "Band", "KeepChoice", "certified_keep", "KIND_METRIC", "every_kind", "PassBar", "PASS_BARS", "PROVISIONAL_BARS", "length_fails",
            "QUESTION_ALLOWANCE", "SHIPPED_PATH", "row_from_dict", "load_rows",
-           "shipped_rows", "merge", "listing", "lookup", "with_documents"]
+           "shipped_rows", "merge", "listing", "lookup", "added_text", "with_documents"]
