@@ -53,6 +53,8 @@ def main() -> None:
     ap.add_argument("--question", default="Which function of this module returns an iterator instead of a list?")
     ap.add_argument("--answer", default="iglob")
     ap.add_argument("--command", required=True, help="the calibrate command line as run")
+    ap.add_argument("--calibrate-code", help="`git describe` of the checkout when the calibrate command started, where it "
+                    "differs from what its rows record (specq calibrate before 2026-12-07 took it when the run ended)")
     ap.add_argument("--out", type=Path, required=True)
     a = ap.parse_args()
 
@@ -112,9 +114,10 @@ def main() -> None:
                   "for any row to pass (a row needs >= 8 documents and >= 40 questions): the run shows the path "
                   "working end to end and measures calibrate's questions per hour, not a certified keep."),
         "command": a.command,
-        "calibrate_code": report["rows"][0]["provenance"].get("git_describe") if report["rows"] else None,
+        "calibrate_code": a.calibrate_code or (report["rows"][0]["provenance"].get("git_describe") if report["rows"] else None),
+        "calibrate_code_in_rows": report["rows"][0]["provenance"].get("git_describe") if report["rows"] else None,
         "input": "bench/calibrate/qs.jsonl (bench/calibrate/README.md: where its documents come from)",
-        "journal": a.journal.relative_to(ROOT).as_posix() if a.journal.resolve().is_relative_to(ROOT) else str(a.journal),
+        "journal": a.journal.resolve().relative_to(ROOT).as_posix() if a.journal.resolve().is_relative_to(ROOT) else str(a.journal),
         "questions": len(units),
         "questions_run_by_this_command": report["ran"],
         "questions_from_journal": report["from_journal"],
@@ -135,7 +138,7 @@ def main() -> None:
         "evidence_listing": {"stored_rows": stored, "rows_total": len(evidence["data"]),
                              "calibrate_rows_listed": sorted(d["id"] for d in stored if d["id"] in ids),
                              "all_calibrate_rows_listed": ids <= {d["id"] for d in stored}},
-        "auto": {"document": a.document.relative_to(ROOT).as_posix(), "document_source": "CPython 3.11.7 Lib/glob.py",
+        "auto": {"document": a.document.resolve().relative_to(ROOT).as_posix(), "document_source": "CPython 3.11.7 Lib/glob.py",
                  "document_tokens": doc_tokens, "question": a.question, "answer": a.answer, "decisions": decisions},
         "provenance": prov,
     }
