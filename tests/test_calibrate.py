@@ -217,3 +217,39 @@ def test_rows_go_through_the_service_with_an_admin_key_only(tmp_path, tiny_model
         assert sorted(d["id"] for d in stored) == sorted(w["id"] for w in report["rows"])
         assert {d["metric"] for d in stored} == {"agreement", "token_f1", "loglik_delta"}
         assert all(not d["passes"] and "2 documents < 8" in d["fails"] for d in stored)
+
+
+def test_calibrated_rows_that_do_not_pass_are_named_in_autos_reason(tmp_path, tiny_models):
+    """Seen on the real pair (bench/results/calibrate-real-2026-12-07.json): with no row passing anywhere, auto
+    makes no job key and its reason only counted the rows ("no specprefill evidence row passes (12 rows; …")":
+    the operator's calibration, too small to pass, went unnamed. Now the rows added to the shipped ones are named
+    per length and source with why they fail, and still no key is made (the speculator is not needed)."""
+    env = _env(tmp_path, tiny_models)
+    f = tmp_path / "qs.jsonl"
+    _questions(f, 2, 2)
+    r = _run(env, "--documents", str(f), "--max-tokens", "2", "--lengths", "1024", "--local", "--json")
+    assert r.returncode == 0, r.stderr
+    report = json.loads(r.stdout)
+    assert report["ran"] == 4 and all(not w["passes"] for w in report["rows"])
+
+    from specq.engine.options import RunParams
+    from specq.engine.pipeline import Engine
+    from specq.settings import ServiceSettings
+    from specq.storage import db
+    from specq.worker.evidence import EvidenceWatch
+
+    settings = ServiceSettings.from_env({k: v for k, v in env.items() if k.startswith("SPECQ_")})
+    opts = settings.engine_options()
+    opts.auto_min_tokens = 64
+    opts.speculator = str(tiny_models.root / "not-there.gguf")  # no key is made: the speculator is never resolved
+    e = Engine(opts)
+    try:
+        with db.session(f"sqlite:///{tmp_path / 'home' / 'specq.sqlite'}") as s:
+            assert EvidenceWatch().refresh(s, e)
+        _, mode, _, _, _, spec = e.prepare(_doc(1), RunParams(question="What is the value of item 1?", max_tokens=2,
+                                                             task="lookup"))
+        assert mode == "baseline" and spec.reason.startswith("auto: no specprefill evidence row passes"), spec.reason
+        assert f"3 of them added to the shipped rows (any settings): 1024 (calibrate:" in spec.reason, spec.reason
+        assert "agreement 2 documents < 8" in spec.reason and "token_f1" in spec.reason, spec.reason
+    finally:
+        e.close()

@@ -108,3 +108,26 @@ def test_several_metrics_combine_every_one_must_pass_and_one_must_be_decisive():
     assert none == () and "1000: loglik_delta lower bound" in why
     # answer_right alone still passes as before (the shipped rows' way)
     assert lookup((_passing("answer_right"),), KEY)[0]
+
+
+def test_a_length_that_fails_is_named_where_no_band_covers_the_prompt():
+    """A key with passing rows at some lengths and a `specq calibrate` run's failing rows at another used to get,
+    for a prompt at that other length, only "not measured at N tokens (measured to hold: …)": the calibrated
+    rows it had looked up went unnamed (the no-row-passes case is tests/test_calibrate.py's, on the tiny pair)."""
+    from specq.engine.policy import auto
+
+    agree = _passing("agreement")  # 1,000-token rows that pass: the band 900-1,356
+    small = {f"d{i}": {"n": 2, "sum": 2} for i in range(4)}  # 4 documents, 8 questions: below the bar
+    failing = [row_from_dict({"key": KEY.as_dict(), "metric": m, "length": 2048, "doc_tokens": [1400, 1850],
+                              "documents": small, "source": "calibrate:qs.jsonl"}) for m in ("agreement", "token_f1")]
+    bands, why = lookup((agree, *failing), KEY)
+    assert [(b.lo, b.hi) for b in bands] == [(900, 1100 + evidence.QUESTION_ALLOWANCE)]
+    assert why.startswith("specprefill evidence for these settings does not pass at 2048 (calibrate:qs.jsonl): ")
+    assert "4 documents < 8" in why and "token_f1" in why
+    # the decision for a 1,900-token prompt names them after the bands that hold
+    d = auto.decide(1900, backend="cpu", min_tokens=0, evidence=lambda arm: lookup((agree, *failing), KEY, arm))
+    assert d.mode == "baseline" and "not measured at 1900 tokens" in d.reason and "measured to hold: 900-1,356" in d.reason
+    assert "does not pass at 2048 (calibrate:qs.jsonl)" in d.reason, d.reason
+    # inside the band it runs specprefill, and without failing rows the reason is as before
+    assert auto.decide(1000, backend="cpu", min_tokens=0, evidence=lambda arm: lookup((agree, *failing), KEY, arm)).mode == "specprefill"
+    assert lookup((agree,), KEY)[1] == ""

@@ -345,6 +345,28 @@ def role_group(gid: str, role: str) -> str:
     return gid if role == "all" else f"{gid}:{role}"
 
 
+def _cell(x, fmt: str) -> str:
+    return "–" if x is None else fmt.format(x)
+
+
+def table_markdown(report: dict) -> str:
+    """The per-length table of one `specq calibrate --json` report: each metric's value, and each row's
+    90% lower bound and whether it passes (why not, where it fails); docs/quality.md renders it through
+    `specq bench report` (the `calibrate-real` table)."""
+    head = ["length", "keep", "documents", "questions", "document tokens", "s/question", "answer right",
+            "agreement", "token F1", "loglik Δ (nats)", "rows: lower bound, pass?"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---:|" * 6 + "---:|" * 4 + "---|"]
+    for t in report.get("table", []):
+        rows = "; ".join(f"{m} {_cell(v['bound'], '{:.3f}')} " + ("passes" if v["passes"] else f"no ({v['fails']})")
+                         for m, v in t.get("rows", {}).items()) or "not written (n incomplete)"
+        lines.append("| " + " | ".join([
+            f"{t['length']:,}", f"{t['keep']:g}", str(t["documents"]), str(t["n"]),
+            f"{t['doc_tokens'][0]:,}–{t['doc_tokens'][1]:,}", _cell(t["seconds_per_question"], "{:,.0f}"),
+            _cell(t["answer_right"], "{:.3f}"), _cell(t["agreement"], "{:.3f}"), _cell(t["token_f1"], "{:.3f}"),
+            _cell(t["loglik_delta"], "{:+.3f}"), rows]) + " |")
+    return "\n".join(lines)
+
+
 __all__ = ["Question", "ROLES", "split_halves", "half_fails", "BandPlan", "keep_plan", "role_group", "InputLineError", "read_questions", "assign_lengths", "family_questions", "CalJournal",
-           "settings_key", "unit_record", "group_id", "rows_for", "table_rows", "plot", "DEFAULT_EDGES", "FAMILY_LENGTHS",
+           "settings_key", "unit_record", "group_id", "rows_for", "table_rows", "plot", "table_markdown", "DEFAULT_EDGES", "FAMILY_LENGTHS",
            "FAMILY_N"]

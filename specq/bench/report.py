@@ -31,6 +31,7 @@ from typing import Any, Callable
 from ..settings_reference import settings_markdown
 from .provenance import REPO
 from .quality_report import table_markdown
+from .calibrate import table_markdown as calibrate_markdown
 from .structured import table_markdown as structured_markdown
 
 RESULTS = REPO / "bench" / "results"
@@ -511,8 +512,44 @@ def followup_table(results: list[Result], base: Path) -> str:
                    "claimed → engine start", "engine start → first token"], "llllllrrrrrr", rows)
 
 
+def calibrate_real_table(results: list[Result], base: Path) -> str:
+    """`specq calibrate` on the real pair (bench/calibrate/collect.py's reports): the per-length table, the
+    seconds a question took and the load during the run, whether `specq evidence --json` listed the rows, and
+    mode auto's decision with them loaded, each under its source line."""
+    parts = []
+    for r in results:
+        if r.kind != "calibrate-real" or r.provenance is None:
+            continue
+        d = r.data
+        sp, load, ev = d["seconds_per_question"], d.get("loadavg_during") or {}, d["evidence_listing"]
+        cal = d["calibrate_report"]
+        head = (f"From {_link(r, base)} (calibrate at code `{d.get('calibrate_code') or '?'}`, the auto job at `{r.code}`, "
+                f"{r.device}, {r.date}, `nice -n 15`; 1-minute load average during the run: mean "
+                f"{_f(load.get('mean_1min'), '{:.1f}')}, {_f(load.get('min_1min'), '{:.1f}')}–"
+                f"{_f(load.get('max_1min'), '{:.1f}')} over {load.get('samples', 0)} samples):")
+        keys = cal.get("keys") or [{}]
+        k = keys[0]
+        facts = [f"**{d['questions_per_hour']:.1f} questions per hour**: {d['questions']} questions, "
+                 f"{sp['mean']:.0f} s each on average (median {sp['median']:.0f}, {sp['min']:.0f}–{sp['max']:.0f}; "
+                 "each is baseline, specprefill and two teacher-forced passes)"
+                 + (f"; {d['questions_from_journal']} of them carried from the timing run's journal" if d.get("questions_from_journal") else ""),
+                 f"key: {_model(k.get('target'))} / {_model(k.get('speculator'))}, backend {k.get('backend', '?')}, task "
+                 f"{k.get('task', '?')}, keep {k.get('keep', '?')}, scorer {k.get('scorer', '?')}, positions {k.get('positions', '?')}",
+                 f"`specq evidence --json` lists {len(ev['calibrate_rows_listed'])} of the {len(cal['rows'])} rows written"
+                 + ("" if ev["all_calibrate_rows_listed"] else " (**not all**)")]
+        for dec in d["auto"]["decisions"]:
+            p = ", ".join(f"{a}={b}" for a, b in dec["params"].items())
+            facts.append(f"mode auto on {d['auto']['document']} ({d['auto']['document_tokens']:,} document tokens; {p}): "
+                         f"**{dec['mode']}** — “{dec['reason']}”")
+        parts.append(head + "\n\n" + "\n".join(f"* {x}" for x in facts) + "\n\n" + calibrate_markdown(cal))
+    if not parts:
+        raise ReportError("no real-pair calibration report (bench/calibrate/collect.py) with provenance under bench/results")
+    return "\n\n".join(parts)
+
+
 RENDERERS: dict[str, Renderer] = {
     "structured": structured_table,
+    "calibrate-real": calibrate_real_table,
     "compose-up": compose_up_table,
     "headline": headline_table,
     "ttft": ttft_table,
@@ -568,4 +605,4 @@ def render_all(write: bool, repo: Path = REPO, results: list[Result] | None = No
     return changed
 
 
-__all__ = ["compose_up_table", "structured_table", "RENDERERS", "ReportError", "Result", "load_results", "render_text", "render_all", "doc_files"]
+__all__ = ["calibrate_real_table", "compose_up_table", "structured_table", "RENDERERS", "ReportError", "Result", "load_results", "render_text", "render_all", "doc_files"]

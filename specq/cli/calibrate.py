@@ -244,6 +244,9 @@ def calibrate_cmd(
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
+    from ..bench.quality import cpu_model, git_describe
+
+    code = git_describe()  # the code this process loaded: the tree may be committed to while a long run goes on
     t_run = time.perf_counter()
     ran = 0
     try:
@@ -278,8 +281,6 @@ def calibrate_cmd(
         raise fail(f"calibrate: {e} ({len(jr.units)} questions kept in {journal}; rerun to resume)") from None
 
     # rows: per (length, keep, role), once every planned question of it is in the journal; per resolved key
-    from ..bench.quality import cpu_model, git_describe
-
     groups: dict[str, list[dict]] = {}
     roles: dict[str, str] = {}
     complete: dict[tuple, bool] = {}
@@ -291,7 +292,7 @@ def calibrate_cmd(
             groups.setdefault(gid, []).append(rec)
             roles[gid] = role
     prov = {"command": "specq calibrate " + " ".join(sys.argv[2:] if sys.argv[1:2] == ["calibrate"] else sys.argv[1:]),
-            "git_describe": git_describe(), "cpu": cpu_model(), "backend": engine.info.backend,
+            "git_describe": code, "cpu": cpu_model(), "backend": engine.info.backend,
             "target": engine.target_path.name, "speculator": engine.speculator.path.name, "journal": str(journal),
             "input": str(documents) if documents else "built-in families (bench/quality_tasks.py)",
             "note": "label-free metrics' bars are provisional (docs/quality.md, Calibrate)"}

@@ -120,7 +120,8 @@ def group_min(backend: str, option: int = 0) -> int:
 def quality_holds(n_prompt: int, quality_min_tokens: int = -1, quality_bands: Sequence[Band] = (),
                   what: str = "specprefill", missing: str = "") -> tuple[bool, str]:
     """Rule 3 (and 1a's, with the group bands): (whether `what`'s quality was measured to hold at
-    `n_prompt` tokens, why). `missing`: why the job's settings have no bands at all (evidence.lookup)."""
+    `n_prompt` tokens, why). `missing`: why the job's settings have no bands at all, or
+    which measured lengths fail where some bands pass (evidence.lookup): said where no band covers the prompt."""
     if quality_min_tokens < 0:
         band = next((b for b in quality_bands if b.covers(n_prompt)), None)
         if band is not None:
@@ -129,7 +130,7 @@ def quality_holds(n_prompt: int, quality_min_tokens: int = -1, quality_bands: Se
             return False, missing
         where = ", ".join(f"{b.lo:,}-{b.hi:,}" for b in quality_bands)
         return False, (f"{what} quality not measured at {n_prompt} tokens for these models and settings "
-                       f"(measured to hold: {where or 'nowhere'}; docs/quality.md)")
+                       f"(measured to hold: {where or 'nowhere'}; docs/quality.md)" + (f"; {missing}" if missing else ""))
     if n_prompt < quality_min_tokens:
         return False, (f"{n_prompt} tokens < {quality_min_tokens} (operator override: SPECQ_AUTO_QUALITY_MIN_TOKENS, "
                        "in place of the quality evidence)")

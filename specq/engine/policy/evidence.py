@@ -281,9 +281,26 @@ def length_fails(rows: Sequence[EvidenceRow]) -> str:
 KIND_METRIC = {"summary": "fidelity"}
 
 
+def added_text(rows: Sequence[EvidenceRow], most: int = 3) -> str:
+    """The rows beyond the shipped ones (a `specq calibrate` run's, POST /v1/evidence's), per length and source,
+    with why each length fails: where no row passes, no job key is made (module doc), so a reason names these
+    rather than leaving an operator's calibration unmentioned; "" where there are none."""
+    known = {r.source for r in shipped_rows()}
+    added: dict[tuple[int, str], list[EvidenceRow]] = {}
+    for r in rows:
+        if r.source not in known:
+            added.setdefault((r.length, r.source), []).append(r)
+    if not added:
+        return ""
+    named = [f"{length} ({src or 'no source'}): {length_fails(rs)}" for (length, src), rs in sorted(added.items())]
+    more = f"; {len(named) - most} more" if len(named) > most else ""
+    return (f"; {sum(len(rs) for rs in added.values())} of them added to the shipped rows (any settings): "
+            + "; ".join(named[:most]) + more)
+
+
 def lookup(rows: Sequence[EvidenceRow], key: EvidenceKey | None, arm: str = "specprefill") -> tuple[tuple[Band, ...], str]:
     """(bands, why): the prompt-length bands where `key` has passing `arm` rows (module doc); where there
-    are none, `why` says so ("" otherwise). `key` None: only whether any row passes (no key made). A key
+    are none, `why` says so; where there are some, `why` names the measured lengths that fail ("" where none do). `key` None: only whether any row passes (no key made). A key
     whose task is not declared (None) has the bands where every kind of TASK_KINDS has (`every_kind`).
 
     Several metrics (specq calibrate writes one row per metric): at each measured length the row with the most
@@ -316,9 +333,12 @@ def lookup(rows: Sequence[EvidenceRow], key: EvidenceKey | None, arm: str = "spe
             out.append(Band(min(r.doc_tokens[0] for r in run[0]), max(r.doc_tokens[1] for r in run[-1]) + QUESTION_ALLOWANCE,
                             tuple(r for g_ in run for r in g_)))
             run = []
-    if out:
-        return tuple(out), ""
     what = "group-sparse" if arm == "group" else "specprefill"
+    if out:  # the lengths measured for this key that fail are named too: a prompt no band covers says why
+        failing = sorted((g for g in groups if length_fails(g)), key=lambda g: g[0].length)
+        return tuple(out), ("" if not failing else f"{what} evidence for these settings does not pass at "
+                            + "; ".join(f"{g[0].length} ({g[0].source or 'no source'}): {length_fails(g)}" for g in failing)
+                            + "; docs/quality.md")
     if groups:
         return (), (f"{what} evidence for these settings does not pass ("
                     + "; ".join(f"{g[0].length}: {length_fails(g)}" for g in sorted(groups, key=lambda g: g[0].length))
@@ -328,6 +348,7 @@ def lookup(rows: Sequence[EvidenceRow], key: EvidenceKey | None, arm: str = "spe
         off = [r for r in live if r.disabled]  # e.g. by shadow checks (shadow.py): the reason names it
         return (), (f"no {what} evidence row passes ({len(live)} rows"
                     + (f"; {len(off)} disabled, {off[0].length}: {off[0].disabled}" if off else "")
+                    + added_text(live)
                     + f"; a pass needs {_bar_text('answer_right')}; docs/quality.md)")
     # the passing row that matches the job longest: the field where it stops is the one to name
     if key is None:
@@ -428,4 +449,4 @@ def with_documents(row: EvidenceRow, documents: dict) -> EvidenceRow:
 
 __all__ = ["EvidenceRow", "Band", "KeepChoice", "certified_keep", "KIND_METRIC", "every_kind", "PassBar", "PASS_BARS", "PROVISIONAL_BARS", "length_fails",
            "QUESTION_ALLOWANCE", "SHIPPED_PATH", "row_from_dict", "load_rows",
-           "shipped_rows", "merge", "listing", "lookup", "with_documents"]
+           "shipped_rows", "merge", "listing", "lookup", "added_text", "with_documents"]
