@@ -26,7 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from starlette.concurrency import run_in_threadpool
 
 from .. import __version__
-from ..engine.calibration import LineError, parse_line
+from ..engine.calibration_lines import LineError, parse_line
 from ..engine.policy.calibration_rows import DEFAULT_EDGES, service_rows
 from ..settings import ServiceSettings
 from ..storage import calibrations as store, db, jobs

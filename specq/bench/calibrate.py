@@ -14,7 +14,7 @@ smallest `--lengths` edge at or above its token count (rows are per length, and 
 the rows' measured document lengths). A document longer than every edge is an input error.
 
 Journal (`CalJournal`): one JSON line per finished unit (fsync'd), keyed by the run's settings; a rerun
-skips the units it holds, so an interrupted calibration resumes. Lines are checked by engine/calibration.
+skips the units it holds, so an interrupted calibration resumes. Lines are checked by engine/calibration_lines.
 parse_line, and records and rows made by engine/policy/calibration_rows (`unit_record`, `rows_for`,
 `group_id`, `table_rows`), the code calibrations through the service use too (worker/calibration.py).
 Rows (`rows_for`) are made only for a
@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from ..engine.calibration import LineError, document_sha256, parse_line
+from ..engine.calibration_lines import LineError, document_sha256, parse_line
 from ..engine.policy import calibration_rows as cr, evidence_metrics as em
 from ..engine.policy.calibration_rows import DEFAULT_EDGES, ROLES, group_id, rows_for, table_rows
 

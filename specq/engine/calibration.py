@@ -15,7 +15,6 @@ answer is the caller's (the answer may come from a family grader the engine does
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import time
 from typing import Any, Callable, Sequence
 
@@ -54,49 +53,6 @@ def forced_loglik(engine, prompt_tokens: Sequence[int], kept: Sequence[int], pos
             total += log_softmax_at(ctx.logits_row(i), int(answer[start + i + 1]))
     ctx.clear()
     return total / len(answer)
-
-
-def document_sha256(text: str) -> str:
-    """A calibration document's identity: the sha256 of its UTF-8 text (lines repeat documents)."""
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
-
-
-#: the fields a calibration line may have (`path` only where the caller reads files: the CLI)
-LINE_FIELDS = ("text", "path", "document_id", "question", "answer")
-
-
-class LineError(ValueError):
-    """A calibration line that cannot be used; the message names the line."""
-
-
-def parse_line(obj: Any, where: str, *, paths: bool) -> dict[str, str | None]:
-    """One calibration line (`{"text" | "path" | "document_id", "question", "answer"?}`) checked: {source: its
-    value, "question", "answer"}, one source key. `where` names the line in errors; `paths=False` (the service)
-    refuses `path`: a server never reads a path a request names. The CLI (bench/calibrate.read_questions) and
-    POST /v1/calibrations check lines here, so both refuse the same lines with the same words."""
-    if not isinstance(obj, dict):
-        raise LineError(f"{where}: not a JSON object")
-    allowed = LINE_FIELDS if paths else tuple(f for f in LINE_FIELDS if f != "path")
-    sources = ("text", "path", "document_id") if paths else ("text", "document_id")
-    if not paths and "path" in obj:
-        raise LineError(f"{where}: path is not accepted here (the service never reads a server path): send the "
-                        "document's text, or the document_id of a stored document (POST /v1/documents)")
-    extra = set(obj) - set(allowed)
-    if extra:
-        raise LineError(f"{where}: unknown field {sorted(extra)[0]!r} (fields: {' | '.join(sources)}, question, answer)")
-    given = [k for k in sources if k in obj]
-    if len(given) != 1:
-        raise LineError(f"{where}: needs exactly one of {', '.join(sources)}")
-    src = given[0]
-    if not isinstance(obj[src], str) or not obj[src].strip():
-        raise LineError(f"{where}: {src} must be a non-empty string")
-    q = obj.get("question")
-    if not isinstance(q, str) or not q.strip():
-        raise LineError(f"{where}: question must be a non-empty string")
-    ans = obj.get("answer")
-    if ans is not None and (not isinstance(ans, str) or not ans.strip()):
-        raise LineError(f"{where}: answer must be a non-empty string when given")
-    return {src: obj[src], "question": q, "answer": ans}
 
 
 def run_unit(engine, document: str, question: str, params: RunParams, progress: Progress | None = None, *,
@@ -139,4 +95,4 @@ def run_unit(engine, document: str, question: str, params: RunParams, progress: 
     }
 
 
-__all__ = ["run_unit", "forced_loglik", "log_softmax_at", "document_sha256", "parse_line", "LineError", "LINE_FIELDS"]
+__all__ = ["run_unit", "forced_loglik", "log_softmax_at"]

@@ -58,7 +58,7 @@ def new_calibration_id() -> str:
 def create(session: Session, *, tenant: str, settings: dict[str, Any], lines: list[dict[str, Any]],
            params: dict[str, Any], queue: str | None, max_attempts: int, limit_bytes: int) -> tuple[Calibration, list[str]]:
     """Store a calibration: one unit (and job) per line and keep in `settings["keep"]`. `lines`: checked lines
-    (engine/calibration.parse_line) with their 1-based `line`; `params`: the units' RunParams fields other than
+    (engine/calibration_lines.parse_line) with their 1-based `line`; `params`: the units' RunParams fields other than
     keep. Returns the calibration and its jobs' ids, to be sent to the broker. LineRefused stores nothing."""
     try:
         wanted = {ln["document_id"] for ln in lines if ln.get("document_id")}

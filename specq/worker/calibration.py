@@ -26,7 +26,8 @@ from typing import Any, Callable
 
 from .. import __version__
 from ..contracts import RunCancelled
-from ..engine.calibration import document_sha256, run_unit
+from ..engine.calibration import run_unit
+from ..engine.calibration_lines import document_sha256
 from ..engine.options import RunParams
 from ..engine.policy import calibration_rows as cr
 from ..storage import calibrations as store, db
