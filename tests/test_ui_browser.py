@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import signal
 from pathlib import Path
 
 import httpx
@@ -104,6 +105,13 @@ class Service:
     def worker(self) -> None:
         if "worker" not in self.st.procs:
             self.st.start("worker", "worker", "--loglevel", "INFO")
+
+    def stop_worker(self) -> None:
+        """Stop the worker an earlier test started (SIGTERM to its process group, as Stack.stop)."""
+        p = self.st.procs.pop("worker", None)
+        if p is not None and p.poll() is None:
+            os.killpg(p.pid, signal.SIGTERM)
+            p.wait(timeout=60)
 
     def submit(self, text: str, question: str = QUESTION, params: dict | None = None, filename: str | None = None) -> str:
         body = {"text": text, "question": question, "params": params or SPEC}
@@ -472,7 +480,9 @@ def test_evidence_page_lists_the_rows(svc, chromium, shots):
 def test_evidence_page_lists_calibrations_with_status_and_progress(svc, chromium, shots):
     """/ui/evidence's Calibrations table (issue 48 item 3): a calibration submitted through POST /v1/calibrations,
     with no worker to run it, is listed queued with its progress (units done / total) and keep; cancelled, the page
-    shows that on its next refresh. (Last in this module: its jobs would join the job lists above.)"""
+    shows that on its next refresh. (Last in this module: its jobs would join the job lists above.) The worker an
+    earlier test of the module started is stopped first, so nothing runs the units."""
+    svc.stop_worker()
     made = svc.client.post("/v1/calibrations", json={"lines": [{"text": "a document", "question": "what?"},
                                                                 {"text": "another", "question": "which?"}],
                                                       "keep": [0.3, 0.5]})
