@@ -15,6 +15,22 @@ DOC = "".join(f"line {i}: the value of item {i} is {i * 7 % 13}.\n" for i in ran
 PARAMS = {"window": 256, "task": "lookup"}
 
 
+def engine_with_stored_rows(env: dict[str, str], database_url: str):
+    """An Engine of the service `env` describes (tiny documents: the CPU break-even lowered to 64 tokens) with
+    the evidence rows of the store at `database_url` loaded as a worker loads them (worker.evidence.EvidenceWatch).
+    The caller closes it."""
+    from specq.engine.pipeline import Engine
+    from specq.settings import ServiceSettings
+    from specq.worker.evidence import EvidenceWatch
+
+    opts = ServiceSettings.from_env({k: v for k, v in env.items() if k.startswith("SPECQ_")}).engine_options()
+    opts.auto_min_tokens = 64  # the tiny documents are far below the CPU break-even
+    e = Engine(opts)
+    with db.session(database_url) as s:
+        assert EvidenceWatch().refresh(s, e)
+    return e
+
+
 def tiny_evidence_key(models) -> dict:
     """The key a worker on `models` resolves for DOC with PARAMS (native prompt)."""
     from specq.engine.options import EngineOptions, RunParams
@@ -54,4 +70,4 @@ def migration_round_trip(url: str, revision: str, table: str) -> None:
     assert table in inspect(db.get_engine(url)).get_table_names()
 
 
-__all__ = ["DOC", "PARAMS", "tiny_evidence_key", "url", "migration_round_trip"]
+__all__ = ["DOC", "PARAMS", "engine_with_stored_rows", "tiny_evidence_key", "url", "migration_round_trip"]

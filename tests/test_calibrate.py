@@ -13,6 +13,7 @@ import time
 
 import pytest
 
+from evidence_helpers import engine_with_stored_rows
 from service_helpers import REPO, base_env, specq_cmd
 
 pytestmark = pytest.mark.engine
@@ -161,18 +162,9 @@ def test_calibrate_local_rows_are_listed_and_mode_auto_uses_them(tmp_path, tiny_
     assert all(d["in_use"] and d["passes"] and d["source"].startswith("calibrate:") for d in stored)
 
     from specq.engine.options import RunParams
-    from specq.engine.pipeline import Engine
-    from specq.settings import ServiceSettings
-    from specq.storage import db
-    from specq.worker.evidence import EvidenceWatch
 
-    settings = ServiceSettings.from_env({k: v for k, v in env.items() if k.startswith("SPECQ_")})
-    opts = settings.engine_options()
-    opts.auto_min_tokens = 64  # the tiny documents are far below the CPU break-even
-    e = Engine(opts)
+    e = engine_with_stored_rows(env, f"sqlite:///{tmp_path / 'home' / 'specq.sqlite'}")
     try:
-        with db.session(f"sqlite:///{tmp_path / 'home' / 'specq.sqlite'}") as s:
-            assert EvidenceWatch().refresh(s, e)
         doc = _doc(5)
         # the rows are lookups (calibrate --task, default lookup): a job that declares that kind uses them
         q = "What is the value of item 6?"
@@ -233,19 +225,11 @@ def test_calibrated_rows_that_do_not_pass_are_named_in_autos_reason(tmp_path, ti
     assert report["ran"] == 4 and all(not w["passes"] for w in report["rows"])
 
     from specq.engine.options import RunParams
-    from specq.engine.pipeline import Engine
-    from specq.settings import ServiceSettings
-    from specq.storage import db
-    from specq.worker.evidence import EvidenceWatch
 
-    settings = ServiceSettings.from_env({k: v for k, v in env.items() if k.startswith("SPECQ_")})
-    opts = settings.engine_options()
-    opts.auto_min_tokens = 64
-    opts.speculator = str(tiny_models.root / "not-there.gguf")  # no key is made: the speculator is never resolved
-    e = Engine(opts)
+    # no key is made: the speculator is never resolved, so a missing file is never noticed
+    e = engine_with_stored_rows(dict(env, SPECQ_SPECULATOR=str(tiny_models.root / "not-there.gguf")),
+                                f"sqlite:///{tmp_path / 'home' / 'specq.sqlite'}")
     try:
-        with db.session(f"sqlite:///{tmp_path / 'home' / 'specq.sqlite'}") as s:
-            assert EvidenceWatch().refresh(s, e)
         _, mode, _, _, _, spec = e.prepare(_doc(1), RunParams(question="What is the value of item 1?", max_tokens=2,
                                                              task="lookup"))
         assert mode == "baseline" and spec.reason.startswith("auto: no specprefill evidence row passes"), spec.reason

@@ -14,7 +14,7 @@ import subprocess
 
 import pytest
 
-from evidence_helpers import url  # noqa: F401 (a fixture: a migrated store on SQLite and PostgreSQL)
+from evidence_helpers import engine_with_stored_rows, url  # noqa: F401 (a fixture: a migrated store on SQLite and PostgreSQL)
 from service_helpers import REPO, specq_cmd
 from specq.bench import calibrate as cal
 from specq.engine.policy import evidence
@@ -224,18 +224,9 @@ def test_calibrate_several_keeps_chooses_certifies_and_auto_runs_the_certified_k
     assert "0 questions run now" in text.stderr  # resumed from the journal: nothing ran again
 
     from specq.engine.options import RunParams
-    from specq.engine.pipeline import Engine
-    from specq.settings import ServiceSettings
-    from specq.storage import db
-    from specq.worker.evidence import EvidenceWatch
 
-    settings = ServiceSettings.from_env({k: v for k, v in env.items() if k.startswith("SPECQ_")})
-    opts = settings.engine_options()
-    opts.auto_min_tokens = 64  # the tiny documents are far below the CPU break-even
-    e = Engine(opts)
+    e = engine_with_stored_rows(env, f"sqlite:///{tmp_path / 'home' / 'specq.sqlite'}")
     try:
-        with db.session(f"sqlite:///{tmp_path / 'home' / 'specq.sqlite'}") as s:
-            assert EvidenceWatch().refresh(s, e)
         doc = "".join(f"doc 5 line {i}: the value of item {i} is {(i * 7 + 5) % 13}.\n" for i in range(3))
         q = "What is the value of item 6?"
         res = e.run(doc, RunParams(question=q, max_tokens=4, task="lookup"))
