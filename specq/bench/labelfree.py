@@ -214,7 +214,7 @@ def youden(c: dict[str, Any]) -> float | None:
 
 def candidates(questions: Sequence[Question], metric: str) -> list[float]:
     """The thresholds worth trying: every value seen (alarm = value below it), ascending."""
-    return sorted({round(q.values[metric], 6) for q in questions if metric in q.values})
+    return sorted({q.values[metric] for q in questions if metric in q.values})
 
 
 def choose(questions: Sequence[Question], metric: str) -> dict[str, Any] | None:
