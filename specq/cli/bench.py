@@ -542,7 +542,7 @@ def bench_quality(
                                                   "2026-12-04) or scope (border + header lines). recall also records "
                                                   "<scorer>-<rule> for the other rules from the same pass."),
     baseline_from: Path = typer.Option(None, help="answer: reuse the closed-book and baseline answers of this earlier answer journal "
-                                                  "(same tasks and settings but the chunk rule, scorer or window) instead of running them again."),
+                                                  "(same tasks and settings but the chunk rule, scorer, window or keep) instead of running them again."),
     max_tokens: int = typer.Option(24, help="answer: tokens generated per run."),
     scores_dir: str = typer.Option("", help="recall: also save each task's token scores (.npz per task and scorer, with the "
                                             "document) in this directory, to compare chunk rules offline."),
