@@ -548,6 +548,10 @@ def calibrate_real_table(results: list[Result], base: Path) -> str:
     return "\n\n".join(parts)
 
 
+#: harm pairs (baseline right, specprefill wrong) issue 48 item 5 wants before the label-free bars are judged
+HARMS_WANTED = 20
+
+
 def labelfree_table(results: list[Result], base: Path) -> str:
     """The newest `specq bench labelfree` report (by date, then name; older ones stay in the `other` table): what
     was counted, then the confusion tables of the label-free metrics against answer-right labels and the row means
@@ -559,13 +563,16 @@ def labelfree_table(results: list[Result], base: Path) -> str:
     d = r.data
     lab, ch, ck, ll = d["labels"], d["choosing"], d["checking"], d["metrics"]["loglik_delta"]
     names = ", ".join(f"`{Path(j['path']).name}`" for j in d["journals"] if j["questions"])
+    check_set = ("journals matching " + ", ".join(f"`{g}`" for g in d["check_on"])) if d["check_on"] else "every other journal"
     ll_names = ", ".join(f"`{Path(j).name}`" for j in ll["journals"]) or "no journal"
     head = (f"From {_link(r, base)} (code `{r.code}`, {r.date}): **{d['questions']} graded questions** on {d['documents']} "
             f"documents ({names}); **{lab['harm']} harm** (baseline right, specprefill wrong), {lab['gain']} gain, "
             f"{lab['both-right']} both right, {lab['both-wrong']} both wrong; harms by keep: "
-            + ", ".join(f"{k}: {v}" for k, v in d["harms_by_keep"].items()) + ".")
+            + ", ".join(f"{k}: {v}" for k, v in d["harms_by_keep"].items())
+            + (f" — **{'at least' if lab['harm'] >= HARMS_WANTED else 'fewer than'} the {HARMS_WANTED} harm pairs issue 48 "
+               "item 5 asks for**" + ("" if lab["harm"] >= HARMS_WANTED else ", so every rate below is a first look") + "."))
     sets = (f"Choosing set (journals matching {', '.join(f'`{g}`' for g in d['choose_on'])}): {ch['questions']} questions, "
-            f"{ch['documents']} documents, {ch['harms']} harms — **in-sample**. Check set ({', '.join(d['check_on'])}): "
+            f"{ch['documents']} documents, {ch['harms']} harms — **in-sample**. Check set ({check_set}): "
             f"{ck['questions']} questions, {ck['documents']} documents, {ck['harms']} harms, after leaving out "
             f"{ck['left_out_shared_documents']} questions about documents the choosing set holds. Rule: {d['rule']}; "
             f"intervals: {d['interval']}. `loglik_delta` has values on {ll['questions']} questions ({ll['documents']} "
