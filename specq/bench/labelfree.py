@@ -32,6 +32,9 @@ gives both means, the row mean at a few k, and the k where it crosses the provis
 (evidence.PASS_BARS). `rows` gives each journal's observed (arm, length) row: its harms and gains beside
 each metric's mean.
 
+A question's document is the record's `doc_sha256` (or a calibrate unit's `doc`) where it has one, else its
+family (`specq bench quality --family`: one document per family), else its task (one document per task).
+
 Closed-book-right questions, records without both arms, and ungraded answers (a summary has no
 answer-right) are left out and counted; a question two journals hold with the same settings (same
 `settings_key` and task or unit) counts once, from the first journal given.
@@ -328,7 +331,7 @@ def table_markdown(report: dict) -> str:
     """The confusion table per metric (chosen threshold: check set, then the in-sample choosing set; and the
     provisional bar on every question), and the row means it implies."""
     head = ["metric", "alarm when", "set", "questions (documents)", "harms caught", "false alarms / non-harm",
-            "of them both right", "documents: harm caught / false alarm"]
+            "of them both right", "documents with harm: caught / all; without: alarmed / all"]
     lines = ["| " + " | ".join(head) + " |", "|---|---|---|---:|---:|---:|---:|---:|"]
 
     def line(m: str, t: float, which: str, c: dict) -> None:
