@@ -332,7 +332,7 @@ def test_recall_from_saved_scores_under_another_rule(tiny_models, tmp_path):
 
 
 def test_answer_half_reuses_an_earlier_runs_baselines(tiny_models, tmp_path):
-    """`--baseline-from`: a run under another chunk rule or scorer takes the closed-book and baseline
+    """`--baseline-from`: a run under another chunk rule, scorer or keep takes the closed-book and baseline
     answers of an earlier journal of the same tasks (they do not depend on either) and runs only
     specprefill; the report keeps the rules' and scorers' rows apart; a journal of other settings is
     refused."""
@@ -370,6 +370,7 @@ def test_answer_half_reuses_an_earlier_runs_baselines(tiny_models, tmp_path):
         one_pass = replace(s, scorer="full")
         assert set(baselines_from(old, one_pass)) == set(reuse)
         assert set(baselines_from(old, replace(s, window=0))) == set(reuse)  # the journal's window (600) is found
+        assert set(baselines_from(old, replace(s, keep=0.1))) == set(reuse)  # a smaller keep's arm: baselines do not depend on it
         run_answer(eng, one_pass, Journal(tmp_path / "full.jsonl", one_pass), baselines=reuse, baselines_path=str(old))
         rows = build_report([old, new, tmp_path / "full.jsonl"])["answer"]
         assert sorted((r["scorer"], r["chunk_rule"]) for r in rows) == [("full", "border"), ("windowed", "border"),

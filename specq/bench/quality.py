@@ -459,13 +459,14 @@ def evidence_fields(engine, task: qt.Task, prompt, params: RunParams, positions:
 
 def baselines_from(path: Path, settings: QualitySettings) -> dict[str, dict]:
     """Task id -> answer record of an earlier answer journal that ran these settings except how
-    specprefill scores and ranks chunks (chunk rule, scorer, window; so the same tasks, model settings
-    and max_tokens): its closed-book and baseline answers do not depend on those, and
-    `run_answer(baselines=...)` reuses them."""
+    specprefill scores, ranks and keeps chunks (chunk rule, scorer, window, keep; so the same tasks, model
+    settings and max_tokens): its closed-book and baseline answers do not depend on those, and
+    `run_answer(baselines=...)` reuses them (a keep-0.1 arm beside a keep-0.3 run runs specprefill only)."""
     records = read_journal(path)
     windows = {0, settings.window} | {r.get("settings", {}).get("window", 0) for r in records}  # (records keep a set window)
-    want = {QualitySettings(**{**asdict(settings), "chunk_rule": rule, "scorer": scorer, "window": window}).key("answer")
-            for rule in CHUNK_RULES for scorer in typing.get_args(Scorer) for window in windows}
+    keeps = {settings.keep} | {r.get("settings", {}).get("keep", settings.keep) for r in records}
+    want = {QualitySettings(**{**asdict(settings), "chunk_rule": rule, "scorer": scorer, "window": window, "keep": keep}).key("answer")
+            for rule in CHUNK_RULES for scorer in typing.get_args(Scorer) for window in windows for keep in keeps}
     out = {r["task"]: r for r in records
            if r.get("half") == "answer" and r.get("settings_key") in want and "closed_book" in r}
     if not out:

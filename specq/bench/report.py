@@ -32,6 +32,7 @@ from ..settings_reference import settings_markdown
 from .provenance import REPO
 from .quality_report import table_markdown
 from .calibrate import table_markdown as calibrate_markdown
+from .labelfree import table_markdown as labelfree_markdown
 from .structured import table_markdown as structured_markdown
 
 RESULTS = REPO / "bench" / "results"
@@ -547,9 +548,42 @@ def calibrate_real_table(results: list[Result], base: Path) -> str:
     return "\n\n".join(parts)
 
 
+#: harm pairs (baseline right, specprefill wrong) issue 48 item 5 wants before the label-free bars are judged
+HARMS_WANTED = 20
+
+
+def labelfree_table(results: list[Result], base: Path) -> str:
+    """The newest `specq bench labelfree` report (by date, then name; older ones stay in the `other` table): what
+    was counted, then the confusion tables of the label-free metrics against answer-right labels and the row means
+    they imply (specq/bench/labelfree.py)."""
+    found = [r for r in results if r.kind == "labelfree" and r.provenance is not None]
+    if not found:
+        raise ReportError("no `specq bench labelfree` report with provenance under bench/results")
+    r = max(found, key=lambda r: (r.date, r.rel))
+    d = r.data
+    lab, ch, ck, ll = d["labels"], d["choosing"], d["checking"], d["metrics"]["loglik_delta"]
+    names = ", ".join(f"`{Path(j['path']).name}`" for j in d["journals"] if j["questions"])
+    check_set = ("journals matching " + ", ".join(f"`{g}`" for g in d["check_on"])) if d["check_on"] else "every other journal"
+    ll_names = ", ".join(f"`{Path(j).name}`" for j in ll["journals"]) or "no journal"
+    head = (f"From {_link(r, base)} (code `{r.code}`, {r.date}): **{d['questions']} graded questions** on {d['documents']} "
+            f"documents ({names}); **{lab['harm']} harm** (baseline right, specprefill wrong), {lab['gain']} gain, "
+            f"{lab['both-right']} both right, {lab['both-wrong']} both wrong; harms by keep: "
+            + ", ".join(f"{k}: {v}" for k, v in d["harms_by_keep"].items())
+            + (f" — **{'at least' if lab['harm'] >= HARMS_WANTED else 'fewer than'} the {HARMS_WANTED} harm pairs issue 48 "
+               "item 5 asks for**" + ("" if lab["harm"] >= HARMS_WANTED else ", so every rate below is a first look") + "."))
+    sets = (f"Choosing set (journals matching {', '.join(f'`{g}`' for g in d['choose_on'])}): {ch['questions']} questions, "
+            f"{ch['documents']} documents, {ch['harms']} harms — **in-sample**. Check set ({check_set}): "
+            f"{ck['questions']} questions, {ck['documents']} documents, {ck['harms']} harms, after leaving out "
+            f"{ck['left_out_shared_documents']} questions about documents the choosing set holds. Rule: {d['rule']}; "
+            f"intervals: {d['interval']}. `loglik_delta` has values on {ll['questions']} questions ({ll['documents']} "
+            f"documents; {ll_names}).")
+    return head + "\n\n" + sets + "\n\n" + labelfree_markdown(d)
+
+
 RENDERERS: dict[str, Renderer] = {
     "structured": structured_table,
     "calibrate-real": calibrate_real_table,
+    "labelfree": labelfree_table,
     "compose-up": compose_up_table,
     "headline": headline_table,
     "ttft": ttft_table,
@@ -605,4 +639,4 @@ def render_all(write: bool, repo: Path = REPO, results: list[Result] | None = No
     return changed
 
 
-__all__ = ["calibrate_real_table", "compose_up_table", "structured_table", "RENDERERS", "ReportError", "Result", "load_results", "render_text", "render_all", "doc_files"]
+__all__ = ["calibrate_real_table", "labelfree_table", "compose_up_table", "structured_table", "RENDERERS", "ReportError", "Result", "load_results", "render_text", "render_all", "doc_files"]

@@ -542,7 +542,7 @@ def bench_quality(
                                                   "2026-12-04) or scope (border + header lines). recall also records "
                                                   "<scorer>-<rule> for the other rules from the same pass."),
     baseline_from: Path = typer.Option(None, help="answer: reuse the closed-book and baseline answers of this earlier answer journal "
-                                                  "(same tasks and settings but the chunk rule, scorer or window) instead of running them again."),
+                                                  "(same tasks and settings but the chunk rule, scorer, window or keep) instead of running them again."),
     max_tokens: int = typer.Option(24, help="answer: tokens generated per run."),
     scores_dir: str = typer.Option("", help="recall: also save each task's token scores (.npz per task and scorer, with the "
                                             "document) in this directory, to compare chunk rules offline."),
@@ -719,6 +719,46 @@ def bench_structured(
                and r.get("settings") == {"max_tokens": max_tokens, "mode": mode}]
     report = st.build_report(records, prov, settings)
     typer.echo(st.table_markdown(report))
+    if out:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(report, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+        typer.echo(f"wrote {out}")
+
+
+@bench_app.command("labelfree")
+def bench_labelfree(
+    journals: str = typer.Option(..., help="Comma-separated answer journals: `specq bench quality` answer halves and/or "
+                                           "`specq calibrate` journals (graded questions with both arms' answers)."),
+    choose_on: str = typer.Option(",".join(("*families*", "*scope*")), help="Comma-separated globs (on the journal's path or "
+                                  "name): the journals each metric's threshold is chosen on (in-sample)."),
+    check_on: str = typer.Option("", help="Comma-separated globs: the journals the chosen thresholds are checked on "
+                                          "(default: every journal not chosen on), less questions about documents the choosing set holds."),
+    out: Path = typer.Option(None, help="Write the report (JSON, with provenance) here, e.g. bench/results/labelfree-vs-labels-<date>.json."),
+) -> None:
+    """Do the label-free metrics (agreement, token F1, loglik delta) catch the questions where baseline is right and
+    specprefill wrong? A confusion table per metric, its threshold chosen on one set of journals and checked on another
+    (specq/bench/labelfree.py)."""
+    import json
+
+    from ..bench import labelfree as lf
+    from ..bench.provenance import provenance as collect
+
+    paths = [Path(p.strip()) for p in journals.split(",") if p.strip()]
+    missing = [str(p) for p in paths if not p.is_file()]
+    if not paths or missing:
+        raise fail(f"--journals: no such file: {', '.join(missing)}" if missing else "--journals: give at least one journal")
+    choose = [g.strip() for g in choose_on.split(",") if g.strip()]
+    check = [g.strip() for g in check_on.split(",") if g.strip()]
+    report = lf.build(paths, choose_on=choose, check_on=check)
+    if not report["questions"]:
+        raise fail("no graded question with both arms' answers in these journals")
+    report["command"] = "specq bench labelfree --journals " + ",".join(str(p) for p in paths) + (
+        f" --choose-on '{choose_on}'" if choose_on else "") + (f" --check-on '{check_on}'" if check_on else "")
+    report["provenance"] = collect(None, settings={"journals": [str(p) for p in paths], "choose_on": choose, "check_on": check})
+    typer.echo(lf.table_markdown(report))
+    lab = report["labels"]
+    typer.echo(f"\n{report['questions']} questions on {report['documents']} documents: {lab['harm']} harm, {lab['gain']} gain, "
+               f"{lab['both-right']} both right, {lab['both-wrong']} both wrong")
     if out:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(report, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
