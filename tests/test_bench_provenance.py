@@ -83,6 +83,20 @@ def test_ttft_report_both_modes_same_numerics_and_provenance(tiny_models, tmp_pa
     for m in ("on", "off"):
         # both ratios are rounded to 3 decimals (equal before rounding when the mode's baseline is the fastest)
         assert row["modes"][m]["ratio_vs_fastest_baseline"] <= row["modes"][m]["ratio"] + 1e-3
+    # the speculator's pass as throughput: the window tokens its prefill phase ran, per second; on a CPU no
+    # peak is measured, so no fraction of it
+    assert report["speculator_throughput"]["peak"] is None
+    assert report["speculator_throughput"]["shape"]["n_layer"] == 2
+    for m in ("on", "off"):
+        r = report["per_mode"][m]["rows"][0]
+        # one window of ~300 document tokens + template + question, less the token the lookahead decodes
+        assert r["windows"] == 1 and 300 < r["speculator_tokens"] < r["prompt_tokens"]
+        assert r["speculator_tokens_per_s"] > 0 and r["speculator_tflops"] > 0
+        assert r["speculator_tokens_per_s"] == pytest.approx(
+            r["speculator_tokens"] / (r["specprefill_phases_ms"]["speculator_prefill"] / 1000), rel=0.01)
+        assert r["fraction_of_peak"] is None
+    assert row["speculator_tokens_per_s"] == row["modes"]["on"]["speculator_tokens_per_s"]
+    assert row["fraction_of_peak"] is None
 
 
 def test_decode_books_the_drafters_prefill_apart_and_records_provenance(tiny_models):

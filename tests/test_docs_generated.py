@@ -67,6 +67,20 @@ def test_a_changed_result_changes_its_rows():
     assert "| 3,000 | 889 | **3.38×** |" in after and "**2.41×**" not in after
 
 
+def test_ttft_rows_show_the_speculator_throughput_where_the_report_has_it():
+    """Reports from before the speculator throughput fields render "–" there; one with them shows them."""
+    results = report.load_results()
+    ttft = next(r for r in results if r.rel == "bench/results/h200-2026-12-04e/m1-ttft-7b.json")
+    assert "| **2.41×** | – | – |" in report.ttft_table(results, REPO / "docs")
+    data = copy.deepcopy(ttft.data)
+    data["rows"][0].update(speculator_tokens=32700, speculator_tokens_per_s=125432.1, fraction_of_peak=0.1534)
+    changed = [report.Result(r.path, data) if r is ttft else r for r in results]
+    assert "| **2.41×** | 125,432 | 15.3% |" in report.ttft_table(changed, REPO / "docs")
+    # a CPU run: tokens/s, no peak
+    data["rows"][0].update(fraction_of_peak=None)
+    assert "| **2.41×** | 125,432 | – |" in report.ttft_table(changed, REPO / "docs")
+
+
 def test_rows_carry_the_recorded_code_and_reports_without_provenance_go_to_history():
     results = report.load_results()
     base = REPO / "docs"

@@ -340,6 +340,11 @@ def test_parallel_windows_score_like_one_at_a_time(tiny_models):
     assert a.windows == b.windows == len(plan_windows(len(prompt.document), 700)) >= 5
     np.testing.assert_allclose(a.scores, b.scores, rtol=2e-2, atol=1e-3)
     assert np.corrcoef(a.scores, b.scores)[0, 1] > 0.999
+    # both prefilled each window (head + slice + tail) but its last token, from position 0 (bench ttft's
+    # speculator tokens and FLOPs are counted from these spans)
+    spans = [(0, len(prompt.head) + (e - s) + len(prompt.tail) - 1) for s, e in plan_windows(len(prompt.document), 700)]
+    assert one.prefill_spans == spans and sorted(par.prefill_spans) == sorted(spans)
+    assert sum(e for _, e in spans) == one.prefilled_tokens == par.prefilled_tokens
     # the benchmark's overhead baseline runs the same parallel forward passes without capture
     calls = par.capture.calls
     bare = par.score(prompt, window=700, lookahead=5, pool=13, capture=False)

@@ -178,9 +178,11 @@ def ttft_table(results: list[Result], base: Path) -> str:
             rows.append([_link(r, base), r.device, f"`{r.code}`", f"{_model(e.get('target'))} / {_model(e.get('speculator'))}",
                          f"{row.get('prompt_tokens', row.get('length')):,}", f"{st.get('keep', '–')}", shape,
                          _ms(row.get("fastest_baseline_ms", row["baseline_ttft_ms"])), _ms(row["specprefill_ttft_ms"]),
-                         f"**{row['ratio']:.2f}×**" if row.get("ratio") else "–"])
+                         f"**{row['ratio']:.2f}×**" if row.get("ratio") else "–",
+                         _ms(row.get("speculator_tokens_per_s")), _f(row.get("fraction_of_peak"), "{:.1%}")])
     return _table(["result", "device", "code", "target / speculator", "prompt tokens", "keep", "scoring windows",
-                   "baseline TTFT ms", "specprefill TTFT ms", "speed-up"], "lllllrrrrrr"[:10], rows)
+                   "baseline TTFT ms", "specprefill TTFT ms", "speed-up", "speculator prefill tokens/s",
+                   "of the card's F16 peak"], "lllllrrrrrrr", rows)
 
 
 def _workload(w: dict) -> str:

@@ -13,6 +13,14 @@ on and then off (one engine each: numerics are fixed when the model loads) and q
 specprefill against the fastest baseline of both (`ratio_vs_fastest_baseline`; the headline `ratio` is
 the service's default mode's), so specprefill is never credited with a handicapped baseline. Every
 report carries `provenance` (specq/bench/provenance.py).
+
+The speculator's pass is also reported as throughput (issue 50, item 2): per length, the tokens its
+`speculator_prefill` phase prefilled (each window's template head + document slice + question tail
+less its last token, which the first lookahead step decodes; restored cells and the lookahead decodes
+are not counted: they are not in that phase), those tokens per second of the phase's median, the FLOP/s
+that makes for the speculator's shape (specq/bench/flops.py) and `fraction_of_peak`, that over the card's
+F16 matmul peak measured in the same run. On a CPU (or without CUDA torch) no peak is measured and the
+fraction is null; tokens/s is still reported.
 """
 
 from __future__ import annotations
@@ -27,6 +35,7 @@ from typing import Any, Callable, Sequence
 from ..engine.options import RunParams
 
 from . import EXAMPLES
+from .flops import measured_peak, prefill_flops, read_shape
 QUESTION = "Which company did the Python core development team move to in May 2000?"
 PHASES = ("speculator_prefill", "lookahead", "score_math", "select", "sparse_prefill")
 
@@ -55,8 +64,10 @@ class LengthResult:
     kept_ratio: float = 0.0
     windows: int = 0
     forward_only_ms: list[float] = field(default_factory=list)
+    #: positions [start, end) the speculator prefilled in one specprefill run (Scorer.prefill_spans)
+    speculator_spans: list[tuple[int, int]] = field(default_factory=list)
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self, shape=None, peak: dict[str, Any] | None = None) -> dict[str, Any]:
         med = statistics.median
         b, s = med(self.baseline_ttft_ms), med(self.spec_ttft_ms)
         phases = {k: round(med(v), 2) for k, v in self.spec_phases_ms.items() if v}
@@ -75,7 +86,24 @@ class LengthResult:
             "scoring_overhead": round((score - fwd) / fwd, 4) if fwd else None,
             "baseline_runs_ms": [round(x, 2) for x in self.baseline_ttft_ms],
             "specprefill_runs_ms": [round(x, 2) for x in self.spec_ttft_ms],
+            **self.speculator_throughput(shape, peak),
         }
+
+    def speculator_throughput(self, shape, peak: dict[str, Any] | None) -> dict[str, Any]:
+        """The speculator_prefill phase's tokens, tokens/s, TFLOP/s and fraction of the card's peak."""
+        tokens = sum(e - s for s, e in self.speculator_spans)
+        ms = statistics.median(self.spec_phases_ms.get("speculator_prefill") or [0.0])
+        out: dict[str, Any] = {"speculator_tokens": tokens, "speculator_tokens_per_s": None, "speculator_tflops": None,
+                               "fraction_of_peak": None}
+        if not tokens or ms <= 0:
+            return out
+        out["speculator_tokens_per_s"] = round(tokens / (ms / 1000.0), 1)
+        if shape is not None:
+            tflops = prefill_flops(shape, self.speculator_spans) / (ms / 1000.0) / 1e12
+            out["speculator_tflops"] = round(tflops, 4)
+            if peak:
+                out["fraction_of_peak"] = round(tflops / peak["tflops"], 4)
+        return out
 
 
 def hardware() -> dict[str, Any]:
@@ -109,6 +137,11 @@ def run_ttft_bench(
     start = _start()
     results: list[LengthResult] = []
     runs: list[dict[str, Any]] = []
+    # the speculator's shape, and the card's F16 peak now, in this run (none on a CPU engine)
+    shape = read_shape(engine.speculator.path)
+    peak = measured_peak() if engine.info.backend != "cpu" and engine.speculator.n_gpu_layers != 0 else None
+    if peak:
+        say(f"card F16 peak: {peak['tflops']:.0f} TFLOP/s ({peak['method']})")
     for n in lengths:
         doc = make_document(engine.target, n)
         base = RunParams(question=QUESTION, mode="baseline", max_tokens=1)
@@ -135,6 +168,7 @@ def run_ttft_bench(
                         lr.spec_phases_ms.setdefault(k, []).append(res.timings_ms.get(k, 0.0))
                     lr.kept_ratio = res.kept_ratio
                     lr.windows = res.spec.windows
+                    lr.speculator_spans = list(engine.scorer().prefill_spans)
             # the same speculator forward passes without capture or score math
             prompt = engine.tokenize_prompt(doc, spec)
             t0 = time.perf_counter()
@@ -145,8 +179,8 @@ def run_ttft_bench(
                 f"{lr.spec_ttft_ms[-1]:.0f} ms (" + ", ".join(f"{k} {v:.0f}" for k, v in ph.items()) + ")")
         results.append(lr)
         if on_report:
-            on_report(_report(engine, results, runs, keep, scorer, lookahead, window, reps, start))
-    return _report(engine, results, runs, keep, scorer, lookahead, window, reps, start)
+            on_report(_report(engine, results, runs, keep, scorer, lookahead, window, reps, start, shape, peak))
+    return _report(engine, results, runs, keep, scorer, lookahead, window, reps, start, shape, peak)
 
 
 def _start():
@@ -161,7 +195,7 @@ def same_numerics(runs: list[dict[str, Any]]) -> bool:
 
 
 def _report(engine, results: list[LengthResult], runs: list[dict[str, Any]], keep: float, scorer: str, lookahead: int,
-            window: int, reps: int, start=None) -> dict[str, Any]:
+            window: int, reps: int, start=None, shape=None, peak: dict[str, Any] | None = None) -> dict[str, Any]:
     from .provenance import provenance
 
     prov = provenance(engine, positions=[r["positions"] for r in runs if r["mode"] == "specprefill"],
@@ -178,7 +212,8 @@ def _report(engine, results: list[LengthResult], runs: list[dict[str, Any]], kee
         "batch_invariant": engine.numerics.batch_invariant,
         "same_numerics": same_numerics(runs),
         "settings": {"keep": keep, "scorer": scorer, "lookahead": lookahead, "window": window, "reps": reps},
-        "rows": [r.summary() for r in results],
+        "speculator_throughput": _throughput_note(shape, peak),
+        "rows": [r.summary(shape, peak) for r in results],
         "runs": runs,
     }
 
@@ -221,6 +256,22 @@ def run_ttft_modes(
     return _combine(per_mode, numerics_by_mode, default_mode or modes[0], start)
 
 
+def _throughput_note(shape, peak: dict[str, Any] | None) -> dict[str, Any]:
+    """What the rows' speculator_* fields and fraction_of_peak count, and the peak they are against."""
+    from dataclasses import asdict
+
+    return {
+        "tokens": "positions the speculator_prefill phase prefilled: each window's head + document slice + question "
+                  "tail less its last token (restored cells and the lookahead decodes are not in that phase)",
+        "flops": "specq/bench/flops.py: 2 x block matmul weights x tokens + 4 x layers x heads x head_dim x keys "
+                 "attended (causal, per window); no LM head",
+        "shape": asdict(shape) if shape is not None else None,
+        "peak": peak,
+        "fraction_of_peak": "speculator TFLOP/s / peak TFLOP/s" if peak else
+                            "null: no peak measured in this run (CPU engine, or no CUDA torch)",
+    }
+
+
 def _combine(per_mode: dict[str, dict[str, Any]], numerics_by_mode: dict[str, Any], default_mode: str,
              start) -> dict[str, Any]:
     first = next(iter(per_mode.values()))
@@ -248,6 +299,8 @@ def _combine(per_mode: dict[str, dict[str, Any]], numerics_by_mode: dict[str, An
             "windows": head["windows"],
             "specprefill_phases_ms": head["specprefill_phases_ms"],
             "scoring_overhead": head.get("scoring_overhead"),
+            **{k: head.get(k) for k in ("speculator_tokens", "speculator_tokens_per_s", "speculator_tflops",
+                                         "fraction_of_peak")},
             "modes": modes,
         })
     from .provenance import provenance
@@ -268,6 +321,7 @@ def _combine(per_mode: dict[str, dict[str, Any]], numerics_by_mode: dict[str, An
         "batch_invariant_modes": list(per_mode),
         "same_numerics": {m: rep["same_numerics"] for m, rep in per_mode.items()},
         "settings": first["settings"],
+        "speculator_throughput": per_mode.get(default_mode, first).get("speculator_throughput"),
         "rows": rows,
         "per_mode": per_mode,
     }
@@ -292,7 +346,8 @@ def print_report(report: dict[str, Any]) -> None:
         Console(width=200).print(t)
         return
     t = Table(title=report.get("title") or f"TTFT, baseline vs specprefill ({report['engine'].get('backend')}, keep {report['settings']['keep']})")
-    for col in ("prompt tokens", "baseline ms", "specprefill ms", "ratio", "kept", "windows", "spec prefill", "lookahead", "score math", "select", "sparse prefill", "overhead"):
+    for col in ("prompt tokens", "baseline ms", "specprefill ms", "ratio", "kept", "windows", "spec prefill", "lookahead",
+                "score math", "select", "sparse prefill", "overhead", "spec tokens", "spec tok/s", "spec TFLOP/s", "of peak"):
         t.add_column(col, justify="right")
     for r in report["rows"]:
         p = r["specprefill_phases_ms"]
@@ -302,8 +357,16 @@ def print_report(report: dict[str, Any]) -> None:
             f"{r['kept_ratio']:.0%}", str(r["windows"]),
             *(f"{p.get(k, 0):,.0f}" for k in PHASES),
             "-" if ov is None else f"{ov:+.0%}",
+            *_throughput_cells(r),
         )
     Console(width=200).print(t)
+
+
+def _throughput_cells(r: dict[str, Any]) -> list[str]:
+    tps, tf, frac = r.get("speculator_tokens_per_s"), r.get("speculator_tflops"), r.get("fraction_of_peak")
+    return [f"{r['speculator_tokens']:,}" if r.get("speculator_tokens") is not None else "-",
+            "-" if tps is None else f"{tps:,.0f}", "-" if tf is None else f"{tf:.3g}",
+            "-" if frac is None else f"{frac:.1%}"]
 
 
 def write_outputs(report: dict[str, Any], json_path: Path | None, png_path: Path | None) -> None:

@@ -254,6 +254,10 @@ class SpecPrefillScorer:
         self.cached_tokens: list[int] = []
         #: speculator tokens prefilled so far (tests: a speculator-cache hit prefills only question tails)
         self.prefilled_tokens = 0
+        #: positions [start, end) of each sequence the last score() call prefilled (restored cells not
+        #: included; the lookahead decodes not either): what `speculator_prefill` timed, for the benchmark's
+        #: throughput and FLOP count (specq/bench/flops.py)
+        self.prefill_spans: list[tuple[int, int]] = []
 
     def streams(self) -> Context:
         """The parallel-window context: n_parallel KV streams of `stream_cells` cells."""
@@ -304,6 +308,7 @@ class SpecPrefillScorer:
         calls"); `ctx` is the context being prefilled (the caller must leave its cells alone); an
         exception from it ends the scoring."""
         self._between, self._between_s = between_calls, 0.0
+        self.prefill_spans = []
         try:
             return self._score(prompt, scorer, lookahead, pool, window, progress, capture, cache, scope, on_window)
         finally:
@@ -399,6 +404,7 @@ class SpecPrefillScorer:
             if not cache.restore_into(ctx, scope, tokens[:prefix]):
                 ctx.decode(tokens[:prefix], range(prefix), logits="none", after_call=after)
                 self.prefilled_tokens += prefix
+                self.prefill_spans.append((0, prefix))
                 cache.use.prefilled_tokens += prefix
                 cache.save_from(ctx, scope, tokens[:prefix])
             timings["cache_restore"] = timings.get("cache_restore", 0.0) + cache.use.restore_ms - restored0
@@ -406,6 +412,7 @@ class SpecPrefillScorer:
         if n - 1 > start:
             ctx.decode(tokens[start:-1], range(start, n - 1), logits="none", after_call=after)
             self.prefilled_tokens += n - 1 - start
+            self.prefill_spans.append((start, n - 1))
             if cache is not None:
                 cache.use.prefilled_tokens += n - 1 - start
 
@@ -511,6 +518,7 @@ class SpecPrefillScorer:
                 ctx.decode(miss_t, miss_p, seq_ids=miss_s, logits="none", after_call=after)
                 self.prefilled_tokens += len(miss_t)
                 cache.use.prefilled_tokens += len(miss_t)
+                self.prefill_spans += [(0, prefixes[w]) for w in missed]
                 for w in missed:
                     cache.save_from(ctx, scope, windows[w][: prefixes[w]], seq_id=w, layout="streams")
             restored = cache.use.restore_ms - restored0
@@ -521,6 +529,7 @@ class SpecPrefillScorer:
         if toks:
             ctx.decode(toks, pos, seq_ids=seqs, logits="none", after_call=after)
             self.prefilled_tokens += len(toks)
+            self.prefill_spans += [(starts[w], n - 1) for w, n in enumerate(lens) if n - 1 > starts[w]]
             if cache is not None:
                 cache.use.prefilled_tokens += len(toks)
         t1 = time.perf_counter()
