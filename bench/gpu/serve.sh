@@ -229,7 +229,8 @@ PY
   tail -5 "$out/image-worker.log"
   ;;
 calshadow)
-  # Issue 48 "Measure", one call (~4-5 min on an H100 after `build`): `serve.sh calshadow [LEN] [JOBS]` (16384, 32).
+  # Issue 48 "Measure", one call (~4-5 min on an H100 after `build`, estimated): `serve.sh calshadow 16384 32`
+  # (give LEN and JOBS: the script's defaults, 32768 and 64, are the `specq` stage's).
   # For each shadow rate of RATES ("0 0.05") a fresh start of the service as the `specq` stage runs it (SLOTS,
   # default 8), then `specq bench shadow-cost` (specq/bench/shadow_cost.py): PROBE (3) jobs one after another,
   # then JOBS jobs of LEN - LEN/16 document tokens (mode auto, greedy, MAX_TOKENS 64) at Poisson arrivals; the
@@ -262,5 +263,5 @@ calshadow)
     svc_stop
   done
   ;;
-*) echo "usage: serve.sh build | specq LEN JOBS | llama LEN JOBS | image [LEN] | calshadow [LEN] [JOBS]"; exit 2 ;;
+*) echo "usage: serve.sh build | specq LEN JOBS | llama LEN JOBS | image [LEN] | calshadow LEN JOBS"; exit 2 ;;
 esac
