@@ -128,6 +128,8 @@ def test_disagreeing_checks_disable_the_row_and_auto_says_so(stack):
     metrics = c.get("/metrics").text
     assert re.search(rf"^specq_shadow_jobs_total {sh['n'] + sh['cancelled']}\.0$", metrics, re.M), metrics
     assert re.search(r'^specq_shadow_agreement\{key="all",speculator="",target=""\} ', metrics, re.M), metrics
+    secs = re.search(r"^specq_shadow_seconds_total (\S+)$", metrics, re.M)
+    assert secs and float(secs.group(1)) > 0.0, metrics  # every check's baseline wall time, summed
     out = st.cli("evidence")
     assert out.returncode == 0, out.stderr
     line = next(ln for ln in out.stdout.splitlines() if ln.startswith("store\t"))  # not a terminal: tab-separated

@@ -21,6 +21,9 @@
 #       # ~1 prompt of 32K tokens of the 7B (~1.8 GB of KV): set it (e.g. SPECQ_CACHE_BYTES=$((32<<30)))
 #       # to keep 8 documents; a set value names the files ("-cache32G")
 #   bash bench/gpu/serve.sh image 32768   # the worker image's CMD/ENV (Dockerfile, compose.yaml) outside Docker, one job
+#   bash bench/gpu/serve.sh calshadow 16384 32   # calibration through the service (questions/min) and the shadow
+#       # rate's cost (0 against 0.05, Poisson arrivals, same job list): see the stage; CPU smoke at a tiny scale:
+#       # SPECQ_BENCH_TARGET=t.gguf SPECQ_BENCH_SPECULATOR=s.gguf PY=.venv/bin/python CTX=2048 ... calshadow 512 6
 #   SPECQ_SCORE_THREAD=off SPECQ_SPEC_CACHE_SAVE=repeat SLOTS_LIST=8 bash bench/gpu/serve.sh specq 32768 64
 #       # A/B: the speculator's scoring on the engine thread between decode batches, as before the score
 #       # thread (engine/serving/score_thread.py; default auto = its own thread on a GPU); files carry "-score-off"
@@ -68,8 +71,13 @@ server=$build/vendor/llama.cpp/bin/llama-server
 # the document's characters per token for the Qwen2 vocabulary on bench/serve.py's pseudo-code (the
 # JSON records the prompt tokens each job really had); documents leave room for template + question
 cpt=${CHARS_PER_TOKEN:-2.6}; doc_tokens=$(( len - len / 16 ))
+# the models and python: the GPU machine's by default; SPECQ_BENCH_TARGET / SPECQ_BENCH_SPECULATOR (then no
+# model is written) and PY (e.g. .venv/bin/python) let the service stages' logic run on a CPU at a tiny scale
+target=${SPECQ_BENCH_TARGET:-/tmp/models/7b.gguf}; speculator=${SPECQ_BENCH_SPECULATOR:-/tmp/models/0.5b.gguf}
+py=${PY:-python3}
 
 models() {
+  [ -n "${SPECQ_BENCH_TARGET:-}" ] && return 0
   # the model's trained context caps both servers' (specq: "up to the model's"; llama-server caps each
   # slot at n_ctx_train): a model written for a smaller CTX is written again (a 128K run after `build`)
   local n=$(( ctx > 32768 ? ctx : 32768 ))
@@ -81,6 +89,36 @@ models() {
     fi
   done
 }
+
+# The service as the `specq` stage runs it (the `calshadow` stage too): `svc_start SLOTS LOG [NAME=VALUE ...]`
+# (further environment for the service) sets $port, $pid and $apid; `svc_stop` ends it. A fresh SPECQ_HOME
+# each start (the embedded store and broker: no PostgreSQL/Redis on the device).
+svc_start() {
+  local slots=$1 log=$2; shift 2
+  home=/tmp/specq-home-$slots; rm -rf "$home"; port=$(( 8200 + slots ))
+  # CUDA graphs off as production runs them (SPECQ_CUDA_GRAPHS); GRAPHS_ON=1 for the comparison
+  svc=(env SPECQ_CUDA_GRAPHS=$([ "${GRAPHS_ON:-0}" = 1 ] && echo true || echo false) SPECQ_HOME=$home SPECQ_API_PORT=$port SPECQ_TARGET=$target SPECQ_SPECULATOR=$speculator
+    SPECQ_N_GPU_LAYERS=-1 SPECQ_N_CTX=$ctx SPECQ_SLOTS=$slots SPECQ_N_BATCH=4096 SPECQ_N_UBATCH=2048
+    SPECQ_TIME_LIMIT=3000 SPECQ_KV_UNIFIED=${SPECQ_KV_UNIFIED:-false} "$@")
+  apid=
+  if [ -n "${SPECQ_BENCH_UNION:-}" ]; then
+    # the emulated selection overlap is injected by the benchmark's own worker (`specq bench worker
+    # --union`, specq/testing/emulated_selection.py); `specq up` and production code never read it
+    "${svc[@]}" $py -m specq.cli db upgrade > "$log" 2>&1 || { tail -5 "$log"; exit 1; }
+    "${svc[@]}" $py -m specq.cli api --loglevel warning >> "$log" 2>&1 &
+    apid=$!
+    "${svc[@]}" $py -m specq.cli bench worker --union "$SPECQ_BENCH_UNION" >> "$log" 2>&1 &
+  else
+    "${svc[@]}" $py -m specq.cli up > "$log" 2>&1 &
+  fi
+  pid=$!
+  for i in $(seq 300); do
+    curl -sf localhost:$port/readyz 2>/dev/null | grep -q '"workers_ready":[1-9]' && break; sleep 1
+  done
+  grep -m3 "warm-up\|ready: target" "$log"
+  nvidia-smi --query-gpu=memory.used --format=csv,noheader 2>/dev/null
+}
+svc_stop() { kill -TERM $pid $apid; wait $pid $apid; }
 
 case "$stage" in
 build)
@@ -122,32 +160,12 @@ specq)
   autotag=${SPECQ_AUTO_GROUP_MIN_TOKENS:+-agroup$SPECQ_AUTO_GROUP_MIN_TOKENS}${SPECQ_AUTO_QUALITY_MIN_TOKENS:+-aquality$SPECQ_AUTO_QUALITY_MIN_TOKENS}
   tag=${SPECQ_SPEC_CACHE_SAVE:+-save-$SPECQ_SPEC_CACHE_SAVE}$htag$autotag${SPECQ_SCORE_THREAD:+-score-$SPECQ_SCORE_THREAD}${SPECQ_GROUP_SPARSE:+-group-$SPECQ_GROUP_SPARSE}$utag$ctag$qtag${docflag:+-docs}$atag
   for slots in ${SLOTS_LIST:-8 1}; do
-    home=/tmp/specq-home-$slots; rm -rf "$home"; port=$(( 8200 + slots ))
-    # CUDA graphs off as production runs them (SPECQ_CUDA_GRAPHS); GRAPHS_ON=1 for the comparison
-    svc=(env SPECQ_CUDA_GRAPHS=$([ "${GRAPHS_ON:-0}" = 1 ] && echo true || echo false) SPECQ_HOME=$home SPECQ_API_PORT=$port SPECQ_TARGET=/tmp/models/7b.gguf SPECQ_SPECULATOR=/tmp/models/0.5b.gguf
-      SPECQ_N_GPU_LAYERS=-1 SPECQ_N_CTX=$ctx SPECQ_SLOTS=$slots SPECQ_N_BATCH=4096 SPECQ_N_UBATCH=2048
-      SPECQ_TIME_LIMIT=3000 SPECQ_KV_UNIFIED=${SPECQ_KV_UNIFIED:-false})
-    log="$out/specq-$slots$tag-$len.log"; apid=
-    if [ -n "${SPECQ_BENCH_UNION:-}" ]; then
-      # the emulated selection overlap is injected by the benchmark's own worker (`specq bench worker
-      # --union`, specq/testing/emulated_selection.py); `specq up` and production code never read it
-      "${svc[@]}" python3 -m specq.cli db upgrade > "$log" 2>&1 || { tail -5 "$log"; exit 1; }
-      "${svc[@]}" python3 -m specq.cli api --loglevel warning >> "$log" 2>&1 &
-      apid=$!
-      "${svc[@]}" python3 -m specq.cli bench worker --union "$SPECQ_BENCH_UNION" >> "$log" 2>&1 &
-    else
-      "${svc[@]}" python3 -m specq.cli up > "$log" 2>&1 &
-    fi
-    pid=$!
-    for i in $(seq 300); do
-      curl -sf localhost:$port/readyz 2>/dev/null | grep -q '"workers_ready":[1-9]' && break; sleep 1
-    done
-    grep -m3 "warm-up\|ready: target" "$log"
-    nvidia-smi --query-gpu=memory.used --format=csv,noheader
-    python3 -m specq.cli bench serve --url http://127.0.0.1:$port --kind specq --docs "$docs" --questions "$questions" --doc-tokens $doc_tokens \
+    log="$out/specq-$slots$tag-$len.log"
+    svc_start "$slots" "$log"
+    $py -m specq.cli bench serve --url http://127.0.0.1:$port --kind specq --docs "$docs" --questions "$questions" --doc-tokens $doc_tokens \
       --chars-per-token "$cpt" --max-tokens $max_tokens --mode "$mode" --keep $keep --arrival "$arrival" $docflag ${mixflags[@]+"${mixflags[@]}"} --label "specq $slots slots$tag" \
       --out "$out/serve-specq$slots$tag-$len.json" --plot "$out/serve-specq$slots$tag-$len.png"
-    kill -TERM $pid $apid; wait $pid $apid
+    svc_stop
   done
   ;;
 llama)
@@ -210,5 +228,40 @@ PY
   kill -TERM $apid $wpid; wait $wpid; echo "worker exit $?"
   tail -5 "$out/image-worker.log"
   ;;
-*) echo "usage: serve.sh build | specq LEN JOBS | llama LEN JOBS | image [LEN]"; exit 2 ;;
+calshadow)
+  # Issue 48 "Measure", one call (~4-5 min on an H100 after `build`, estimated): `serve.sh calshadow 16384 32`
+  # (give LEN and JOBS: the script's defaults, 32768 and 64, are the `specq` stage's).
+  # For each shadow rate of RATES ("0 0.05") a fresh start of the service as the `specq` stage runs it (SLOTS,
+  # default 8), then `specq bench shadow-cost` (specq/bench/shadow_cost.py): PROBE (3) jobs one after another,
+  # then JOBS jobs of LEN - LEN/16 document tokens (mode auto, greedy, MAX_TOKENS 64) at Poisson arrivals; the
+  # first rate's run derives the arrival rate (UTILIZATION 0.7 / the probe's median job time) and every later
+  # one reuses it, so all send the identical seeded job list (SEED). Mode auto reaches specprefill (and so shadow
+  # checks) through SPECQ_AUTO_QUALITY_MIN_TOKENS (default LEN/2): routing only, no evidence row is posted;
+  # these runs measure cost, not quality. In the first start, after its run, `specq bench calibrate-service`
+  # posts CAL_DOCS (8) documents of CAL_TOKENS (7680) tokens x CAL_Q (2) questions (text lines) to
+  # POST /v1/calibrations and waits for the last unit. Files: calibrate-service.json, shadow-rate<R>.json (the
+  # first rate's run), shadow-cost.json (0.05 against the first; another rate: shadow-cost-rate<R>.json), logs.
+  models
+  slots=${SLOTS:-8}; qmin=${SPECQ_AUTO_QUALITY_MIN_TOKENS:-$(( len / 2 ))}
+  routing="operator override SPECQ_AUTO_QUALITY_MIN_TOKENS=$qmin (routing only: no evidence row; these runs measure cost, not quality)"
+  common=(--jobs "$jobs" --doc-tokens "$doc_tokens" --chars-per-token "$cpt" --max-tokens "${MAX_TOKENS:-64}" --keep "$keep"
+    --seed "${SEED:-0}" --utilization "${UTILIZATION:-0.7}" --probe "${PROBE:-3}" --routing "$routing")
+  first=
+  for r in ${RATES:-0 0.05}; do
+    svc_start "$slots" "$out/calshadow-rate$r.log" SPECQ_SHADOW_RATE="$r" SPECQ_AUTO_QUALITY_MIN_TOKENS="$qmin"
+    if [ -z "$first" ]; then
+      first="$out/shadow-rate$r.json"
+      $py -m specq.cli bench shadow-cost --url http://127.0.0.1:$port --shadow-rate "$r" "${common[@]}" --out "$first"
+      $py -m specq.cli bench calibrate-service --url http://127.0.0.1:$port --docs "${CAL_DOCS:-8}" --questions "${CAL_Q:-2}" \
+        --doc-tokens "${CAL_TOKENS:-7680}" --chars-per-token "$cpt" --max-tokens "${CAL_MAX_TOKENS:-32}" --keep "$keep" \
+        --out "$out/calibrate-service.json"
+    else
+      $py -m specq.cli bench shadow-cost --url http://127.0.0.1:$port --shadow-rate "$r" "${common[@]}" --rate-from "$first" \
+        --against "$first" --out "$out/shadow-cost$([ "$r" = 0.05 ] || echo "-rate$r").json"
+    fi
+    grep -c "shadow check started" "$out/calshadow-rate$r.log"
+    svc_stop
+  done
+  ;;
+*) echo "usage: serve.sh build | specq LEN JOBS | llama LEN JOBS | image [LEN] | calshadow LEN JOBS"; exit 2 ;;
 esac

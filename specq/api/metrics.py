@@ -23,6 +23,7 @@ deployment (every worker, every API process):
 | `specq_worker_jobs_done` | gauge | worker, queue | jobs finished by that worker process |
 | `specq_shadow_agreement` | gauge | key, target, speculator | shadow checks' agreement with baseline (agreed / answered; engine/policy/shadow.py) per evidence key (sha256 of its fields, 12 digits), and over all keys (`key="all"`) |
 | `specq_shadow_jobs_total`, `specq_shadow_cancelled_total` | counter | | shadow checks started, and those cancelled because real work arrived (SPECQ_SHADOW_RATE) |
+| `specq_shadow_seconds_total` | counter | | the shadow checks' baseline wall time, summed as each check is stored (a cancelled one to its cut): the engine time the checks took |
 | `specq_scrape_errors` | gauge | source | 1 when the database or the broker could not be read |
 
 The numbers are aggregates (no documents, answers or ids) but span every tenant, so with
@@ -179,6 +180,7 @@ def _shadow_metrics(checks: list[dict]):
                           "answer, over answered checks, per evidence key and over all (key=all)",
                           labels=["key", "target", "speculator"])
     agreed = answered = started = cancelled = 0
+    seconds = 0.0
     for c in checks:
         n = c["agree"] + c["disagree"]
         key = c.get("key") or {}
@@ -188,6 +190,7 @@ def _shadow_metrics(checks: list[dict]):
         answered += n
         started += n + c["cancelled"]
         cancelled += c["cancelled"]
+        seconds += float(c.get("ms", 0.0)) / 1000.0
     if answered:
         g.add_metric(["all", "", ""], agreed / answered)
     yield g
@@ -196,6 +199,10 @@ def _shadow_metrics(checks: list[dict]):
     yield c
     c = CounterMetricFamily("specq_shadow_cancelled", "Shadow checks cancelled because the worker claimed real work")
     c.add_metric([], cancelled)
+    yield c
+    c = CounterMetricFamily("specq_shadow_seconds", "Shadow checks' baseline wall time (a cancelled one to its cut), "
+                            "summed as each check is stored")
+    c.add_metric([], seconds)
     yield c
 
 

@@ -582,10 +582,72 @@ def labelfree_table(results: list[Result], base: Path) -> str:
     return head + "\n\n" + sets + "\n\n" + labelfree_markdown(d)
 
 
+#: the command that writes calibrate-service.json and shadow-cost.json (bench/gpu/README.md)
+CALSHADOW_COMMAND = "bash bench/gpu/serve.sh calshadow 16384 32"
+
+
+def _gpu_runs(results: list[Result], kind: str) -> tuple[list[Result], str]:
+    """`kind`'s reports with provenance, and the note to print while none of them ran on a GPU."""
+    found = [r for r in results if r.kind == kind and r.provenance is not None]
+    on_gpu = any(((r.provenance or {}).get("host") or {}).get("gpu") for r in found)
+    note = "" if on_gpu else (f"**Not run on a GPU yet**: `{CALSHADOW_COMMAND}` (bench/gpu/README.md) writes the file "
+                              "this table is rendered from.")
+    return found, note
+
+
+def calibrate_service_table(results: list[Result], base: Path) -> str:
+    """`specq bench calibrate-service` reports (bench/gpu/serve.sh calshadow): questions per minute of a calibration
+    run by the service's own workers, wall from the POST to the last unit done, and the seconds per unit."""
+    found, note = _gpu_runs(results, "calibrate-service")
+    rows = []
+    for r in found:
+        d, w = r.data, r.data.get("workload", {})
+        rows.append([_link(r, base), r.device, f"`{r.code}`", r.date,
+                     f"{w.get('docs')} docs × {w.get('questions')} questions × {w.get('doc_tokens', 0):,} tokens, keep "
+                     f"{w.get('keep')}, {w.get('max_tokens')} answer tokens", f"{d.get('units_done')}/{d.get('units')}",
+                     _f(d.get("wall_s"), "{:.1f}"), f"**{_f(d.get('questions_per_min'), '{:.1f}')}**",
+                     _f(d.get("unit_s_p50"), "{:.2f}"), _f(d.get("unit_engine_s_p50"), "{:.2f}"), str(d.get("rows_written", "–"))])
+    table = _table(["result", "device", "code", "date", "calibration", "units done", "wall s", "questions/min",
+                    "unit s p50 (worker)", "unit s p50 (engine)", "rows written"], "lllllrrrrrr", rows) if rows else ""
+    return "\n\n".join(x for x in (note, table) if x)
+
+
+def shadow_cost_table(results: list[Result], base: Path) -> str:
+    """`specq bench shadow-cost --against` reports (bench/gpu/serve.sh calshadow): the same Poisson job list against
+    the service without and with shadow checks, jobs/min, client TTFT and the checks inside the window (/metrics)."""
+    found, note = _gpu_runs(results, "shadow-cost")
+    rows, routing = [], set()
+    for r in found:
+        d = r.data
+        routing.add(str(d.get("routing") or "–"))
+        for side in ("without", "with"):
+            x = d[side]
+            w = (x.get("run") or {}).get("workload", {})
+            win = x.get("shadow_window") or {}
+            rows.append([_link(r, base), r.device, f"`{r.code}`", f"{x['shadow_rate']:g}",
+                         f"{x.get('jobs')} jobs × {w.get('doc_tokens', 0):,} tokens, {w.get('max_tokens')} out, poisson:"
+                         f"{x.get('arrival_rate')}/s", _f(x.get("busy_fraction"), "{:.2f}"),
+                         f"**{_f(x.get('jobs_per_min'), '{:.1f}')}**", _ms(x.get("client_ttft_ms_p50")),
+                         _ms(x.get("client_ttft_ms_p90")), f"{win.get('checks', 0):g} / {win.get('cancelled', 0):g}",
+                         f"{_f(win.get('seconds'), '{:.2f}')} ({_f(100 * (x.get('shadow_seconds_share_of_makespan') or 0), '{:.1f}')}%)"])
+        q = d.get("ratio_with_over_without") or {}
+        rows.append([_link(r, base), "", "", "with / without", "", "", f"**{_f(q.get('jobs_per_min'))}×**",
+                     f"{_f(q.get('client_ttft_ms_p50'))}×", f"{_f(q.get('client_ttft_ms_p90'))}×", "", ""])
+    parts = [note]
+    if rows:
+        parts.append(_table(["result", "device", "code", "shadow rate", "workload (identical in both)", "busy",
+                             "jobs/min", "client TTFT p50 ms", "p90 ms", "checks in the window / cancelled",
+                             "shadow s in the window (of the makespan)"], "llllllrrrrr", rows))
+        parts.append("Routing: " + "; ".join(sorted(routing)) + ".")
+    return "\n\n".join(x for x in parts if x)
+
+
 RENDERERS: dict[str, Renderer] = {
     "structured": structured_table,
     "calibrate-real": calibrate_real_table,
     "labelfree": labelfree_table,
+    "calibrate-service": calibrate_service_table,
+    "shadow-cost": shadow_cost_table,
     "compose-up": compose_up_table,
     "headline": headline_table,
     "ttft": ttft_table,
@@ -641,4 +703,4 @@ def render_all(write: bool, repo: Path = REPO, results: list[Result] | None = No
     return changed
 
 
-__all__ = ["calibrate_real_table", "labelfree_table", "compose_up_table", "structured_table", "RENDERERS", "ReportError", "Result", "load_results", "render_text", "render_all", "doc_files"]
+__all__ = ["calibrate_real_table", "calibrate_service_table", "shadow_cost_table", "labelfree_table", "compose_up_table", "structured_table", "RENDERERS", "ReportError", "Result", "load_results", "render_text", "render_all", "doc_files"]

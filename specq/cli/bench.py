@@ -439,6 +439,111 @@ def bench_serve(
         raise typer.Exit(1)
 
 
+@bench_app.command("calibrate-service")
+def bench_calibrate_service(
+    url: str = typer.Option(None, help="The running service (default SPECQ_API_URL or http://127.0.0.1:8178)."),
+    docs: int = typer.Option(8, help="Documents (text lines, made as `bench serve` makes its documents)."),
+    questions: int = typer.Option(2, help="Questions per document (units = docs x questions)."),
+    doc_tokens: int = typer.Option(7680, help="Tokens per document (about: --chars-per-token characters each)."),
+    chars_per_token: float = typer.Option(4.0, help="Characters per token of the models' tokenizer."),
+    lengths: str = typer.Option("", help="The calibration's length edges, comma-separated (default: the service's)."),
+    keep: float = typer.Option(0.3, help="The keep calibrated."),
+    max_tokens: int = typer.Option(32, help="Tokens each answer generates at most."),
+    seed: int = typer.Option(0, help="Seed of the documents' text."),
+    api_key: str = typer.Option("", envvar="SPECQ_API_KEY", help="An admin key, if the service wants one."),
+    timeout: float = typer.Option(3600.0, help="Seconds to wait for the calibration."),
+    out: Path = typer.Option(None, help="Write the report as JSON here."),
+) -> None:
+    """Questions per minute of a calibration run by the service's workers (POST /v1/calibrations with `text`
+    lines, the path of `specq calibrate --service`): wall from the POST to the last unit done, per-unit seconds."""
+    import json
+    import time
+
+    from ..bench import calibrate_service as cs
+    from ..bench.provenance import Start, provenance
+    from ..client import api_url
+
+    if min(docs, questions, doc_tokens, max_tokens) < 1:
+        raise fail("--docs, --questions, --doc-tokens and --max-tokens must be >= 1")
+    start = Start()
+    body: dict = {"lines": cs.lines(docs, questions, doc_tokens, chars_per_token, seed), "keep": [keep],
+                  "max_tokens": max_tokens, "task": "lookup"}
+    if lengths:
+        body["lengths"] = [int(x) for x in lengths.split(",") if x.strip()]
+    measured = cs.run(url or api_url(), body, api_key=api_key, timeout=timeout)
+    report = {"benchmark": "calibrate-service", "url": url or api_url(),
+              "workload": {"docs": docs, "questions": questions, "doc_tokens": doc_tokens, "chars_per_token": chars_per_token,
+                           "keep": keep, "max_tokens": max_tokens, "lengths": body.get("lengths"), "seed": seed},
+              **measured, "measured": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+              "provenance": provenance(None, start=start, measured_from="client")}
+    typer.echo(f"calibration {measured['calibration_id']}: {measured['status']}, {measured['units_done']}/{measured['units']} "
+               f"units in {measured['wall_s']} s = {measured['questions_per_min']} questions/min; per unit p50 "
+               f"{measured['unit_s_p50']} s (engine {measured['unit_engine_s_p50']} s); {measured['rows_written']} rows")
+    if out:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(report, indent=1))
+        typer.echo(f"wrote {out}")
+    if measured["status"] != "succeeded":
+        raise typer.Exit(1)
+
+
+@bench_app.command("shadow-cost")
+def bench_shadow_cost(
+    url: str = typer.Option(None, help="The running service (default SPECQ_API_URL or http://127.0.0.1:8178)."),
+    shadow_rate: float = typer.Option(..., help="The SPECQ_SHADOW_RATE the service was started with (recorded)."),
+    jobs: int = typer.Option(32, help="Jobs of the Poisson run (each its own document)."),
+    doc_tokens: int = typer.Option(15360, help="Tokens per document."),
+    chars_per_token: float = typer.Option(4.0, help="Characters per token of the models' tokenizer."),
+    max_tokens: int = typer.Option(64, help="Output tokens per job (ignore_eos)."),
+    keep: float = typer.Option(0.3, help="Keep of the jobs (mode auto)."),
+    seed: int = typer.Option(0, help="Seed of the documents and of the Poisson arrivals."),
+    utilization: float = typer.Option(0.7, help="Arrival rate = this / the probe jobs' median time (no --rate-from)."),
+    probe: int = typer.Option(3, help="Jobs sent one after another before the run (they also derive the rate)."),
+    rate_from: Path = typer.Option(None, help="An earlier run's JSON: take its arrival rate (the identical job list)."),
+    against: Path = typer.Option(None, help="The run without shadows (its JSON): write the comparison to --out."),
+    routing: str = typer.Option("", help="How mode auto was sent to specprefill (recorded), e.g. the override's value."),
+    api_key: str = typer.Option("", envvar="SPECQ_API_KEY", help="Bearer key, if the service wants one."),
+    out: Path = typer.Option(None, help="Write the report as JSON here."),
+) -> None:
+    """Jobs/min, client TTFT p50/p90 and the shadow checks run, cancelled and their seconds inside the window
+    (/metrics) of a Poisson run in mode auto; with --against, the ratio with / without shadows
+    (specq/bench/shadow_cost.py)."""
+    import json
+    import time
+
+    from ..bench import shadow_cost as sc
+    from ..bench.provenance import Start, provenance
+    from ..bench.serve import Workload
+    from ..client import api_url
+
+    start = Start()
+    rate = json.loads(rate_from.read_text())["arrival_rate"] if rate_from else None
+    w = Workload(docs=jobs, doc_tokens=doc_tokens, questions=1, max_tokens=max_tokens, mode="auto", keep=keep,
+                 chars_per_token=chars_per_token, seed=seed)
+    r = sc.run(url or api_url(), w, shadow_rate=shadow_rate, arrival_rate=rate, utilization=utilization, probe=probe,
+               api_key=api_key)
+    r.update(benchmark="shadow-cost-run", routing=routing,
+             measured=time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+             provenance=provenance(None, start=start, measured_from="client"))
+    win = r["shadow_window"]
+    typer.echo(f"shadow rate {shadow_rate:g}, poisson:{r['arrival_rate']}: {r['succeeded']}/{r['jobs']} jobs, "
+               f"{r['jobs_per_min']} jobs/min, client TTFT p50 {r['client_ttft_ms_p50']} ms p90 {r['client_ttft_ms_p90']} ms, "
+               f"busy {r['busy_fraction']}, modes {r['modes']}; in the window: {win['checks']:g} checks, "
+               f"{win['cancelled']:g} cancelled, {win['seconds']} s")
+    report = r
+    if against:
+        off = json.loads(against.read_text())
+        report = {"benchmark": "shadow-cost", "routing": routing, "without": off, "with": r,
+                  "ratio_with_over_without": sc.compare(off, r), "measured": r["measured"], "provenance": r["provenance"]}
+        typer.echo(f"with / without: {report['ratio_with_over_without']}")
+    if out:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(report, indent=1))
+        typer.echo(f"wrote {out}")
+    if r["succeeded"] < r["jobs"]:
+        raise typer.Exit(1)
+
+
 @bench_app.command("group")
 def bench_group(
     lengths: str = typer.Option("2000,4000", help="Comma-separated prompt lengths in tokens."),

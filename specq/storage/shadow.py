@@ -34,14 +34,17 @@ def version(session: Session) -> int:
 
 
 def by_key(session: Session) -> list[dict[str, Any]]:
-    """Per job key: {"key_id", "key", "agree", "disagree", "cancelled"}, in the order keys were first checked."""
+    """Per job key: {"key_id", "key", "agree", "disagree", "cancelled", "ms"} (`ms`: the checks' baseline wall
+    time summed, cancelled ones to their cut), in the order keys were first checked."""
     counts: dict[str, dict[str, Any]] = {}
-    q = (select(ShadowCheck.key_id, ShadowCheck.outcome, func.count(), func.min(ShadowCheck.id))
+    q = (select(ShadowCheck.key_id, ShadowCheck.outcome, func.count(), func.min(ShadowCheck.id),
+                func.sum(ShadowCheck.shadow_ms))
          .group_by(ShadowCheck.key_id, ShadowCheck.outcome))
     first: dict[str, int] = {}
-    for kid, outcome, n, lo in session.execute(q):
-        c = counts.setdefault(kid, {"key_id": kid, "agree": 0, "disagree": 0, "cancelled": 0})
+    for kid, outcome, n, lo, ms in session.execute(q):
+        c = counts.setdefault(kid, {"key_id": kid, "agree": 0, "disagree": 0, "cancelled": 0, "ms": 0.0})
         c[outcome] = int(n)
+        c["ms"] += float(ms or 0.0)
         first[kid] = min(first.get(kid, lo), lo)
     for kid, lo in first.items():
         counts[kid]["key"] = session.scalar(select(ShadowCheck.key).where(ShadowCheck.id == lo))
