@@ -118,6 +118,8 @@ def table_markdown(lines: list[dict[str, Any]], base: Path) -> str:
             f"baseline-right answers; **too few** — fewer than {bar.min_questions} questions or {bar.min_documents} "
             "documents (a run in progress); a summary line shows the mean `ids_named` of each arm instead of right "
             "answers, and has **no pass bar**. Questions: answered, closed-book-right ones left out (their own column). "
+            "Evidence kept: the share of answered questions whose evidence chunks specprefill kept all of (recall; "
+            "not located in chat shape: –). "
             "Hours: the sum of each question's wall time, the time between successive `t` stamps of its journal; the "
             "first question of a run (and one after a stop) counts its recorded TTFTs only (\"n by TTFT\"). Load: the "
             "1-minute load average stamped with each question (2 cores).")
