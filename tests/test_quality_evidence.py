@@ -1,7 +1,8 @@
 """Mode auto's quality evidence as data (engine/policy/evidence.py, issue 47 item 2): the shipped rows are exactly
 what `specq evidence build` computes from the journals in bench/results (so a row cannot drift from its
 data), their bounds are clustered by document and never above the question-level exact bound, in-sample
-rows never pass, a pass needs 8 documents and 40 questions, and bands join only passing lengths."""
+rows never pass, a pass needs 8 documents and 40 questions (10 of them baseline-right), and bands join only
+passing lengths."""
 
 from __future__ import annotations
 
@@ -19,12 +20,36 @@ from specq.engine.policy.evidence_bound import document_bootstrap_lower, row_low
 ROWS = shipped_rows()
 
 
+#: the lookup journals' sources (one row each); the kinds journals' (one row per kind) are checked against the
+#: kind x length table below
+LOOKUP_SOURCES = [s for s in evidence_build.SOURCES if not s.get("kinds")]
+KINDS_SOURCES = [s for s in evidence_build.SOURCES if s.get("kinds")]
+
+
 def test_the_shipped_file_is_what_the_journals_give():
     assert json.loads(evidence.SHIPPED_PATH.read_text()) == json.loads(json.dumps(evidence_build.build()))
-    assert len(ROWS) == len(evidence_build.SOURCES) == 10
+    assert len(LOOKUP_SOURCES) == len([r for r in ROWS if r.key.task == "lookup"]) == 10
+    assert len(ROWS) == 10 + sum(len(evidence_build.kinds_in(s)) for s in KINDS_SOURCES)
 
 
-@pytest.mark.parametrize("src", evidence_build.SOURCES, ids=lambda s: s["journal"].rsplit("/", 1)[1])
+@pytest.mark.parametrize("src", KINDS_SOURCES, ids=lambda s: s["journal"].rsplit("/", 1)[1])
+def test_each_kinds_row_is_its_line_of_the_kind_table(src):
+    """A kinds journal's rows (one per kind, summary none) count what docs/quality.md's kind x length table shows
+    for that kind, and a row passes exactly where its line's status is "passes"."""
+    from specq.bench import kinds_table
+
+    lines = {(ln["kind"], ln["length"]): ln for ln in kinds_table.journal_rows(evidence_build.REPO / src["journal"])}
+    mine = [r for r in ROWS if r.source == src["journal"]]
+    assert [r.key.task for r in mine] == evidence_build.kinds_in(src) and "summary" not in [r.key.task for r in mine]
+    for r in mine:
+        ln = lines[(r.key.task, r.length)]
+        assert (r.n, len(r.documents), r.baseline_right, r.arm_right) == (ln["n"], ln["documents"], ln["baseline_right"],
+                                                                            ln["specprefill_right"])
+        assert r.bound == pytest.approx(ln["lower"], abs=1e-4) and r.passes == (ln["status"] == "passes")
+        assert r.provenance["filled"] == {} and not r.in_sample
+
+
+@pytest.mark.parametrize("src", LOOKUP_SOURCES, ids=lambda s: s["journal"].rsplit("/", 1)[1])
 def test_each_row_is_clustered_and_never_above_the_exact_bound(src):
     row = next(r for r in ROWS if r.source == src["journal"])
     records = read_journal(evidence_build.REPO / src["journal"])
@@ -46,7 +71,7 @@ def test_each_row_is_clustered_and_never_above_the_exact_bound(src):
 
 
 def test_no_shipped_row_passes_and_in_sample_rows_say_why():
-    assert not any(r.passes for r in ROWS) and max(len(r.documents) for r in ROWS) == 4
+    assert not any(r.passes for r in ROWS) and max(len(r.documents) for r in ROWS if r.key.task == "lookup") == 4
     ins = [r for r in ROWS if r.in_sample]
     assert [(r.length, r.key.chunk_rule, r.key.scorer) for r in ins] == [(4000, "border", "full"), (8000, "border", "full")]
     assert all(r.fails_bar().startswith("in-sample (") for r in ins)
@@ -66,6 +91,11 @@ def test_the_pass_bar():
     assert "7 documents < 8" in dataclasses.replace(good, documents=_docs(7, 6, 4, 4, 4)).fails_bar()
     assert "32 questions < 40" in dataclasses.replace(good, documents=_docs(8, 4, 4, 4, 4)).fails_bar()
     assert dataclasses.replace(good, in_sample=True).fails_bar() == "in-sample"
+    # issue 49: fewer than 10 baseline-right answers is inconclusive, however many questions and whatever the bound
+    few_right = dataclasses.replace(good, documents=_docs(8, 5, 1, 1, 1))
+    assert row_lower(few_right.documents) == 1.0 and PASS_BARS["answer_right"].min_baseline_right == 10
+    assert few_right.fails_bar() == "inconclusive: 8 baseline-right answers < 10" and not few_right.passes
+    assert dataclasses.replace(good, documents=_docs(10, 4, 1, 1, 1)).passes
     # one document that loses: clustering pulls the bound down further than the questions alone would
     bad = {**_docs(7, 5, 4, 4, 4), "d7": {"n": 5, "baseline_right": 5, "arm_right": 1, "both_right": 1}}
     assert row_lower(bad) < 0.95

@@ -21,6 +21,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any, Iterable
 
+from ..engine.policy.evidence import PASS_BARS
 from ..engine.policy.evidence_bound import cp_lower, row_lower  # (the exact bound lives beside evidence rows' bounds)
 from ..engine.options import CHUNK_RULES
 
@@ -173,8 +174,9 @@ def aggregate(records: list[dict], conf: float = 0.9) -> dict[str, Any]:
 
 #: the non-lookup kinds (bench/quality_kinds.py), reported per kind; summary has no answer-right (its ids_named)
 CODE_KINDS = ("two-place", "aggregation", "review", "summary")
-#: a kind's row with fewer baseline-right answers is inconclusive: shown, never passing (issue 49)
-MIN_BASELINE_RIGHT = 10
+#: a kind's row with fewer baseline-right answers is inconclusive: shown, never passing (issue 49; the evidence
+#: rows' pass bar, evidence.PASS_BARS, is where the number is set)
+MIN_BASELINE_RIGHT = PASS_BARS["answer_right"].min_baseline_right
 
 
 def kind_rows(records: list[dict]) -> list[dict]:
@@ -212,7 +214,8 @@ def kind_rows(records: list[dict]) -> list[dict]:
             d["both_right"] += base and spec
         b = sum(d["baseline_right"] for d in docs.values())
         a = sum(d["arm_right"] for d in docs.values())
-        row.update(metric="answer_right", baseline=b / len(open_) if open_ else None, specprefill=a / len(open_) if open_ else None,
+        row.update(metric="answer_right", baseline_right=b, specprefill_right=a,
+                   baseline=b / len(open_) if open_ else None, specprefill=a / len(open_) if open_ else None,
                    ratio=a / b if b else None, lower=row_lower(docs) if docs else None, inconclusive=b < MIN_BASELINE_RIGHT)
         out.append(row)
     return out

@@ -34,6 +34,7 @@ from .quality_report import table_markdown
 from .calibrate import table_markdown as calibrate_markdown
 from .labelfree import table_markdown as labelfree_markdown
 from .structured import table_markdown as structured_markdown
+from . import kinds_table
 
 RESULTS = REPO / "bench" / "results"
 #: the files whose marker blocks `specq bench report` renders
@@ -642,6 +643,12 @@ def shadow_cost_table(results: list[Result], base: Path) -> str:
     return "\n\n".join(x for x in parts if x)
 
 
+def quality_kinds_table(_results: list[Result], base: Path) -> str:
+    """The task kinds' kind x length table (issue 49 item 2) from every kinds answer journal in bench/results
+    (JSONL, not the JSON reports `results` holds): specq/bench/kinds_table.py."""
+    return kinds_table.table_markdown(kinds_table.rows(RESULTS), base)
+
+
 RENDERERS: dict[str, Renderer] = {
     "structured": structured_table,
     "calibrate-real": calibrate_real_table,
@@ -660,6 +667,7 @@ RENDERERS: dict[str, Renderer] = {
     "quality-recall": quality_recall_table,
     "quality-group": quality_group_table,
     "quality-default": quality_default_table,
+    "quality-kinds": quality_kinds_table,
     "dated-sections": dated_sections,
     "settings": lambda _results, _base: settings_markdown(),
 }
@@ -703,4 +711,4 @@ def render_all(write: bool, repo: Path = REPO, results: list[Result] | None = No
     return changed
 
 
-__all__ = ["calibrate_real_table", "calibrate_service_table", "shadow_cost_table", "labelfree_table", "compose_up_table", "structured_table", "RENDERERS", "ReportError", "Result", "load_results", "render_text", "render_all", "doc_files"]
+__all__ = ["quality_kinds_table", "calibrate_real_table", "calibrate_service_table", "shadow_cost_table", "labelfree_table", "compose_up_table", "structured_table", "RENDERERS", "ReportError", "Result", "load_results", "render_text", "render_all", "doc_files"]

@@ -93,6 +93,6 @@ def evidence_build(
     target.write_text(text, encoding="utf-8")
     for r in data["rows"]:
         filled = ", ".join(sorted(r["provenance"]["filled"])) or "none"
-        typer.echo(f"{r['source']}: {r['arm']} {r['length']}, bound {r['bound']:.3f}"
+        typer.echo(f"{r['source']}: {r['key']['task']} {r['arm']} {r['length']}, bound {r['bound']:.3f}"
                    f"{' (in-sample)' if r['in_sample'] else ''}; fields filled from defaults: {filled}")
     typer.echo(f"wrote {len(data['rows'])} rows to {target}", err=True)

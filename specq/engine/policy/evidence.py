@@ -5,7 +5,8 @@ an arm (`specprefill`: each question its own kept chunks; `group`: a family thro
 group-sparse prefill), all run with one `EvidenceKey` (evidence_key.py), on documents of
 `doc_tokens` tokens. Its bound is clustered by document (evidence_bound.py). It **passes** when
 the metric's pass bar (`PASS_BARS`, the one place they are set) holds: lower bound >= min_bound,
->= min_documents documents, >= min_questions questions, not in-sample (the set a default was chosen
+>= min_documents documents, >= min_questions questions (answer_right: >= min_baseline_right of them
+baseline-right, else the row is *inconclusive*), not in-sample (the set a default was chosen
 on is recorded and never passes) and not disabled.
 
 Where rows come from: the shipped file `evidence_rows.json` beside this module (package data),
@@ -57,14 +58,17 @@ class PassBar:
     min_bound: float
     min_documents: int
     min_questions: int
+    #: answer_right only: fewer baseline-right answers than this make the ratio too noisy to judge (issue 49:
+    #: *inconclusive*, shown, never passing), however many questions were asked
+    min_baseline_right: int = 0
 
 
 #: per metric (evidence_metrics.py): what a row must show to pass. answer_right: the lower bound of (arm
 #: right / baseline right) >= 0.95, over >= 8 documents and >= 40 questions (issue 47: no standing row has 8
-#: documents). The label-free metrics' bars are PROVISIONAL, not yet validated against labels (issue 48
+#: documents), of which >= 10 baseline-right (issue 49: fewer is *inconclusive*). The label-free metrics' bars are PROVISIONAL, not yet validated against labels (issue 48
 #: item 5 not run): agreement's mean >= 0.90, token_f1's >= 0.90, loglik_delta's (nats per answer token,
 #: sparse minus full context) >= -0.10, each as a clustered 90% lower bound.
-PASS_BARS: dict[str, PassBar] = {"answer_right": PassBar(0.95, 8, 40), "agreement": PassBar(0.90, 8, 40),
+PASS_BARS: dict[str, PassBar] = {"answer_right": PassBar(0.95, 8, 40, min_baseline_right=10), "agreement": PassBar(0.90, 8, 40),
                                  "token_f1": PassBar(0.90, 8, 40), "loglik_delta": PassBar(-0.10, 8, 40)}
 #: the provisional ones (docs/quality.md "Calibrate")
 PROVISIONAL_BARS = ("agreement", "token_f1", "loglik_delta")
@@ -130,6 +134,8 @@ class EvidenceRow:
             return f"{len(self.documents)} documents < {bar.min_documents}"
         if self.n < bar.min_questions:
             return f"{self.n} questions < {bar.min_questions}"
+        if self.baseline_right is not None and self.baseline_right < bar.min_baseline_right:
+            return f"inconclusive: {self.baseline_right} baseline-right answers < {bar.min_baseline_right}"
         if self.bound < bar.min_bound:
             return f"lower bound {self.bound:.3f} < {bar.min_bound}"
         return ""
@@ -425,7 +431,8 @@ def every_kind(rows: Sequence[EvidenceRow], key: EvidenceKey, arm: str = "specpr
 
 def _bar_text(metric: str) -> str:
     bar = PASS_BARS[metric]
-    return (f">= {bar.min_documents} documents, >= {bar.min_questions} questions, a clustered lower bound >= "
+    right = f" ({bar.min_baseline_right} of them baseline-right)" if bar.min_baseline_right else ""
+    return (f">= {bar.min_documents} documents, >= {bar.min_questions} questions{right}, a clustered lower bound >= "
             f"{bar.min_bound} and out-of-sample questions")
 
 
