@@ -81,6 +81,15 @@ its units, and the batches that held its tokens); `interleave_wait` = the spans 
 times (other jobs' work in between); `slot_wait` = tokenized (in `submit`) to a free slot;
 `tokenize` = the submitting thread's tokenization + the loop's mode-decision step; `ttft` and
 `total` count from submission.
+
+Where a job's time to first token goes (`ft_*`, ms, together `ttft`; `specq bench serve` reports their
+p50s as `first_token_ms`): `ft_tokenize` the submitting thread's tokenization (and grammar), `ft_admit`
+handed to the loop -> admitted to a slot (the loop finishing its current step, or no free slot),
+`ft_pick` choosing the slot (resident prefixes compared), `ft_decide` the mode decision (host cache
+looked up), `ft_setup` the set-up (prefix match in the slots and the host cache, KV kept, copied or
+restored, the prefill's plan), `ft_fill` the target batches that held its prefill tokens (other jobs'
+decode rows in them too), `ft_sample` its first token (logits copied, sampled, emitted), `ft_between`
+the rest: other jobs' batches and units between its own.
 """
 
 from __future__ import annotations
@@ -196,6 +205,7 @@ class _Job:
     group_pending: list = field(default_factory=list)  # mates still being scored that this job waits for
     group_copied_from: int = -1  # the slot whose head + union this member copied (-1: prefilled by itself)
     t_group: float = 0.0  # when it began waiting for its mates (a group member: set)
+    ft: dict = field(default_factory=dict)  # seconds of its first-token path's own steps (module doc, `ft_*`)
     _toks: Any = None  # token_array()'s copy, and the prompt it was made of
     _toks_of: Any = None
 
@@ -433,9 +443,11 @@ class ServingEngine:
                 self._drop(job, job.cancel_exc)
         while admitting and self._free and self._waiting:
             job = self._waiting.popleft()
+            t_pick = _now()
             job.slot = self._pick_slot(job)
             self._free.remove(job.slot)
             job.t_admit = job.t_phase = _now()
+            job.ft["pick"] = job.t_admit - t_pick
             job.stage = "tokenize"
             self._active.append(job)
             self.slot_wait_ms_total += (job.t_admit - job.t_queued) * 1000.0
@@ -466,6 +478,7 @@ class ServingEngine:
             job.auto_group = job.params.mode == "auto" and job.mode == "specprefill" and chose_group(job.spec.reason)
             t1 = _now()
             job.engine_ms["tokenize"] += (t1 - t0) * 1000.0
+            job.ft["decide"] = t1 - t0
             job.end_phase("tokenize", t1)
             job.stage = "score" if job.mode == "specprefill" else "setup"
             return
@@ -510,6 +523,7 @@ class ServingEngine:
         if owner is not None:  # another job is prefilling this prompt's prefix: wait for its save
             job.wait_for = owner
             self.prefix_waits += 1
+            job.ft["setup"] = job.ft.get("setup", 0.0) + _now() - t0
             return
         if job.kept is None:
             job.kept = list(range(job.prompt.n))
@@ -554,6 +568,7 @@ class ServingEngine:
         if job.group is not None:
             job.timings["group_wait"] = (t0 - job.t_group) * 1000.0
         job.engine_ms["sparse_prefill"] += (_now() - t0) * 1000.0
+        job.ft["setup"] = job.ft.get("setup", 0.0) + _now() - t0
 
     def _auto_group(self, job: _Job) -> dict:
         """Mode auto's rule 1a (engine/policy/auto.py), as `prepare`'s keywords: `group`, how many questions about
@@ -838,6 +853,7 @@ class ServingEngine:
                 job.dec.absorb(self.ctx, base)
             else:
                 job.offset += len(toks)
+                job.ft["fill"] = job.ft.get("fill", 0.0) + seconds
                 job.progress("sparse_prefill", job.offset, len(job.pre_toks))  # i/n after each prefill chunk
                 if job.offset >= len(job.pre_toks):
                     # the first token first (sampled from this batch's logits and published by the
@@ -924,6 +940,7 @@ class ServingEngine:
 
     def _start_decode(self, job: _Job, row: int) -> None:
         eng, p = self.engine, job.params
+        t0 = _now()
         logits = self.ctx.logits_row(row)
         n_draft = eng.draft_budget(p, job.drafter, job.warnings)
         job.text, on_token, accept = eng.text_callbacks(p, job.progress, job.on_text, job.first)
@@ -934,6 +951,17 @@ class ServingEngine:
                              accept=accept, seq=job.slot, ignore_eos=p.ignore_eos, guide=job.guide)
         job.end_phase("sparse_prefill", _now())  # the first token (sampled above) is the prefill's
         job.timings["sparse_prefill"] = max(0.0, job.span_ms["sparse_prefill"] - job.timings.get("cache_restore", 0.0))
+        self._first_token_parts(job, t0)
+
+    @staticmethod
+    def _first_token_parts(job: _Job, t_sample: float) -> None:
+        """`ft_*` (module doc): its first token was emitted during the sampling that began at t_sample."""
+        t_first = job.first[0] if job.first else _now()
+        ms = {"ft_tokenize": job.t_queued - job.t_submit, "ft_admit": job.t_admit - job.t_queued - job.ft.get("pick", 0.0),
+              **{f"ft_{k}": job.ft.get(k, 0.0) for k in ("pick", "decide", "setup", "fill")},
+              "ft_sample": t_first - t_sample}
+        ms["ft_between"] = (t_first - job.t_submit) - sum(ms.values())
+        job.timings.update({k: round(v * 1000.0, 3) for k, v in ms.items()})
 
     def _finish(self, job: _Job) -> None:
         t_end = _now()
