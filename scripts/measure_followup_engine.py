@@ -32,11 +32,17 @@ sys.path.insert(0, str(REPO))
 PARTS = ("ft_tokenize", "ft_admit", "ft_pick", "ft_decide", "ft_setup", "ft_between", "ft_fill", "ft_sample")
 
 
+#: the smallest model llama.cpp runs: one layer, one 64-dim head. A CPU's attention over a long context
+#: is real compute (the `tiny` shape, 4 layers x 4 heads, took ~0.4 s to prefill a 19-token question at
+#: 8K tokens on the 2-core CPU), which would hide the host's own overheads this script is after
+SHAPE = dict(n_layer=1, n_embd=64, n_head=1, n_head_kv=1, n_ff=128)
+
+
 def _models(root: Path, vocab: str, n_ctx: int):
     from specq.testing.synthetic import write_qwen2_gguf
 
-    return (write_qwen2_gguf(root / "target.gguf", "tiny", vocab=vocab, seed=0, n_layer=4, n_ctx=n_ctx),
-            write_qwen2_gguf(root / "speculator.gguf", "tiny", vocab=vocab, seed=1, n_layer=2, n_ctx=n_ctx))
+    return (write_qwen2_gguf(root / "target.gguf", "tiny", vocab=vocab, seed=0, n_ctx=n_ctx, **SHAPE),
+            write_qwen2_gguf(root / "speculator.gguf", "tiny", vocab=vocab, seed=1, n_ctx=n_ctx, **SHAPE))
 
 
 def _p50(xs):
@@ -67,7 +73,7 @@ def run(args) -> dict:
         for L in lengths:
             doc_tokens = L - L // 16
             beside = [loop.submit(make_document(100 + b, doc_tokens // 8, args.chars_per_token),
-                                  RunParams(question=question_text(100 + b, 0), mode="auto", max_tokens=100000 // 4,
+                                  RunParams(question=question_text(100 + b, 0), mode="auto", max_tokens=n_ctx // 2,
                                             ignore_eos=True), reused_document=True) for b in range(args.beside)]
             doc = make_document(L, doc_tokens, args.chars_per_token)
             first = loop.submit(doc, RunParams(question=question_text(0, 0), mode="auto", max_tokens=args.max_tokens,
@@ -98,8 +104,8 @@ def run(args) -> dict:
         out["provenance"] = provenance(eng, start=start)
         eng.close()
     out["settings"] = {"slots": args.slots, "threads": args.threads, "cache_bytes": args.cache_bytes,
-                       "beside": args.beside, "max_tokens": args.max_tokens, "model": "tiny (4 layers, n_embd 128) "
-                       "random weights, Qwen2 vocabulary", "spec_cache_save": "repeat", "mode": "auto",
+                       "beside": args.beside, "max_tokens": args.max_tokens, "model": {"shape": SHAPE, "weights": "random",
+                       "vocab": "Qwen2 (llama.cpp's ggml-vocab-qwen2.gguf)"}, "spec_cache_save": "repeat", "mode": "auto",
                        "reused_document": True, "chars_per_token": args.chars_per_token}
     return out
 

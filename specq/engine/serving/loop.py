@@ -17,7 +17,8 @@ Each step of the loop:
    (seq_rm of its sequence), its future gets the exception, nothing else changes;
 2. waiting jobs take free slots (FIFO);
 3. one unit of preparation of the oldest admitted job that is not decoding: its mode decision (the
-   prompt was tokenized by `submit()` in the submitting thread, beside the loop), or its whole
+   prompt was tokenized by `submit()` in the submitting thread, beside the loop; a baseline job's
+   set-up follows in the same step), or its whole
    scoring + selection, or setting up its prefill (drafter, kept tokens). During the scoring the
    decoding jobs get one decode batch after each of the speculator's llama_decode calls of a window's
    prefill (at most call_tokens tokens each: `select(between_calls=...)`, scoring.py "Between
@@ -206,15 +207,10 @@ class _Job:
     group_copied_from: int = -1  # the slot whose head + union this member copied (-1: prefilled by itself)
     t_group: float = 0.0  # when it began waiting for its mates (a group member: set)
     ft: dict = field(default_factory=dict)  # seconds of its first-token path's own steps (module doc, `ft_*`)
-    _toks: Any = None  # token_array()'s copy, and the prompt it was made of
-    _toks_of: Any = None
 
     def token_array(self) -> np.ndarray:
-        """The prompt's tokens as int32, made once per prompt: admission, set-up and the mode decision
-        compare them with every slot's (a 128K-token list takes milliseconds to convert)."""
-        if self._toks_of is not self.prompt:
-            self._toks, self._toks_of = np.asarray(self.prompt.tokens, dtype=np.int32), self.prompt
-        return self._toks
+        """The prompt's tokens as int32 (Prompt.array: made once per prompt)."""
+        return self.prompt.array
 
     def shares(self, tokens: np.ndarray) -> int:
         """Tokens of this job's prompt (at most n-1: the last is decoded again for its logits) that a
@@ -453,7 +449,11 @@ class ServingEngine:
             self.slot_wait_ms_total += (job.t_admit - job.t_queued) * 1000.0
         prep = next((j for j in self._active if self._preparable(j)), None)
         if prep is not None:
-            self._guard(prep, self._prepare, prep)
+            decided = prep.stage == "tokenize"
+            if self._guard(prep, self._prepare, prep) and decided and prep.stage == "setup" and self._preparable(prep):
+                # a full prefill sets up in the same step as its mode decision (both cheap beside a batch):
+                # a cached follow-up's first token then waits for one batch of the others fewer
+                self._guard(prep, self._prepare, prep)
         self._batch()
         self.kv_cells_used = self._cells()
 
@@ -525,11 +525,13 @@ class ServingEngine:
             self.prefix_waits += 1
             job.ft["setup"] = job.ft.get("setup", 0.0) + _now() - t0
             return
-        if job.kept is None:
-            job.kept = list(range(job.prompt.n))
         job.drafter = eng.drafter_for(job.params, job.prompt, scored=(job.mode == "specprefill"), seq=job.slot)
-        if job.group is None:  # a group's members got their plans when it formed
-            job.pre_toks, job.pre_pos, job.next_pos = prefill_plan(job.prompt.tokens, job.kept, job.positions)
+        if job.kept is None:  # a full prefill: prefill_plan's of every index, without its O(n) list work
+            n = job.prompt.n
+            job.kept = list(range(n))
+            job.pre_toks, job.pre_pos, job.next_pos = job.token_array(), np.arange(n, dtype=np.int32), n
+        elif job.group is None:  # a group's members got their plans when it formed
+            job.pre_toks, job.pre_pos, job.next_pos = prefill_plan(job.token_array(), job.kept, job.positions)
         job.progress("sparse_prefill", 0, len(job.pre_toks))
         resident = self._resident_prefix(job)
         job.offset = 0
@@ -560,7 +562,7 @@ class ServingEngine:
             # sequence and the prefill starts after it; the whole prompt is saved when it is prefilled
             self.ctx.seq_rm(job.slot, -1, -1)
             job.prefix_use = PrefixUse()
-            job.offset = cache.restore(self.ctx, job.slot, job.scope, job.prompt.tokens, job.prefix_use)
+            job.offset = cache.restore(self.ctx, job.slot, job.scope, job.token_array(), job.prefix_use)
             job.timings["cache_restore"] += job.prefix_use.restore_ms
         else:
             self.ctx.seq_rm(job.slot, -1, -1)
@@ -719,7 +721,7 @@ class ServingEngine:
         return best, best_n
 
     def _host_prefix(self, job: _Job, cache) -> int:
-        found = cache.lookup(job.scope, job.prompt.tokens)
+        found = cache.lookup(job.scope, job.token_array())
         return found[1] if found else 0
 
     def _preparable(self, job: _Job) -> bool:
@@ -747,7 +749,7 @@ class ServingEngine:
         cache = self.engine.prefix_cache()
         if cache is None or job.mode != "baseline" or job.params.draft in ("mtp", "eagle3"):
             return None
-        found = cache.lookup(job.scope, job.prompt.tokens)
+        found = cache.lookup(job.scope, job.token_array())
         have = found[1] if found else 0
         for other in self._active:
             if other is job or other.stage != "prefill" or other.prefix_use is None or other.scope != job.scope:
