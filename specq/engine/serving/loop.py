@@ -334,6 +334,7 @@ class ServingEngine:
         try:
             job.params.validate()
             job.prompt = self.engine.tokenize_prompt(document, job.params, messages=messages, raw=raw)
+            job.prompt.array  # noqa: B018  (made here, beside the loop: admission compares it with the slots')
             job.guide = guide_for(self.engine.target, job.params.json_schema)
         except BaseException as e:
             job.future.set_exception(e)
