@@ -12,8 +12,9 @@ the parts of its time to first token) are recorded; the report has each part's p
     .venv/bin/python scripts/measure_followup_engine.py --vocab /path/ggml-vocab-qwen2.gguf \\
         --lengths 8192,32768 --followups 8 --json /tmp/after.json
 
-`--label` names the run (e.g. before/after); `--merge A.json B.json --json OUT` writes one result
-file holding both runs (bench/results/...).
+`--label` names the run (e.g. before/after); `--merge A.json B.json --json OUT [--note TEXT]` writes one
+result file holding the runs and each label's p50s over all its follow-ups (bench/results/...). A tree
+exported with `git archive` has no git metadata: say its commit in --note.
 """
 
 from __future__ import annotations
@@ -124,11 +125,21 @@ def main() -> None:
     ap.add_argument("--label", default="")
     ap.add_argument("--json", default="")
     ap.add_argument("--merge", nargs="*", default=None, help="runs' JSON files to merge into --json")
+    ap.add_argument("--note", default="", help="with --merge: what the runs' code trees were (e.g. a git archive's commit)")
     args = ap.parse_args()
     if args.merge:
         runs = [json.loads(Path(p).read_text()) for p in args.merge]
+        pooled: dict = {}
+        for r in runs:  # per label and length: each part's p50 over all the label's follow-ups
+            for L, v in r["lengths"].items():
+                rows = pooled.setdefault(r["label"], {}).setdefault(L, [])
+                rows += v["rows"]
+        summary = {label: {L: {"followups": len(rows), "p50_ms": {k: _p50([x.get(k) for x in rows]) for k in ("ttft", *PARTS)},
+                                "outside_fill_p50_ms": _p50([x["ttft"] - x["ft_fill"] for x in rows])}
+                           for L, rows in by_len.items()} for label, by_len in pooled.items()}
         report = {"what": "cached follow-up: where its engine time to first token goes (issue 50 item 1)",
-                  "script": "scripts/measure_followup_engine.py", "runs": runs}
+                  "script": "scripts/measure_followup_engine.py", "command": " ".join(sys.argv),
+                  "note": args.note, "summary": summary, "runs": runs}
     else:
         report = run(args)
     text = json.dumps(report, indent=1)
