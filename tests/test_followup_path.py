@@ -34,18 +34,20 @@ def _params(q: str) -> RunParams:
 
 def test_the_token_memo_returns_the_tokens_of_a_fresh_tokenization(tiny_models):
     from specq.engine.llama.binding import Model
-    from specq.engine.llama.token_memo import MIN_CHARS
+    from specq.engine.llama.token_memo import MIN_CHARS, TokenMemo
 
     assert len(DOC) >= MIN_CHARS
     m = Model(tiny_models.target, n_gpu_layers=0)
-    fresh = m._tokenize(DOC, False, False)
+    plain = Model(tiny_models.target, n_gpu_layers=0)
+    plain.token_memo = TokenMemo(budget_tokens=0)  # tokenizes every time
+    fresh = plain.tokenize(DOC)
     first, again = m.tokenize(DOC), m.tokenize(DOC)
-    assert first == again == fresh and m._token_memo.hits == 1
+    assert first == again == fresh and m.token_memo.hits == 1
     again.append(0)  # a caller's list is its own
     assert m.tokenize(DOC) == fresh
     other = DOC.replace("item_110", "item_11O")
-    assert m.tokenize(other) == m._tokenize(other, False, False) != fresh
-    assert m.tokenize(DOC, parse_special=True) == m._tokenize(DOC, False, True)
+    assert m.tokenize(other) == plain.tokenize(other) != fresh
+    assert m.tokenize(DOC, parse_special=True) == plain.tokenize(DOC, parse_special=True)
 
 
 def test_a_follow_up_answers_as_a_fresh_run_and_its_parts_add_up(tiny_models):
@@ -67,7 +69,7 @@ def test_a_follow_up_answers_as_a_fresh_run_and_its_parts_add_up(tiny_models):
                     assert r.spec.mode == "baseline" and t["from_slot"] and t["reused_tokens"] >= doc_end, t
                     assert abs(sum(r.timings_ms[k] for k in PARTS) - r.timings_ms["ttft"]) < 0.01
                     assert all(r.timings_ms[k] >= 0 for k in PARTS if k != "ft_between"), r.timings_ms
-                assert e.target._token_memo.hits >= len(QUESTIONS) - 1
+                assert e.target.token_memo.hits >= len(QUESTIONS) - 1
                 new, old = (e.tokenize_prompt(d, _params(QUESTIONS[1])).tokens for d in (changed, DOC))
                 first_diff = next(i for i, (a, b) in enumerate(zip(new, old)) if a != b)
                 t = runs[3].spec.cache["target"]

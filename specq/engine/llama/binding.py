@@ -183,12 +183,12 @@ class Model:
         tmpl = llama_cpp.llama_model_chat_template(self.ptr, None)
         self.chat_template: bytes | None = tmpl or None
         self._vocab_sig: str | None = None
-        self._token_memo = TokenMemo()
+        self.token_memo = TokenMemo()
 
     # -- tokens ------------------------------------------------------------------------------------
     def tokenize(self, text: str, *, add_special: bool = False, parse_special: bool = False) -> list[int]:
         """A long text's tokens are remembered (token_memo.py: a stored document's next question)."""
-        return self._token_memo.tokens(text, add_special, parse_special,
+        return self.token_memo.tokens(text, add_special, parse_special,
                                        lambda: self._tokenize(text, add_special, parse_special))
 
     def _tokenize(self, text: str, add_special: bool, parse_special: bool) -> list[int]:
