@@ -259,6 +259,10 @@ def test_bench_serve_reports_a_workload_run_against_the_service(stack):
     b = s["breakdown_ms"]
     assert set(b) == {g for g, _, _ in GAPS} and all(v["n"] == 3 for v in b.values()), b
     assert b["stored_to_claimed"]["p50"] >= 0 and b["engine_start_to_first_token"]["p50"] > 0, b
+    # and inside the engine: each part of its time to first token (loop.py `ft_*`)
+    from specq.bench.serve import FIRST_TOKEN_PARTS
+
+    assert set(s["first_token_ms"]) == {p[3:] for p in FIRST_TOKEN_PARTS} and s["first_token_ms"]["fill"] > 0, s
     # a job the worker fails (a document past the worker's 8,192-token context) is counted as an error
     # with the server's message, not as a silent zero (as the first H200 run of 2026-12-02 saw it)
     big = run_serve_bench(stack.url, Workload(docs=1, doc_tokens=9000, max_tokens=4, chars_per_token=1.0),

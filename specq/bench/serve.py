@@ -31,7 +31,9 @@ length from ranges, seeded (specq/bench/workloads.py), and adds a per-length-ban
 Breakdown (`breakdown_ms`, specq): per gap between the job's server-side stamps (GET /v1/jobs/{id}
 `trace`: accepted, stored, queued, claimed, engine start, first token, first text sent, engine done,
 done) and the client's send and first text, p50/p90 over the jobs: where a job's time went before its
-first token and after it.
+first token and after it. Inside the engine (`first_token_ms`, and `first_token_ms_later_questions`
+for a document's cached follow-ups): the p50 of each part of the engine's time to first token (its
+`ft_*` timings, engine/serving/loop.py module doc).
 
 Per job: client TTFT (request sent -> first streamed answer text; on the documents path "sent" is
 before the POST /v1/jobs), end time, output tokens (the usage of the last chunk or of the `done`
@@ -492,7 +494,28 @@ def summarize(recs: list[JobRecord], w: Workload) -> dict[str, Any]:
         **first_and_later(ok),
         **reuse(ok),
         "breakdown_ms": breakdown(ok),
+        **first_token_parts(ok),
     }
+
+
+#: the engine's parts of a job's time to first token (engine/serving/loop.py module doc, `ft_*`)
+FIRST_TOKEN_PARTS = ("ft_tokenize", "ft_admit", "ft_pick", "ft_decide", "ft_setup", "ft_between", "ft_fill", "ft_sample")
+
+
+def first_token_parts(recs: list[JobRecord]) -> dict[str, Any]:
+    """p50 of each `ft_*` part over the jobs that report it (`first_token_ms`), and over the later
+    questions of a document (`first_token_ms_later_questions`: its cached follow-ups); {} without any."""
+    def p50s(rs: list[JobRecord]) -> dict[str, float | None]:
+        return {k[3:]: percentile([r.engine[k] for r in rs if k in r.engine], 0.5)
+                for k in FIRST_TOKEN_PARTS if any(k in r.engine for r in rs)}
+
+    out: dict[str, Any] = {}
+    if any("ft_fill" in r.engine for r in recs):
+        out["first_token_ms"] = p50s(recs)
+        later = [r for r in recs if r.question > 0]
+        if later:
+            out["first_token_ms_later_questions"] = p50s(later)
+    return out
 
 
 #: the breakdown's gaps, in the order a job passes them: (name, from, to); "sent" and "client_first_text"

@@ -296,7 +296,7 @@ class Engine:
         keep, keep_source = 1.0, ""  # the keep a specprefill run uses, and where it came from (SpecInfo.keep_source)
         prefix = self.prefix_cache() if prompt_cache else None
         if mode == "auto":
-            found = prefix.lookup(scope, prompt.tokens) if prefix is not None else None
+            found = prefix.lookup(scope, prompt.array) if prefix is not None else None
             cached = max(found[1] if found else 0, slot_tokens if prefix is not None else 0)
             shape = "chat" if messages is not None else "completion" if raw else "native"
             looked: dict[str, tuple] = {}

@@ -30,6 +30,7 @@ import numpy as np
 
 from ...contracts import DecodeError, JobTimeLimit, ModelError
 from .stop import Stop, current as current_stop
+from .token_memo import TokenMemo
 
 # --------------------------------------------------------------------------------------------------
 # logging: llama.cpp writes to stderr by default; keep its recent lines to quote in error messages
@@ -182,9 +183,15 @@ class Model:
         tmpl = llama_cpp.llama_model_chat_template(self.ptr, None)
         self.chat_template: bytes | None = tmpl or None
         self._vocab_sig: str | None = None
+        self.token_memo = TokenMemo()
 
     # -- tokens ------------------------------------------------------------------------------------
     def tokenize(self, text: str, *, add_special: bool = False, parse_special: bool = False) -> list[int]:
+        """A long text's tokens are remembered (token_memo.py: a stored document's next question)."""
+        return self.token_memo.tokens(text, add_special, parse_special,
+                                       lambda: self._tokenize(text, add_special, parse_special))
+
+    def _tokenize(self, text: str, add_special: bool, parse_special: bool) -> list[int]:
         data = text.encode("utf-8")
         n_max = len(data) + 8
         buf = (llama_cpp.llama_token * n_max)()

@@ -8,6 +8,9 @@ after the document so that the speculator's lookahead queries "ask" it.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
+
+import numpy as np
 
 from ..llama.binding import Model
 
@@ -32,6 +35,14 @@ class Prompt:
     @property
     def n(self) -> int:
         return len(self.tokens)
+
+    @cached_property
+    def array(self) -> np.ndarray:
+        """The tokens as int32, made once per prompt: prefix matching compares them with every slot's and
+        every cached entry's (converting a 32K-token list takes about a millisecond each time)."""
+        arr = np.asarray(self.tokens, dtype=np.int32)
+        arr.flags.writeable = False
+        return arr
 
     @property
     def head(self) -> list[int]:

@@ -17,7 +17,8 @@ Each step of the loop:
    (seq_rm of its sequence), its future gets the exception, nothing else changes;
 2. waiting jobs take free slots (FIFO);
 3. one unit of preparation of the oldest admitted job that is not decoding: its mode decision (the
-   prompt was tokenized by `submit()` in the submitting thread, beside the loop), or its whole
+   prompt was tokenized by `submit()` in the submitting thread, beside the loop; a baseline job's
+   set-up follows in the same step), or its whole
    scoring + selection, or setting up its prefill (drafter, kept tokens). During the scoring the
    decoding jobs get one decode batch after each of the speculator's llama_decode calls of a window's
    prefill (at most call_tokens tokens each: `select(between_calls=...)`, scoring.py "Between
@@ -81,6 +82,15 @@ its units, and the batches that held its tokens); `interleave_wait` = the spans 
 times (other jobs' work in between); `slot_wait` = tokenized (in `submit`) to a free slot;
 `tokenize` = the submitting thread's tokenization + the loop's mode-decision step; `ttft` and
 `total` count from submission.
+
+Where a job's time to first token goes (`ft_*`, ms, together `ttft`; `specq bench serve` reports their
+p50s as `first_token_ms`): `ft_tokenize` the submitting thread's tokenization (and grammar), `ft_admit`
+handed to the loop -> admitted to a slot (the loop finishing its current step, or no free slot),
+`ft_pick` choosing the slot (resident prefixes compared), `ft_decide` the mode decision (host cache
+looked up), `ft_setup` the set-up (prefix match in the slots and the host cache, KV kept, copied or
+restored, the prefill's plan), `ft_fill` the target batches that held its prefill tokens (other jobs'
+decode rows in them too), `ft_sample` its first token (logits copied, sampled, emitted), `ft_between`
+the rest: other jobs' batches and units between its own.
 """
 
 from __future__ import annotations
@@ -196,15 +206,11 @@ class _Job:
     group_pending: list = field(default_factory=list)  # mates still being scored that this job waits for
     group_copied_from: int = -1  # the slot whose head + union this member copied (-1: prefilled by itself)
     t_group: float = 0.0  # when it began waiting for its mates (a group member: set)
-    _toks: Any = None  # token_array()'s copy, and the prompt it was made of
-    _toks_of: Any = None
+    ft: dict = field(default_factory=dict)  # seconds of its first-token path's own steps (module doc, `ft_*`)
 
     def token_array(self) -> np.ndarray:
-        """The prompt's tokens as int32, made once per prompt: admission, set-up and the mode decision
-        compare them with every slot's (a 128K-token list takes milliseconds to convert)."""
-        if self._toks_of is not self.prompt:
-            self._toks, self._toks_of = np.asarray(self.prompt.tokens, dtype=np.int32), self.prompt
-        return self._toks
+        """The prompt's tokens as int32 (Prompt.array: made once per prompt)."""
+        return self.prompt.array
 
     def shares(self, tokens: np.ndarray) -> int:
         """Tokens of this job's prompt (at most n-1: the last is decoded again for its logits) that a
@@ -328,6 +334,7 @@ class ServingEngine:
         try:
             job.params.validate()
             job.prompt = self.engine.tokenize_prompt(document, job.params, messages=messages, raw=raw)
+            job.prompt.array  # noqa: B018  (made here, beside the loop: admission compares it with the slots')
             job.guide = guide_for(self.engine.target, job.params.json_schema)
         except BaseException as e:
             job.future.set_exception(e)
@@ -433,15 +440,21 @@ class ServingEngine:
                 self._drop(job, job.cancel_exc)
         while admitting and self._free and self._waiting:
             job = self._waiting.popleft()
+            t_pick = _now()
             job.slot = self._pick_slot(job)
             self._free.remove(job.slot)
             job.t_admit = job.t_phase = _now()
+            job.ft["pick"] = job.t_admit - t_pick
             job.stage = "tokenize"
             self._active.append(job)
             self.slot_wait_ms_total += (job.t_admit - job.t_queued) * 1000.0
         prep = next((j for j in self._active if self._preparable(j)), None)
         if prep is not None:
-            self._guard(prep, self._prepare, prep)
+            decided = prep.stage == "tokenize"
+            if self._guard(prep, self._prepare, prep) and decided and prep.stage == "setup" and self._preparable(prep):
+                # a full prefill sets up in the same step as its mode decision (both cheap beside a batch):
+                # a cached follow-up's first token then waits for one batch of the others fewer
+                self._guard(prep, self._prepare, prep)
         self._batch()
         self.kv_cells_used = self._cells()
 
@@ -466,6 +479,7 @@ class ServingEngine:
             job.auto_group = job.params.mode == "auto" and job.mode == "specprefill" and chose_group(job.spec.reason)
             t1 = _now()
             job.engine_ms["tokenize"] += (t1 - t0) * 1000.0
+            job.ft["decide"] = t1 - t0
             job.end_phase("tokenize", t1)
             job.stage = "score" if job.mode == "specprefill" else "setup"
             return
@@ -510,12 +524,15 @@ class ServingEngine:
         if owner is not None:  # another job is prefilling this prompt's prefix: wait for its save
             job.wait_for = owner
             self.prefix_waits += 1
+            job.ft["setup"] = job.ft.get("setup", 0.0) + _now() - t0
             return
-        if job.kept is None:
-            job.kept = list(range(job.prompt.n))
         job.drafter = eng.drafter_for(job.params, job.prompt, scored=(job.mode == "specprefill"), seq=job.slot)
-        if job.group is None:  # a group's members got their plans when it formed
-            job.pre_toks, job.pre_pos, job.next_pos = prefill_plan(job.prompt.tokens, job.kept, job.positions)
+        if job.kept is None:  # a full prefill: prefill_plan's of every index, without its O(n) list work
+            n = job.prompt.n
+            job.kept = list(range(n))
+            job.pre_toks, job.pre_pos, job.next_pos = job.token_array(), np.arange(n, dtype=np.int32), n
+        elif job.group is None:  # a group's members got their plans when it formed
+            job.pre_toks, job.pre_pos, job.next_pos = prefill_plan(job.token_array(), job.kept, job.positions)
         job.progress("sparse_prefill", 0, len(job.pre_toks))
         resident = self._resident_prefix(job)
         job.offset = 0
@@ -546,7 +563,7 @@ class ServingEngine:
             # sequence and the prefill starts after it; the whole prompt is saved when it is prefilled
             self.ctx.seq_rm(job.slot, -1, -1)
             job.prefix_use = PrefixUse()
-            job.offset = cache.restore(self.ctx, job.slot, job.scope, job.prompt.tokens, job.prefix_use)
+            job.offset = cache.restore(self.ctx, job.slot, job.scope, job.token_array(), job.prefix_use)
             job.timings["cache_restore"] += job.prefix_use.restore_ms
         else:
             self.ctx.seq_rm(job.slot, -1, -1)
@@ -554,6 +571,7 @@ class ServingEngine:
         if job.group is not None:
             job.timings["group_wait"] = (t0 - job.t_group) * 1000.0
         job.engine_ms["sparse_prefill"] += (_now() - t0) * 1000.0
+        job.ft["setup"] = job.ft.get("setup", 0.0) + _now() - t0
 
     def _auto_group(self, job: _Job) -> dict:
         """Mode auto's rule 1a (engine/policy/auto.py), as `prepare`'s keywords: `group`, how many questions about
@@ -704,7 +722,7 @@ class ServingEngine:
         return best, best_n
 
     def _host_prefix(self, job: _Job, cache) -> int:
-        found = cache.lookup(job.scope, job.prompt.tokens)
+        found = cache.lookup(job.scope, job.token_array())
         return found[1] if found else 0
 
     def _preparable(self, job: _Job) -> bool:
@@ -732,7 +750,7 @@ class ServingEngine:
         cache = self.engine.prefix_cache()
         if cache is None or job.mode != "baseline" or job.params.draft in ("mtp", "eagle3"):
             return None
-        found = cache.lookup(job.scope, job.prompt.tokens)
+        found = cache.lookup(job.scope, job.token_array())
         have = found[1] if found else 0
         for other in self._active:
             if other is job or other.stage != "prefill" or other.prefix_use is None or other.scope != job.scope:
@@ -838,6 +856,7 @@ class ServingEngine:
                 job.dec.absorb(self.ctx, base)
             else:
                 job.offset += len(toks)
+                job.ft["fill"] = job.ft.get("fill", 0.0) + seconds
                 job.progress("sparse_prefill", job.offset, len(job.pre_toks))  # i/n after each prefill chunk
                 if job.offset >= len(job.pre_toks):
                     # the first token first (sampled from this batch's logits and published by the
@@ -924,6 +943,7 @@ class ServingEngine:
 
     def _start_decode(self, job: _Job, row: int) -> None:
         eng, p = self.engine, job.params
+        t0 = _now()
         logits = self.ctx.logits_row(row)
         n_draft = eng.draft_budget(p, job.drafter, job.warnings)
         job.text, on_token, accept = eng.text_callbacks(p, job.progress, job.on_text, job.first)
@@ -934,6 +954,17 @@ class ServingEngine:
                              accept=accept, seq=job.slot, ignore_eos=p.ignore_eos, guide=job.guide)
         job.end_phase("sparse_prefill", _now())  # the first token (sampled above) is the prefill's
         job.timings["sparse_prefill"] = max(0.0, job.span_ms["sparse_prefill"] - job.timings.get("cache_restore", 0.0))
+        self._first_token_parts(job, t0)
+
+    @staticmethod
+    def _first_token_parts(job: _Job, t_sample: float) -> None:
+        """`ft_*` (module doc): its first token was emitted during the sampling that began at t_sample."""
+        t_first = job.first[0] if job.first else _now()
+        ms = {"ft_tokenize": job.t_queued - job.t_submit, "ft_admit": job.t_admit - job.t_queued - job.ft.get("pick", 0.0),
+              **{f"ft_{k}": job.ft.get(k, 0.0) for k in ("pick", "decide", "setup", "fill")},
+              "ft_sample": t_first - t_sample}
+        ms["ft_between"] = (t_first - job.t_submit) - sum(ms.values())
+        job.timings.update({k: round(v * 1000.0, 3) for k, v in ms.items()})
 
     def _finish(self, job: _Job) -> None:
         t_end = _now()
