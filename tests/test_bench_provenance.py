@@ -155,3 +155,15 @@ def test_code_hash_covers_untracked_contents_and_leaves_results_out(tmp_path, mo
         (repo / name).write_text("A = 2\n")
         second = provenance.code_state()
         assert name in second["untracked"] and first["diff_sha256"] != second["diff_sha256"], name
+
+
+def test_prefill_bench_times_gapped_prefill_at_original_positions(tiny_models):
+    """`specq bench prefill`'s gapped arm prefills at original positions: its context must accept position
+    jumps (it failed with "positions are not continuous" while the context was built without them)."""
+    from specq.bench.prefill import run_prefill_bench
+
+    report = run_prefill_bench(str(tiny_models.target), n_tokens=300, keep=0.3, decode_tokens=4, reps=1, n_gpu_layers=0,
+                               n_threads=1, n_batch=512, n_ubatch=128, say=lambda m: None)
+    assert report["prompt_tokens"] > 200 and 0 < report["kept_tokens"] < report["prompt_tokens"]
+    assert report["full_tok_s"] > 0 and report["gapped_tok_s"] > 0 and report["decode_tok_s"] > 0
+    _check_provenance(report["provenance"])

@@ -27,7 +27,9 @@ def run_prefill_bench(model_path: str, *, n_tokens: int, keep: float, decode_tok
 
     start = Start()
     model = Model(model_path, n_gpu_layers=n_gpu_layers)
-    ctx = Context(model, n_ctx=n_tokens + decode_tokens + 64, n_batch=n_batch, n_ubatch=n_ubatch, n_threads=n_threads)
+    # position_gaps: the gapped arm prefills at original positions (patch 0001), as the engine does
+    ctx = Context(model, n_ctx=n_tokens + decode_tokens + 64, n_batch=n_batch, n_ubatch=n_ubatch, n_threads=n_threads,
+                  position_gaps=True)
     tokens = model.tokenize(make_document(model, n_tokens))
     n = len(tokens)
     chunk = 32
