@@ -148,8 +148,8 @@ SPECULATOR_0_5B = ModelSpec(
 
 #: The 0.5B speculator requantized to Q4_0. Why: its 896-wide rows are not a multiple of 256, so the
 #: Q4_K_M recipe fell back to Q5_0/Q8_0 for most tensors, which llama.cpp has no repacked CPU kernels
-#: for; Q4_0 it repacks. On 2 CPU threads its full prefill of 2,048 tokens ran at 221.9 tok/s against
-#: 167.7 for the Q4_K_M file (docs/quality.md, "A Q4_0 speculator for the CPU").
+#: for; Q4_0 it repacks, so a CPU prefills it faster (bench/results/cpu-ttft-speculator-q40-2026-12-07-*.json;
+#: docs/quality.md, "A Q4_0 speculator for the CPU"). Not the default speculator.
 SPECULATOR_0_5B_Q4_0 = ModelSpec(
     name="qwen2.5-coder-0.5b-instruct-q4_0",
     role="speculator",
