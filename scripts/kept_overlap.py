@@ -85,11 +85,12 @@ def main(argv: list[str] | None = None) -> int:
     a, b = load(args.a, args.scorer), load(args.b, args.scorer)
     if not set(a) & set(b):
         raise SystemExit("no task scored on both sides")
-    from specq.bench.provenance import code_state
+    from specq.bench.provenance import provenance
 
     la, lb = args.labels.split(",")
-    report = {"a": {"scores_dir": str(args.a), "speculator": la}, "b": {"scores_dir": str(args.b), "speculator": lb},
-              "scorer": args.scorer, "argv": sys.argv, "code": code_state(),
+    report = {"benchmark": "speculator-overlap", "provenance": provenance(None),
+              "a": {"scores_dir": str(args.a), "speculator": la}, "b": {"scores_dir": str(args.b), "speculator": lb},
+              "scorer": args.scorer,
               "by_rule": [compare(a, b, args.keep, rule) for rule in args.rules.split(",")]}
     for r in report["by_rule"]:
         j = r["jaccard"]
