@@ -8,7 +8,9 @@ document, its evidence chunks and the scoring window count); the kept set is wha
 computed by the engine's own selection code (selection.select_kept: the top window_budget(n, keep)
 chunks under the chunk rule; global selection, which is also the per-window one where a task scored in
 one window, as every 4K task does). Reported: Jaccard min / p10 / median / mean over the tasks both
-sides have, and each side's evidence recall (all of a task's evidence chunks kept).
+sides have, and each side's evidence recall (all of a task's evidence chunks kept). For scale, the same
+statistics between two chunk rules on the reference side alone (`rule_change`: how much the kept sets
+moved when the engine's rule changed from `mean` to `border`, a change that was accepted).
 
     .venv/bin/python scripts/kept_overlap.py /tmp/sc-q4km /tmp/sc-q40 [--keep 0.3] [--rules border,mean]
         [--scorer windowed] [--out bench/results/....json]
@@ -72,6 +74,16 @@ def compare(a: dict[str, dict], b: dict[str, dict], keep: float, rule: str) -> d
             "per_task_jaccard": per_task}
 
 
+def rule_change(a: dict[str, dict], keep: float, rules: tuple[str, str]) -> dict:
+    """Per-task Jaccard of one side's kept chunks under two chunk rules (the same scores)."""
+    per_task = {}
+    for t, x in sorted(a.items()):
+        k1, k2 = (kept_chunks(x["scores"], x["chunk"], keep, r) for r in rules)
+        per_task[t] = round(len(k1 & k2) / len(k1 | k2), 4)
+    return {"rules": list(rules), "keep": keep, "tasks": len(per_task), "jaccard": stats(list(per_task.values())),
+            "per_task_jaccard": per_task}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("a", type=Path, help="scores dir of the reference speculator")
@@ -97,6 +109,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{r['rule']:>6} keep {r['keep']}: {r['tasks']} tasks, Jaccard min {j['min']} p10 {j['p10']} "
               f"median {j['median']} mean {j['mean']} (>= 0.9: {j['share_ge_0.9']:.0%}); evidence recall "
               f"a {r['evidence_recall']['a']} b {r['evidence_recall']['b']}; windows {r['windows']}")
+    rules = tuple(args.rules.split(","))
+    if len(rules) == 2:
+        report["rule_change"] = rule_change({t: a[t] for t in set(a) & set(b)}, args.keep, rules)
+        j = report["rule_change"]["jaccard"]
+        print(f"for scale, reference speculator, {rules[0]} vs {rules[1]}: Jaccard min {j['min']} p10 {j['p10']} "
+              f"median {j['median']} mean {j['mean']}")
     if args.out:
         args.out.write_text(json.dumps(report, indent=1) + "\n")
     return 0
