@@ -59,6 +59,12 @@ def overlap_rows(root: Path, base: Path) -> list[list[str]]:
             rows.append([_link(path, root, base), f"{d['a']['speculator']} → {d['b']['speculator']}", r["rule"], f"{r['keep']}",
                          f"{r['tasks']}", f"**{j['min']:.3f}**", f"{j['p10']:.3f}", f"{j['median']:.3f}", f"{j['mean']:.3f}",
                          f"{j['share_ge_0.9']:.0%}", f"{rec['a']:.3f} → {rec['b']:.3f}"])
+        rc = d.get("rule_change")
+        if rc:  # for scale: one speculator's kept sets under two chunk rules
+            j = rc["jaccard"]
+            rows.append([_link(path, root, base), f"{d['a']['speculator']} alone (for scale)", " → ".join(rc["rules"]),
+                         f"{rc['keep']}", f"{rc['tasks']}", f"{j['min']:.3f}", f"{j['p10']:.3f}", f"{j['median']:.3f}",
+                         f"{j['mean']:.3f}", f"{j['share_ge_0.9']:.0%}", "–"])
     return rows
 
 
