@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import fnmatch
 import hashlib
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -52,6 +51,7 @@ from typing import Any, Iterable, Sequence
 
 from ..engine.policy.evidence import PASS_BARS
 from ..engine.policy.evidence_metrics import agreement, token_f1
+from .quality_report import read_journal
 
 #: the label-free metrics, in table order
 METRICS = ("agreement", "token_f1", "loglik_delta")
@@ -97,19 +97,6 @@ def _values(base: str, arm: str, full: Any = None, sparse: Any = None) -> dict[s
     return out
 
 
-def read_lines(path: Path) -> list[dict]:
-    """A journal's JSON objects (a torn or non-object line is skipped)."""
-    out = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            r = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(r, dict):
-            out.append(r)
-    return out
-
-
 def question_of(r: dict, journal: str) -> tuple[Question | None, str]:
     """(the record's question, "") or (None, why it is left out); "" for lines that are not answers."""
     if "unit" in r and isinstance(r.get("baseline"), dict) and isinstance(r.get("specprefill"), dict):  # specq calibrate
@@ -145,7 +132,9 @@ def read_questions(paths: Sequence[Path]) -> tuple[list[Question], list[dict]]:
     for path in paths:
         counts = {"questions": 0, "duplicates": 0, "closed-book right": 0, "without both arms": 0, "ungraded": 0}
         text = path.read_bytes()
-        for r in read_lines(path):
+        for r in read_journal(path):
+            if not isinstance(r, dict):
+                continue
             q, why = question_of(r, str(path))
             if q is None:
                 if why:
@@ -386,6 +375,6 @@ def table_markdown(report: dict) -> str:
     return "\n".join(out)
 
 
-__all__ = ["METRICS", "LABELS", "RULE", "CHOOSE_ON", "HARM_RATES", "Question", "label", "read_lines", "question_of",
+__all__ = ["METRICS", "LABELS", "RULE", "CHOOSE_ON", "HARM_RATES", "Question", "label", "question_of",
            "read_questions", "matches", "wilson", "confusion", "youden", "candidates", "choose", "row_means", "rows", "build",
            "table_markdown"]

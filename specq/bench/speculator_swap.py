@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ..engine import models
+from .quality_report import read_journal
 
 HEADER_OVERLAP = ["result", "speculators (reference → candidate)", "chunk rule", "keep", "tasks", "Jaccard min",
                   "p10", "median", "mean", "jobs ≥ 0.9", "evidence recall reference → candidate"]
@@ -36,18 +37,6 @@ def _name(sha256: str) -> str:
 def _link(path: Path, root: Path, base: Path) -> str:
     rel = os.path.relpath(path, base).replace(os.sep, "/")
     return f"[{path.relative_to(root).as_posix()}]({rel})"
-
-
-def _records(path: Path) -> list[dict[str, Any]]:
-    out = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            r = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(r, dict) and r.get("half") == "answer":
-            out.append(r)
-    return out
 
 
 def overlap_rows(root: Path, base: Path) -> list[list[str]]:
@@ -71,7 +60,7 @@ def overlap_rows(root: Path, base: Path) -> list[list[str]]:
 def answer_rows(root: Path, base: Path, repo: Path) -> list[list[str]]:
     rows = []
     for path in sorted(root.glob("*.jsonl")):
-        recs = [r for r in _records(path) if "specprefill" in r and r.get("key", {}).get("speculator_sha256")
+        recs = [r for r in read_journal(path) if isinstance(r, dict) and r.get("half") == "answer" and "specprefill" in r and r.get("key", {}).get("speculator_sha256")
                 and r.get("baseline", {}).get("reused_from")]
         if not recs:
             continue
@@ -80,7 +69,7 @@ def answer_rows(root: Path, base: Path, repo: Path) -> list[list[str]]:
         if len(refs) != 1 or len(specs) != 1 or specs == {models.DEFAULT_SPECULATOR}:
             continue
         ref_path = repo / next(iter(refs))
-        ref = {r["task"]: r for r in _records(ref_path) if "specprefill" in r}
+        ref = {r["task"]: r for r in read_journal(ref_path) if isinstance(r, dict) and r.get("half") == "answer" and "specprefill" in r}
         pairs = [(r, ref[r["task"]]) for r in recs if r["task"] in ref]
         if not pairs:
             continue

