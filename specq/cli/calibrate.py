@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import signal
 import sys
 import time
 from pathlib import Path
@@ -249,6 +250,15 @@ def calibrate_cmd(
     code = git_describe()  # the code this process loaded: the tree may be committed to while a long run goes on
     t_run = time.perf_counter()
     ran = 0
+    # Ctrl-C can land inside llama.cpp's callbacks, where Python cannot raise it; the run then fails with an
+    # engine error instead of KeyboardInterrupt. Remember the signal, so either way it ends as an interrupt (130).
+    interrupted: list[int] = []
+
+    def on_sigint(signum, frame) -> None:
+        interrupted.append(signum)
+        signal.default_int_handler(signum, frame)
+
+    previous = signal.signal(signal.SIGINT, on_sigint)
     try:
         with Progress(TextColumn("{task.description}", markup=False), BarColumn(), MofNCompleteColumn(),
                       TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), console=Console(stderr=True),
@@ -278,7 +288,12 @@ def calibrate_cmd(
         typer.echo(f"interrupted: {len(jr.units)} questions in {journal}; rerun the same command to resume", err=True)
         raise typer.Exit(130) from None
     except (EngineError, ValueError) as e:
+        if interrupted:
+            typer.echo(f"interrupted: {len(jr.units)} questions in {journal}; rerun the same command to resume", err=True)
+            raise typer.Exit(130) from None
         raise fail(f"calibrate: {e} ({len(jr.units)} questions kept in {journal}; rerun to resume)") from None
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
     # rows: per (length, keep, role), once every planned question of it is in the journal; per resolved key
     groups: dict[str, list[dict]] = {}
