@@ -250,8 +250,9 @@ def calibrate_cmd(
     code = git_describe()  # the code this process loaded: the tree may be committed to while a long run goes on
     t_run = time.perf_counter()
     ran = 0
-    # Ctrl-C can land inside llama.cpp's callbacks, where Python cannot raise it; the run then fails with an
-    # engine error instead of KeyboardInterrupt. Remember the signal, so either way it ends as an interrupt (130).
+    # Ctrl-C can land inside llama.cpp's callbacks, where Python cannot raise it (the exception is swallowed and the
+    # run went on to the end, exit 0, under load) or it fails as an engine error. Remember the signal, and end as an
+    # interrupt (130) at the next progress report or unit either way.
     interrupted: list[int] = []
 
     def on_sigint(signum, frame) -> None:
@@ -274,6 +275,8 @@ def calibrate_cmd(
                     break
                 for q, k, role in todo:
                     def progress(phase: str, done: int, total: int, _q=q, _k=k, _r=role) -> None:
+                        if interrupted:  # a Ctrl-C that a llama.cpp callback swallowed
+                            raise KeyboardInterrupt
                         half = "" if _r == "all" else f" ({_r} half)"
                         bar.update(task, description=f"keep {_k:g}, {_q.length}{half}: {phase} {done}/{total}")
 
@@ -282,6 +285,8 @@ def calibrate_cmd(
                     jr.add_unit(q.unit_id(k), cal.unit_record(q, k, result))
                     ran += 1
                     bar.advance(task)
+                    if interrupted:
+                        raise KeyboardInterrupt
                 bands, plan, left = planned()
                 bar.update(task, total=ran + left)
     except KeyboardInterrupt:
