@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import typer
@@ -106,7 +107,6 @@ def up_cmd(
     It prints the API's URL and, once its own API answers there, records it in $SPECQ_HOME/up.url: the
     CLI talks to that URL unless `specq --url` or SPECQ_API_URL says otherwise.
     """
-    import os
     import secrets
     import signal
     import subprocess
@@ -228,9 +228,10 @@ def healthz_instance(url: str) -> str | None:
 
 
 def _record_url(path: Path, url: str) -> None:
-    """Write `url` to $SPECQ_HOME/up.url (whole, or not at all)."""
+    """Write `url` to $SPECQ_HOME/up.url (whole, or not at all). The temporary name carries the pid: a detached
+    `specq up` and its foreground child both record the same URL at about the same moment."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
     tmp.write_text(url + "\n", encoding="utf-8")
     tmp.replace(path)
 
@@ -253,7 +254,6 @@ def _up_detached(settings, argv: list[str]) -> None:
     """Run `specq up` (without --detach) in a new session, logging to $SPECQ_HOME/up.log; return once
     /healthz answers with the instance name it gave that `up` (another API already on the port does
     not count), or exit 1 with the log's reason."""
-    import os
     import secrets
     import signal
     import subprocess
@@ -325,7 +325,6 @@ def down_cmd(
     as_json: bool = typer.Option(False, "--json", help='Print what happened as JSON: {"stopped": true|false, "pid": N|null, "detail": "…"}.'),
 ) -> None:
     """Stop a service started with `specq up --detach` (waits for the running job's phase to end, up to 60 s)."""
-    import os
     import signal
     import time
 
