@@ -1,0 +1,163 @@
+"""The PyTorch speculator (engine/scoring/torch_speculator.py) against llama.cpp on the tiny random-weight GGUFs.
+
+Tolerances measured on the tiny F16 models (CPU, torch float32 with an F16 KV cache like llama.cpp's): last-token
+logits differ by at most ~0.02 (logit std ~3), window scores correlate at > 0.99999. Each comparison is also
+run with a wrong RoPE base, which must fail it: the checks can tell a right forward from a wrong one.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+llama_cpp = pytest.importorskip("llama_cpp")
+torch = pytest.importorskip("torch")
+
+import numpy as np  # noqa: E402
+
+from specq.engine.llama import binding as llama  # noqa: E402
+from specq.engine.scoring.selection import select_kept  # noqa: E402
+
+pytestmark = [pytest.mark.engine]
+
+ROOT = Path(__file__).resolve().parents[1]
+TEXT = (ROOT / "examples" / "python-license.txt").read_text()
+#: a base the tiny models were not written with (theirs: 1e6)
+WRONG_ROPE_BASE = 10_000.0
+#: largest |torch - llama.cpp| of a logit (logit std ~3 on these models; measured ~0.016)
+LOGIT_ATOL = 0.08
+
+
+def _llama_logits(path: Path, tokens: list[int]) -> np.ndarray:
+    """llama.cpp's logits of every prompt position (flash attention on, as the scorer runs)."""
+    model = llama.Model(path, n_gpu_layers=0)
+    ctx = llama.Context(model, n_ctx=1024, n_batch=1024, n_ubatch=512, n_threads=2, flash_attn=True)
+    try:
+        ctx.decode(tokens, range(len(tokens)), logits="all")
+        return np.stack([ctx.logits_row(i) for i in range(len(tokens))])
+    finally:
+        ctx.close()
+        model.close()
+
+
+def _torch_logits(path: Path, tokens: list[int], **kw) -> np.ndarray:
+    from specq.engine.scoring.torch_speculator import TorchSpeculator
+
+    spec = TorchSpeculator(path, **kw)
+    logits, _ = spec.forward(tokens, 0, spec.new_cache(len(tokens)), logits="all")
+    return logits.numpy()
+
+
+@pytest.mark.parametrize("which", ["target", "speculator"])
+def test_logits_match_llama_cpp(tiny_models, which):
+    """Every position's logits of a short prompt: within LOGIT_ATOL of llama.cpp's, the same argmax at
+    every position; with a wrong RoPE base the same comparison fails."""
+    path = getattr(tiny_models, which)
+    model = llama.Model(path, n_gpu_layers=0)
+    tokens = model.tokenize(TEXT[:400])
+    model.close()
+    assert 60 < len(tokens) < 1024
+    want = _llama_logits(path, tokens)
+    got = _torch_logits(path, tokens)
+    assert got.shape == want.shape
+    diff = np.abs(got - want).max()
+    assert diff < LOGIT_ATOL, diff
+    assert (got.argmax(-1) == want.argmax(-1)).all()
+    # teeth: the rope base alone wrong (position 0 is unrotated, so only later positions can differ)
+    wrong = _torch_logits(path, tokens, rope_base=WRONG_ROPE_BASE)
+    assert np.abs(wrong - want).max() > 10 * LOGIT_ATOL
+    assert (wrong.argmax(-1) != want.argmax(-1)).mean() > 0.2
+
+
+def test_chunked_prefill_equals_one_call(tiny_models):
+    """A prefill in calls of 37 tokens (masked later chunks) leaves the same KV cache as one call."""
+    from specq.engine.scoring.torch_speculator import TorchSpeculator
+
+    spec = TorchSpeculator(tiny_models.speculator)
+    model = llama.Model(tiny_models.speculator, n_gpu_layers=0)
+    tokens = model.tokenize(TEXT[:600])
+    model.close()
+    one, chunked = spec.new_cache(len(tokens)), spec.new_cache(len(tokens))
+    calls = []
+    spec.prefill(tokens, one)
+    spec.prefill(tokens, chunked, call_tokens=37, after_call=lambda: calls.append(1))
+    assert len(calls) == -(-len(tokens) // 37)
+    for il in range(spec.cfg.n_layer):
+        torch.testing.assert_close(chunked.k[il], one.k[il], atol=2e-3, rtol=1e-3)
+        torch.testing.assert_close(chunked.v[il], one.v[il], atol=2e-3, rtol=1e-3)
+
+
+def _kept(prompt, scores: np.ndarray, keep: float = 0.3) -> set[int]:
+    return set(select_kept(scores, doc_start=prompt.doc_start, n_prompt=prompt.n, protected=prompt.protected_indices(),
+                           keep=keep, chunk=32))
+
+
+def _jaccard(a: set[int], b: set[int]) -> float:
+    return len(a & b) / len(a | b)
+
+
+def test_window_scores_match_the_llama_scorer(tiny_models):
+    """The windowed scorer with speculator_impl=torch: per-token scores of every window correlate with
+    llama.cpp's at > 0.9999, the kept set at keep 0.3 overlaps by Jaccard >= 0.95, and the windows were
+    prefilled over the same positions; a wrong RoPE base drops below both bars."""
+    from specq.engine.prompt.build import build_prompt
+    from specq.engine.scoring.scorer import SpecPrefillScorer
+    from specq.engine.scoring.torch_speculator import TorchSpeculator
+
+    model = llama.Model(tiny_models.speculator, n_gpu_layers=0)
+    prompt = build_prompt(model, TEXT[:3500], "Who moved where?")
+    kw = dict(n_ctx=4096, n_batch=2048, n_ubatch=512, n_threads=2, flash_attn=True)
+    ref = SpecPrefillScorer(model, **kw)
+    mine = SpecPrefillScorer(model, speculator_impl="torch", **kw)
+    a = ref.score(prompt, window=700, lookahead=5, pool=13)
+    b = mine.score(prompt, window=700, lookahead=5, pool=13)
+    assert a.windows == b.windows >= 5 and a.plan == b.plan
+    assert mine.prefill_spans == ref.prefill_spans and mine.prefilled_tokens == ref.prefilled_tokens
+    assert np.isfinite(b.scores).all() and b.scores.std() > 0
+    for s, e in a.plan:  # each window on its own, not only the whole document
+        assert np.corrcoef(a.scores[s:e], b.scores[s:e])[0, 1] > 0.9999
+    np.testing.assert_allclose(b.scores, a.scores, rtol=0.02, atol=0.02)
+    assert _jaccard(_kept(prompt, a.scores), _kept(prompt, b.scores)) >= 0.95
+    assert set(b.timings_ms) == {"speculator_prefill", "lookahead", "score_math"}
+
+    mine.torch_speculator = TorchSpeculator(tiny_models.speculator, rope_base=WRONG_ROPE_BASE)
+    wrong = mine.score(prompt, window=700, lookahead=5, pool=13)
+    assert np.corrcoef(a.scores, wrong.scores)[0, 1] < 0.99
+    assert _jaccard(_kept(prompt, a.scores), _kept(prompt, wrong.scores)) < 0.9
+    ref.close()
+    mine.close()
+    model.close()
+
+
+def test_unsupported_architecture_is_refused(tmp_path):
+    """A GGUF of another architecture: a clear UnsupportedSpeculator naming it, before any weight is read."""
+    import gguf
+
+    from specq.contracts import ModelError
+    from specq.engine.scoring.torch_speculator import TorchSpeculator, UnsupportedSpeculator
+
+    path = tmp_path / "gpt2.gguf"
+    w = gguf.GGUFWriter(str(path), "gpt2")
+    w.add_block_count(1)
+    w.add_tensor("token_embd.weight", np.zeros((16, 8), dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(UnsupportedSpeculator, match="architecture is 'gpt2'") as err:
+        TorchSpeculator(path)
+    assert isinstance(err.value, ModelError)
+    with pytest.raises(ModelError, match="not found"):
+        TorchSpeculator(tmp_path / "missing.gguf")
+
+
+def test_unknown_speculator_impl_is_refused(tiny_models):
+    from specq.contracts import EngineError
+    from specq.engine.scoring.scorer import SpecPrefillScorer
+
+    model = llama.Model(tiny_models.speculator, n_gpu_layers=0)
+    with pytest.raises(EngineError, match="speculator_impl"):
+        SpecPrefillScorer(model, n_ctx=1024, n_batch=512, n_ubatch=512, n_threads=1, flash_attn=True,
+                          speculator_impl="onnx")
+    model.close()
