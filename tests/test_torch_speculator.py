@@ -1,8 +1,11 @@
 """The PyTorch speculator (engine/scoring/torch_speculator.py) against llama.cpp on the tiny random-weight GGUFs.
 
-Tolerances measured on the tiny F16 models (CPU, torch float32 with an F16 KV cache like llama.cpp's): last-token
-logits differ by at most ~0.02 (logit std ~3), window scores correlate at > 0.99999. Each comparison is also
-run with a wrong RoPE base, which must fail it: the checks can tell a right forward from a wrong one.
+Measured on the tiny F16 models (CPU, torch float32 with an F16 KV cache like llama.cpp's): logits of a
+364-token prompt differ by at most 0.011-0.013 (logit std ~2.9), argmax equal at every position; window scores
+correlate at >= 0.999994 per window (max relative difference 0.3%), kept sets at keep 0.3 identical. The
+bars below leave room for other CPUs' kernels. Each comparison is also run with a wrong RoPE base (logits off
+by 6-7, argmax equal at 38-48% of positions; scores correlating at 0.13, kept Jaccard 0.26), which must fail
+it: the checks tell a right forward from a wrong one.
 """
 
 from __future__ import annotations
@@ -25,8 +28,8 @@ ROOT = Path(__file__).resolve().parents[1]
 TEXT = (ROOT / "examples" / "python-license.txt").read_text()
 #: a base the tiny models were not written with (theirs: 1e6)
 WRONG_ROPE_BASE = 10_000.0
-#: largest |torch - llama.cpp| of a logit (logit std ~3 on these models; measured ~0.016)
-LOGIT_ATOL = 0.08
+#: largest |torch - llama.cpp| of a logit (logit std ~3 on these models; measured 0.011-0.013)
+LOGIT_ATOL = 0.05
 
 
 def _llama_logits(path: Path, tokens: list[int]) -> np.ndarray:
@@ -99,7 +102,7 @@ def _jaccard(a: set[int], b: set[int]) -> float:
 
 def test_window_scores_match_the_llama_scorer(tiny_models):
     """The windowed scorer with speculator_impl=torch: per-token scores of every window correlate with
-    llama.cpp's at > 0.9999, the kept set at keep 0.3 overlaps by Jaccard >= 0.95, and the windows were
+    llama.cpp's at > 0.99999, the kept set at keep 0.3 overlaps by Jaccard >= 0.99, and the windows were
     prefilled over the same positions; a wrong RoPE base drops below both bars."""
     from specq.engine.prompt.build import build_prompt
     from specq.engine.scoring.scorer import SpecPrefillScorer
@@ -116,9 +119,9 @@ def test_window_scores_match_the_llama_scorer(tiny_models):
     assert mine.prefill_spans == ref.prefill_spans and mine.prefilled_tokens == ref.prefilled_tokens
     assert np.isfinite(b.scores).all() and b.scores.std() > 0
     for s, e in a.plan:  # each window on its own, not only the whole document
-        assert np.corrcoef(a.scores[s:e], b.scores[s:e])[0, 1] > 0.9999
-    np.testing.assert_allclose(b.scores, a.scores, rtol=0.02, atol=0.02)
-    assert _jaccard(_kept(prompt, a.scores), _kept(prompt, b.scores)) >= 0.95
+        assert np.corrcoef(a.scores[s:e], b.scores[s:e])[0, 1] > 0.99999
+    np.testing.assert_allclose(b.scores, a.scores, rtol=1e-2, atol=1e-2)
+    assert _jaccard(_kept(prompt, a.scores), _kept(prompt, b.scores)) >= 0.99
     assert set(b.timings_ms) == {"speculator_prefill", "lookahead", "score_math"}
 
     mine.torch_speculator = TorchSpeculator(tiny_models.speculator, rope_base=WRONG_ROPE_BASE)
@@ -161,3 +164,44 @@ def test_unknown_speculator_impl_is_refused(tiny_models):
         SpecPrefillScorer(model, n_ctx=1024, n_batch=512, n_ubatch=512, n_threads=1, flash_attn=True,
                           speculator_impl="onnx")
     model.close()
+
+
+def test_engine_speculator_impl_is_opt_in_and_in_the_evidence_key(tiny_models):
+    """EngineOptions.speculator_impl: llama by default; torch runs the PyTorch forward (EngineInfo says so),
+    keeps the same chunks here, and its evidence key names it (score_math "torch-speculator"), so a row of
+    llama.cpp's speculator is no evidence for it while the default's key is unchanged."""
+    from specq.engine.options import EngineOptions, RunParams
+    from specq.engine.pipeline import Engine
+    from specq.engine.policy.evidence_key import TORCH_SPECULATOR_KEY, EvidenceKey, first_difference
+
+    params = RunParams(question="Who?", mode="specprefill", window=1024, keep=0.3, min_tokens=0, max_tokens=4)
+    kw = dict(target=str(tiny_models.target), speculator=str(tiny_models.speculator), n_gpu_layers=0, n_ctx=8192)
+    runs, keys = {}, {}
+    for impl in ("llama", "torch"):
+        opts = EngineOptions(**kw) if impl == "llama" else EngineOptions(speculator_impl=impl, **kw)
+        eng = Engine(opts)
+        try:
+            runs[impl] = eng.run(TEXT[:4000], params)
+            positions = "original" if eng.gaps_supported else "compressed"
+            keys[impl] = eng.evidence_key(eng.tokenize_prompt(TEXT[:4000], params), params, positions)
+        finally:
+            eng.close()
+    assert runs["llama"].engine.speculator_impl == "llama" and runs["torch"].engine.speculator_impl == "torch"
+    assert runs["torch"].timings_ms["speculator_prefill"] > 0
+    assert _jaccard(set(runs["llama"].kept_indices), set(runs["torch"].kept_indices)) >= 0.99
+    assert keys["llama"].score_math == "numpy" and keys["torch"].score_math == TORCH_SPECULATOR_KEY
+    assert first_difference(keys["torch"], keys["llama"]) == "score_math"
+    assert EvidenceKey.from_dict(keys["torch"].as_dict()) == keys["torch"]  # a valid key, stored and read back
+
+
+def test_speculator_impl_setting(monkeypatch):
+    """SPECQ_SPECULATOR_IMPL reaches the worker's EngineOptions; a bad value stops the process with a message."""
+    from specq.settings import ServiceSettings, SettingsError
+
+    monkeypatch.setenv("SPECQ_SPECULATOR_IMPL", "torch")
+    assert ServiceSettings.from_env().engine_options().speculator_impl == "torch"
+    monkeypatch.delenv("SPECQ_SPECULATOR_IMPL")
+    assert ServiceSettings.from_env().engine_options().speculator_impl == "llama"
+    monkeypatch.setenv("SPECQ_SPECULATOR_IMPL", "onnx")
+    with pytest.raises(SettingsError, match="SPECQ_SPECULATOR_IMPL must be llama or torch"):
+        ServiceSettings.from_env()
