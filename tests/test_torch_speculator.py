@@ -91,6 +91,31 @@ def test_chunked_prefill_equals_one_call(tiny_models):
         torch.testing.assert_close(chunked.v[il], one.v[il], atol=2e-3, rtol=1e-3)
 
 
+def test_device_score_formula_equals_numpys(tiny_models):
+    """On a GPU the torch speculator scores with score_torch.tensor_scores (nothing leaves the device); here,
+    on CPU tensors, that formula must give scorer.attention_scores' numbers for the same queries and keys."""
+    from specq.engine.scoring.score_torch import tensor_scores
+    from specq.engine.scoring.torch_speculator import TorchSpeculator
+
+    spec = TorchSpeculator(tiny_models.speculator)
+    model = llama.Model(tiny_models.speculator, n_gpu_layers=0)
+    tokens = model.tokenize(TEXT[:900])
+    model.close()
+    n = len(tokens)
+    cache = spec.new_cache(n + 4)
+    spec.prefill(tokens[:-1], cache)
+    rows, tok = [], tokens[-1]
+    for step in range(4):
+        logits, q = spec.forward([tok], n - 1 + step, cache, keep_q=True)
+        rows.append({il: qq[0] for il, qq in q.items()})
+        tok = int(torch.argmax(logits))
+    host = spec.scores(rows, cache, n, 13)
+    Q = torch.stack([torch.stack([row[il] for row in rows]) for il in range(spec.cfg.n_layer)])
+    dev = tensor_scores(Q, [(lambda il=il: cache.k[il][:n]) for il in range(spec.cfg.n_layer)], 13)
+    assert host.shape == dev.shape == (n,) and host.std() > 0
+    np.testing.assert_allclose(dev, host, rtol=1e-4, atol=1e-6)
+
+
 def _kept(prompt, scores: np.ndarray, keep: float = 0.3) -> set[int]:
     return set(select_kept(scores, doc_start=prompt.doc_start, n_prompt=prompt.n, protected=prompt.protected_indices(),
                            keep=keep, chunk=32))
