@@ -31,6 +31,7 @@ from specq.engine.options import EngineOptions, RunParams  # noqa: E402
 from specq.engine.prompt.build import build_prompt  # noqa: E402
 from specq.engine.scoring.scorer import SpecPrefillScorer  # noqa: E402
 from specq.engine.scoring.selection import select_kept  # noqa: E402
+from specq.engine.scoring.torch_speculator import TorchSpeculator  # noqa: E402
 
 #: standard-library modules whose source makes the documents (each cut to its token count)
 FILES = ("argparse", "textwrap", "shlex", "fnmatch", "calendar")
@@ -62,7 +63,7 @@ def main() -> int:
     scorers = {"llama": SpecPrefillScorer(model, **kw)}
     t_llama = time.perf_counter() - t
     t = time.perf_counter()
-    scorers["torch"] = SpecPrefillScorer(model, speculator_impl="torch", **kw)
+    scorers["torch"] = SpecPrefillScorer(model, torch_speculator=TorchSpeculator(path), **kw)
     t_torch = time.perf_counter() - t
     rows = []
     for name, n_tok in zip(FILES, [int(x) for x in args.tokens.split(",")]):

@@ -137,7 +137,7 @@ def test_window_scores_match_the_llama_scorer(tiny_models):
     prompt = build_prompt(model, TEXT[:3500], "Who moved where?")
     kw = dict(n_ctx=4096, n_batch=2048, n_ubatch=512, n_threads=2, flash_attn=True)
     ref = SpecPrefillScorer(model, **kw)
-    mine = SpecPrefillScorer(model, speculator_impl="torch", **kw)
+    mine = SpecPrefillScorer(model, torch_speculator=TorchSpeculator(tiny_models.speculator), **kw)
     a = ref.score(prompt, window=700, lookahead=5, pool=13)
     b = mine.score(prompt, window=700, lookahead=5, pool=13)
     assert a.windows == b.windows >= 5 and a.plan == b.plan
@@ -181,14 +181,17 @@ def test_unsupported_architecture_is_refused(tmp_path):
 
 
 def test_unknown_speculator_impl_is_refused(tiny_models):
-    from specq.contracts import EngineError
-    from specq.engine.scoring.scorer import SpecPrefillScorer
+    from specq.contracts import ModelError
+    from specq.engine.options import EngineOptions
+    from specq.engine.pipeline import Engine
 
-    model = llama.Model(tiny_models.speculator, n_gpu_layers=0)
-    with pytest.raises(EngineError, match="speculator_impl"):
-        SpecPrefillScorer(model, n_ctx=1024, n_batch=512, n_ubatch=512, n_threads=1, flash_attn=True,
-                          speculator_impl="onnx")
-    model.close()
+    eng = Engine(EngineOptions(target=str(tiny_models.target), speculator=str(tiny_models.speculator), n_gpu_layers=0,
+                               n_ctx=4096, speculator_impl="onnx"))
+    try:
+        with pytest.raises(ModelError, match="unknown speculator_impl 'onnx'"):
+            eng.scorer()
+    finally:
+        eng.close()
 
 
 def test_engine_speculator_impl_is_opt_in_and_in_the_evidence_key(tiny_models):

@@ -573,20 +573,25 @@ class Engine:
             n_ctx = min(spec.n_ctx_train or self.n_ctx, max(self.n_ctx, 4096))
             self.info.score_math = self._score_math()
             impl = self.options.speculator_impl
-            on_gpu = not invariance.on_cpu(self.options, self.info.backend)
+            forward = None
             if impl == "torch":
                 from .scoring import score_torch
+                from .scoring.torch_speculator import TorchSpeculator
 
+                on_gpu = not invariance.on_cpu(self.options, self.info.backend)
                 why = score_torch.available(gpu=on_gpu)
                 if why:
                     raise ModelError(f"speculator_impl torch: {why}")
+                forward = TorchSpeculator(spec.path, device=f"cuda:{max(0, spec.main_gpu)}" if on_gpu else "cpu")
+            elif impl != "llama":
+                raise ModelError(f"unknown speculator_impl {impl!r} (llama or torch)")
             self.info.speculator_impl = impl
             self._scorer = SpecPrefillScorer(
                 spec, n_ctx=n_ctx, n_batch=opts.n_batch, n_ubatch=self.n_ubatch,
                 n_threads=opts.resolved_threads(), flash_attn=opts.flash_attn,
                 n_parallel=opts.n_parallel or (8 if self.info.backend != "cpu" else 1),
                 score_math=self.info.score_math, device=max(0, spec.main_gpu), call_tokens=self.call_tokens,
-                speculator_impl=impl, torch_device=f"cuda:{max(0, spec.main_gpu)}" if on_gpu else "cpu",
+                torch_speculator=forward,
             )
         return self._scorer
 

@@ -43,9 +43,9 @@ other call (another document or tenant, an uncached call, an error) forgets them
 call's windows stay (a document of more windows than `n_parallel` restores as before).
 `WindowCacheUse.resident` counts these hits.
 
-Speculator implementation (`speculator_impl`): `llama` (default) runs the windows above through llama.cpp;
-`torch` runs each window through torch_speculator.py's PyTorch forward of the same GGUF (dequantized) with
-the same positions, lookahead steps and score formula. With `torch` the windows are scored one at a
+Speculator implementation (EngineOptions.speculator_impl): `llama` (default) runs the windows above through
+llama.cpp; `torch` (a TorchSpeculator given to the scorer) runs each window through torch_speculator.py's
+PyTorch forward of the same GGUF (dequantized) with the same positions, lookahead steps and score formula. With `torch` the windows are scored one at a
 time (no parallel streams) and the speculator cache is not used (it holds llama.cpp KV bytes): every
 window is prefilled; between_calls still runs after each prefill call of `call_tokens` tokens.
 
@@ -70,9 +70,6 @@ from ...contracts import EngineError
 from ..llama.binding import Context, Model, set_eval_callback
 from ..options import DEFAULT_WINDOW, ONE_PASS_TOKENS  # noqa: F401  (re-exported: the scorer's sizes)
 from ..prompt.build import Prompt
-
-#: who runs the speculator's forward passes (SpecPrefillScorer's speculator_impl)
-SPECULATOR_IMPLS = ("llama", "torch")
 
 #: window length of the `sliding` scorer (the seed's ~2,000 tokens)
 SLIDING_WINDOW = 2048
@@ -230,21 +227,16 @@ class SpecPrefillScorer:
 
     def __init__(
         self, model: Model, *, n_ctx: int, n_batch: int, n_ubatch: int, n_threads: int, flash_attn: bool, n_parallel: int = 1,
-        score_math: str = "numpy", device: int = 0, call_tokens: int = 0, speculator_impl: str = "llama",
-        torch_device: str = "cpu",
+        score_math: str = "numpy", device: int = 0, call_tokens: int = 0, torch_speculator=None,
     ) -> None:
+        """torch_speculator: a torch_speculator.TorchSpeculator of `model`'s GGUF, which then runs the windows
+        instead of llama.cpp (module doc "Speculator implementation"); passed in, not built here, so that
+        this module does not import that one (which imports attention_scores from here)."""
         if score_math not in ("numpy", "torch"):
             raise EngineError(f"unknown score_math {score_math!r} (numpy or torch)")
-        if speculator_impl not in SPECULATOR_IMPLS:
-            raise EngineError(f"unknown speculator_impl {speculator_impl!r} ({' or '.join(SPECULATOR_IMPLS)})")
-        #: llama: llama.cpp runs the speculator's windows; torch: torch_speculator.py's forward of the same GGUF
-        #: (module doc "Speculator implementation")
-        self.speculator_impl = speculator_impl
-        self.torch_speculator = None
-        if speculator_impl == "torch":
-            from .torch_speculator import TorchSpeculator
-
-            self.torch_speculator = TorchSpeculator(model.path, device=torch_device)
+        self.torch_speculator = torch_speculator
+        #: llama: llama.cpp runs the speculator's windows; torch: the PyTorch forward of the same GGUF
+        self.speculator_impl = "llama" if torch_speculator is None else "torch"
         self.model = model
         #: numpy: K copied to the host at lookahead step 0; torch: K read in place (score_torch.py)
         self.score_math = score_math
