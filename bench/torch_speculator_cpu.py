@@ -24,7 +24,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from specq.bench.provenance import load_now, numerics_of, provenance  # noqa: E402
+from specq.bench.provenance import Start, numerics_of, provenance  # noqa: E402
 from specq.engine import models  # noqa: E402
 from specq.engine.llama import binding as llama  # noqa: E402
 from specq.engine.options import EngineOptions, RunParams  # noqa: E402
@@ -49,7 +49,7 @@ def main() -> int:
     import torch
 
     torch.set_num_threads(args.threads)
-    load0 = load_now()
+    start = Start()  # the code and load as the run starts (the tree may change while it runs)
     path = Path(models.resolve_model(args.speculator))
     model = llama.Model(path, n_gpu_layers=0)
     run = RunParams(question=QUESTION)
@@ -113,8 +113,7 @@ def main() -> int:
         "lookahead": run.lookahead, "pool": run.pool, "scorer": "windowed (default window: one pass up to 8,192 tokens)",
         "torch": torch.__version__, "torch_threads": torch.get_num_threads(), "torch_dtype": "float32, KV cache float16",
         "documents": rows, "summary": summary,
-        "provenance": provenance(None, speculator=numerics_of(model, scorers["llama"].ctx),
-                                 start=None) | {"load_before": load0},
+        "provenance": provenance(None, speculator=numerics_of(model, scorers["llama"].ctx), start=start),
     }
     Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
     print("wrote", args.out)
