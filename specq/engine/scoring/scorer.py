@@ -45,9 +45,11 @@ call's windows stay (a document of more windows than `n_parallel` restores as be
 
 Speculator implementation (EngineOptions.speculator_impl): `llama` (default) runs the windows above through
 llama.cpp; `torch` (a TorchSpeculator given to the scorer) runs each window through torch_speculator.py's
-PyTorch forward of the same GGUF (dequantized) with the same positions, lookahead steps and score formula. With `torch` the windows are scored one at a
-time (no parallel streams) and the speculator cache is not used (it holds llama.cpp KV bytes): every
-window is prefilled; between_calls still runs after each prefill call of `call_tokens` tokens.
+PyTorch forward of the same GGUF (dequantized) with the same positions, lookahead steps and score formula.
+With `torch` the windows are scored one at a time (no parallel streams: n_parallel is ignored) and the
+speculator cache is not used (it holds llama.cpp KV bytes): every window is prefilled; between_calls
+still runs after each prefill call of `call_tokens` tokens. Measured against `llama` on the real 0.5B
+(CPU): bench/results/cpu-torch-speculator-2026-12-07.json.
 
 Normalisation: a window's scores are multiplied by the number of keys its softmax ran over, so that
 uniform attention scores 1.0 in every window; a short window (whose softmax mass is spread over
@@ -483,7 +485,8 @@ class SpecPrefillScorer:
         timings["score_math"] += (t3 - t2) * 1000.0
         return scores
 
-    def _score_window_torch(self, tokens: Sequence[int], lookahead: int, pool: int, timings: dict[str, float]) -> np.ndarray:
+    def _score_window_torch(self, tokens: Sequence[int], lookahead: int, pool: int,
+                            timings: dict[str, float]) -> np.ndarray:
         """_score_window by the torch forward: the same positions, steps and formula (torch_speculator.py)."""
         self.ctx.clear()  # the llama.cpp context holds no window: a model drafter rebuilds
         self.cached_tokens = []
