@@ -176,6 +176,8 @@ class ServiceSettings:
     n_parallel: int | None = None
     #: where the scoring math runs: auto, numpy or torch (EngineOptions.score_math)
     score_math: str = ""
+    #: who runs the speculator's scoring windows: llama or torch (EngineOptions.speculator_impl; "" = llama)
+    speculator_impl: str = ""
     #: batch-invariant target numerics: auto, on or off (EngineOptions.batch_invariant)
     batch_invariant: str = ""
     #: bytes of host memory for the worker's saved KV states (the speculator's document windows and
@@ -316,6 +318,8 @@ class ServiceSettings:
             (self.max_file_storage_bytes > 0, "SPECQ_MAX_FILE_STORAGE_BYTES must be > 0"),
             (self.auth in ("none", "keys"), f"SPECQ_AUTH must be none or keys, not {self.auth!r}"),
             (self.score_math in ("", "auto", "numpy", "torch"), f"SPECQ_SCORE_MATH must be auto, numpy or torch, not {self.score_math!r}"),
+            (self.speculator_impl in ("", "llama", "torch"),
+             f"SPECQ_SPECULATOR_IMPL must be llama or torch, not {self.speculator_impl!r}"),
             (self.batch_invariant in ("", "auto", "on", "off"),
              f"SPECQ_BATCH_INVARIANT must be auto, on or off, not {self.batch_invariant!r}"),
             (self.max_queued_jobs >= 0, "SPECQ_MAX_QUEUED_JOBS must be >= 0 (0 = no limit)"),
@@ -414,6 +418,8 @@ class ServiceSettings:
             opts.drafter = self.drafter
         if self.score_math:
             opts.score_math = self.score_math
+        if self.speculator_impl:
+            opts.speculator_impl = self.speculator_impl
         if self.batch_invariant:
             opts.batch_invariant = self.batch_invariant
         if self.spec_cache_save:

@@ -110,6 +110,11 @@ class EngineOptions:
     #: speculator's own device, K cache read in place: 1.4 s → milliseconds at 32K on the H200),
     #: auto = torch when the models are on a GPU and PyTorch with CUDA is importable, else numpy
     score_math: Literal["auto", "numpy", "torch"] = "auto"
+    #: who runs the speculator's scoring windows: llama (llama.cpp) or torch (a PyTorch forward of the same
+    #: GGUF, dequantized: scoring/torch_speculator.py; one window at a time, no speculator cache; its score
+    #: math is numpy on the CPU and on the device on a GPU, whatever score_math says). Opt-in: part of the
+    #: evidence key (score_math "torch-speculator")
+    speculator_impl: Literal["llama", "torch"] = "llama"
     #: bytes of host memory for saved KV states: the speculator's document windows (spec_cache.py)
     #: and the target's prompt prefixes (prefix_cache.py), one LRU budget; 0 = no caches (the
     #: default for the CLI and benchmarks; the worker's SPECQ_CACHE_BYTES defaults to 2 GiB)

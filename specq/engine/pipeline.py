@@ -23,7 +23,7 @@ from .policy import auto, evidence
 from .llama import invariance
 from .decode.loop import generate
 from .decode.grammar import guide_for
-from .policy.evidence_key import EvidenceKey, effective_scoring, model_sha256
+from .policy.evidence_key import TORCH_SPECULATOR_KEY, EvidenceKey, effective_scoring, model_sha256
 from ..contracts import ContextLengthExceeded, EngineError, InputError, ModelError
 from .scoring.kept_spans import selection_record
 from .options import DEFAULT_KEEP, EngineOptions, RunParams
@@ -380,6 +380,8 @@ class Engine:
             score_math = self.info.score_math or self._score_math()
         except ModelError:
             score_math = self.options.score_math
+        if self.options.speculator_impl == "torch":
+            score_math = TORCH_SPECULATOR_KEY  # another forward: its own evidence (evidence_key.py)
         return EvidenceKey(
             target_sha256=target_sha, speculator_sha256=spec_sha,
             backend="cpu" if invariance.on_cpu(self.options, self.info.backend) else self.info.backend,
@@ -570,11 +572,26 @@ class Engine:
             opts = self.options
             n_ctx = min(spec.n_ctx_train or self.n_ctx, max(self.n_ctx, 4096))
             self.info.score_math = self._score_math()
+            impl = self.options.speculator_impl
+            forward = None
+            if impl == "torch":
+                from .scoring import score_torch
+                from .scoring.torch_speculator import TorchSpeculator
+
+                on_gpu = not invariance.on_cpu(self.options, self.info.backend)
+                why = score_torch.available(gpu=on_gpu)
+                if why:
+                    raise ModelError(f"speculator_impl torch: {why}")
+                forward = TorchSpeculator(spec.path, device=f"cuda:{max(0, spec.main_gpu)}" if on_gpu else "cpu")
+            elif impl != "llama":
+                raise ModelError(f"unknown speculator_impl {impl!r} (llama or torch)")
+            self.info.speculator_impl = impl
             self._scorer = SpecPrefillScorer(
                 spec, n_ctx=n_ctx, n_batch=opts.n_batch, n_ubatch=self.n_ubatch,
                 n_threads=opts.resolved_threads(), flash_attn=opts.flash_attn,
                 n_parallel=opts.n_parallel or (8 if self.info.backend != "cpu" else 1),
                 score_math=self.info.score_math, device=max(0, spec.main_gpu), call_tokens=self.call_tokens,
+                torch_speculator=forward,
             )
         return self._scorer
 

@@ -63,6 +63,8 @@ class EngineInfo:
     type_k: str = "f16"
     #: where the scoring math ran: numpy (host) or torch (the speculator's device); "" = not scored
     score_math: str = ""
+    #: who ran the speculator's scoring windows: llama (llama.cpp) or torch (scoring/torch_speculator.py); "" = not scored
+    speculator_impl: str = ""
     #: the target's MTP block is loaded (`--draft mtp` possible; its hidden states are output on every
     #: run, drafting or not, so every run shares the same numerics)
     mtp: bool = False

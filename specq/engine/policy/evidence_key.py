@@ -4,7 +4,8 @@ quality evidence (engine/policy/evidence.py, docs/quality.md "Evidence rows").
 Resolved values, not the job's raw parameters: the effective scorer and window (a `windowed` job
 whose document fits one window is one pass, the same pass as `full`), the positions after the
 library probe (a stock llama-cpp-python runs `compressed` whatever the job asked), the score math
-(the speculator's implementation: numpy or torch), the backend class. Models are named by the
+(the speculator's implementation: numpy or torch math on llama.cpp's forward, `torch-speculator` for
+the PyTorch forward of EngineOptions.speculator_impl), the backend class. Models are named by the
 sha256 of the whole file (a renamed copy of another GGUF is another model, a copy of the same file
 under another name is the same); their names are labels only and never compared.
 
@@ -30,6 +31,11 @@ from ..options import DEFAULT_WINDOW, ONE_PASS_TOKENS, TASK_KINDS
 PROMPT_SHAPES = ("native", "chat", "completion")
 #: the backend classes a key may name
 BACKENDS = ("cpu", "cuda")
+#: a key's score_math when the PyTorch forward (scoring/torch_speculator.py) runs the speculator: recorded in
+#: the existing field, so rows of llama.cpp's speculator (numpy or torch math) keep their keys and match as before
+TORCH_SPECULATOR_KEY = "torch-speculator"
+#: the score implementations a key may name
+SCORE_MATHS = ("numpy", "torch", TORCH_SPECULATOR_KEY)
 #: the sliding scorer's window when the job leaves it to us (scoring.SLIDING_WINDOW)
 SLIDING_DEFAULT = 2048
 
@@ -44,7 +50,9 @@ class EvidenceKey:
     prompt_shape: str  # native | chat | completion
     task: Optional[str]  # the task kind (options.TASK_KINDS); a job's None = not declared (a row always names one)
     positions: str  # original | compressed, after the library probe
-    score_math: str  # numpy | torch: the speculator's score implementation
+    #: the speculator's score implementation: numpy | torch (llama.cpp's forward, the score math on the host |
+    #: the device) | torch-speculator (EngineOptions.speculator_impl torch: the PyTorch forward and its math)
+    score_math: str
     scorer: str  # effective: full (one pass) | windowed | sliding
     window: int  # effective document tokens per window; 0 = one pass
     chunk_rule: str
@@ -97,7 +105,7 @@ class EvidenceKey:
             raise ValueError(f"key.{'target_sha256' if len(self.target_sha256) != 64 else 'speculator_sha256'}: "
                              "must be a 64-hex-digit sha256")
         for name, choices in (("backend", BACKENDS), ("prompt_shape", PROMPT_SHAPES), ("positions", ("original", "compressed")),
-                              ("score_math", ("numpy", "torch")), ("scorer", ("full", "windowed", "sliding")),
+                              ("score_math", SCORE_MATHS), ("scorer", ("full", "windowed", "sliding")),
                               ("chunk_rule", ("border", "mean", "scope")), ("selection", ("global", "per-window"))):
             if getattr(self, name) not in choices:
                 raise ValueError(f"key.{name}: must be one of {', '.join(choices)}")
@@ -173,4 +181,4 @@ def model_sha256(path: str | Path) -> str:
     return file_sha256(p)
 
 
-__all__ = ["EvidenceKey", "FIELDS", "PROMPT_SHAPES", "BACKENDS", "first_difference", "effective_scoring", "model_sha256"]
+__all__ = ["EvidenceKey", "FIELDS", "TORCH_SPECULATOR_KEY", "SCORE_MATHS", "PROMPT_SHAPES", "BACKENDS", "first_difference", "effective_scoring", "model_sha256"]

@@ -105,25 +105,36 @@ def attention_scores(
     if not layers or not q_rows:
         raise EngineError("scoring captured no attention tensors from the speculator")
     K0 = as_tensor(k[layers[0]], device)
-    dev = K0.device
-    if dev.type == "cpu" and torch.get_num_threads() > 1:
+    if K0.device.type == "cpu" and torch.get_num_threads() > 1:
         # on the host, torch's spinning OpenMP workers would steal the cores llama.cpp's threads use
         torch.set_num_threads(1)
-    S = len(q_rows)
-    Q = torch.from_numpy(np.stack([np.stack([row[il] for row in q_rows]) for il in layers])).to(dev, torch.float32)
-    L, _, h, d = Q.shape  # (L, S, h, d)
-    n = n_keys
-    g = K0.shape[2]
-    r = h // g
-    # layers in chunks, so one chunk's probabilities stay under ~256 MB (a 4K window: all 24 at once)
-    per_chunk = max(1, (64 << 20) // max(1, g * S * r * (n + pool)))
+    Q = torch.from_numpy(np.stack([np.stack([row[il] for row in q_rows]) for il in layers])).to(K0.device, torch.float32)
+    keys = [lambda: K0] + [functools.partial(as_tensor, k[il], device) for il in layers[1:]]
+    return tensor_scores(Q, [(lambda f=f: f()[stream, :n_keys]) for f in keys], pool)
+
+
+def tensor_scores(Q, keys: Sequence, pool: int) -> np.ndarray:
+    """The score formula on torch tensors already on one device (attention_scores' core; also the
+    torch speculator's, torch_speculator.py, whose queries and keys never leave the device).
+
+    Q: (L, S, n_head, d) lookahead queries of L layers; keys[i](): layer i's prompt keys (n, n_head_kv, d),
+    any float dtype (a callable, so a chunk of layers is read only when it is scored)."""
+    import torch
+
+    L, S, h, d = Q.shape
+    Q = Q.to(torch.float32)
     best = None
     with torch.no_grad():
+        K0 = keys[0]()
+        n, g = K0.shape[0], K0.shape[1]
+        r = h // g
+        # layers in chunks, so one chunk's probabilities stay under ~256 MB (a 4K window: all 24 at once)
+        per_chunk = max(1, (64 << 20) // max(1, g * S * r * (n + pool)))
         for c0 in range(0, L, per_chunk):
-            chunk = layers[c0 : c0 + per_chunk]
-            Ks = [(K0 if il == layers[0] else as_tensor(k[il], device))[stream, :n_keys] for il in chunk]  # (n, g, d) each
+            c1 = min(L, c0 + per_chunk)
+            Ks = [K0 if i == 0 else keys[i]() for i in range(c0, c1)]  # (n, g, d) each
             Kc = torch.stack(Ks).to(torch.float32).permute(0, 2, 3, 1)  # (l, g, d, n)
-            Qc = Q[c0 : c0 + len(chunk)].reshape(-1, S, g, r, d).permute(0, 2, 1, 3, 4).reshape(-1, g, S * r, d)
+            Qc = Q[c0:c1].reshape(-1, S, g, r, d).permute(0, 2, 1, 3, 4).reshape(-1, g, S * r, d)
             probs = torch.softmax(torch.matmul(Qc, Kc) * (1.0 / math.sqrt(d)), dim=-1)  # (l, g, S*r, n)
             per_row = avg_pool(probs, pool).reshape(-1, g, S, r, n).amax(dim=(0, 1, 3))  # (S, n)
             best = per_row if best is None else torch.maximum(best, per_row)

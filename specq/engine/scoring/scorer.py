@@ -43,6 +43,14 @@ other call (another document or tenant, an uncached call, an error) forgets them
 call's windows stay (a document of more windows than `n_parallel` restores as before).
 `WindowCacheUse.resident` counts these hits.
 
+Speculator implementation (EngineOptions.speculator_impl): `llama` (default) runs the windows above through
+llama.cpp; `torch` (a TorchSpeculator given to the scorer) runs each window through torch_speculator.py's
+PyTorch forward of the same GGUF (dequantized) with the same positions, lookahead steps and score formula.
+With `torch` the windows are scored one at a time (no parallel streams: n_parallel is ignored) and the
+speculator cache is not used (it holds llama.cpp KV bytes): every window is prefilled; between_calls
+still runs after each prefill call of `call_tokens` tokens. Measured against `llama` on the real 0.5B
+(CPU): bench/results/cpu-torch-speculator-2026-12-07.json.
+
 Normalisation: a window's scores are multiplied by the number of keys its softmax ran over, so that
 uniform attention scores 1.0 in every window; a short window (whose softmax mass is spread over
 fewer keys) then does not outweigh the others.
@@ -221,10 +229,16 @@ class SpecPrefillScorer:
 
     def __init__(
         self, model: Model, *, n_ctx: int, n_batch: int, n_ubatch: int, n_threads: int, flash_attn: bool, n_parallel: int = 1,
-        score_math: str = "numpy", device: int = 0, call_tokens: int = 0,
+        score_math: str = "numpy", device: int = 0, call_tokens: int = 0, torch_speculator=None,
     ) -> None:
+        """torch_speculator: a torch_speculator.TorchSpeculator of `model`'s GGUF, which then runs the windows
+        instead of llama.cpp (module doc "Speculator implementation"); passed in, not built here, so that
+        this module does not import that one (which imports attention_scores from here)."""
         if score_math not in ("numpy", "torch"):
             raise EngineError(f"unknown score_math {score_math!r} (numpy or torch)")
+        self.torch_speculator = torch_speculator
+        #: llama: llama.cpp runs the speculator's windows; torch: the PyTorch forward of the same GGUF
+        self.speculator_impl = "llama" if torch_speculator is None else "torch"
         self.model = model
         #: numpy: K copied to the host at lookahead step 0; torch: K read in place (score_torch.py)
         self.score_math = score_math
@@ -317,6 +331,8 @@ class SpecPrefillScorer:
     def _score(self, prompt: Prompt, scorer: str, lookahead: int, pool: int, window: int, progress, capture: bool,
                cache, scope: str, on_window) -> ScoreResult:
         self._capture_on = capture
+        if self.torch_speculator is not None:
+            cache = None  # the speculator cache holds llama.cpp KV bytes: the torch forward prefills every window
         timings = {"speculator_prefill": 0.0, "lookahead": 0.0, "score_math": 0.0}
         if cache is not None:
             timings["cache_restore"] = 0.0
@@ -337,7 +353,8 @@ class SpecPrefillScorer:
             scores = np.zeros(n_doc, dtype=np.float32)
             h = len(prompt.head)
             longest = max(b - a for a, b in plan) + len(prompt.head) + len(prompt.tail) + lookahead + 1
-            parallel = self.n_parallel > 1 and len(plan) > 1 and longest <= self.stream_cells
+            parallel = (self.n_parallel > 1 and len(plan) > 1 and longest <= self.stream_cells
+                        and self.torch_speculator is None)  # the torch forward scores one window at a time
             step = self.n_parallel if parallel else 1
             for g in range(0, n_windows, step):
                 if progress:
@@ -419,6 +436,8 @@ class SpecPrefillScorer:
     def _score_window(self, tokens: Sequence[int], lookahead: int, pool: int, timings: dict[str, float], *,
                       prefix: int = 0, cache=None, scope: str = "") -> np.ndarray:
         """Scores (× number of keys) for every token of one window."""
+        if self.torch_speculator is not None:
+            return self._score_window_torch(tokens, lookahead, pool, timings)
         n = len(tokens)
         ctx, cap = self.ctx, self.capture
         cap.disarm()
@@ -465,6 +484,21 @@ class SpecPrefillScorer:
         timings["lookahead"] += (t2 - t1) * 1000.0
         timings["score_math"] += (t3 - t2) * 1000.0
         return scores
+
+    def _score_window_torch(self, tokens: Sequence[int], lookahead: int, pool: int,
+                            timings: dict[str, float]) -> np.ndarray:
+        """_score_window by the torch forward: the same positions, steps and formula (torch_speculator.py)."""
+        self.ctx.clear()  # the llama.cpp context holds no window: a model drafter rebuilds
+        self.cached_tokens = []
+        after = self._after_call(self.ctx)
+        out = self.torch_speculator.score_window(
+            tokens, lookahead, pool, is_eog=self.model.is_eog, call_tokens=self.ctx.call_tokens, after_call=after,
+            capture=self._capture_on, timings=timings)
+        n = len(tokens)
+        if n > 1:
+            self.prefilled_tokens += n - 1
+            self.prefill_spans.append((0, n - 1))
+        return out
 
     def _score_parallel(self, windows: list[list[int]], lookahead: int, pool: int, timings: dict[str, float], *,
                         prefixes: list[int] | None = None, cache=None, scope: str = "") -> list[np.ndarray]:
