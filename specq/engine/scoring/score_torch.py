@@ -17,12 +17,14 @@ import functools
 import math
 import subprocess
 import sys
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
-from ..llama.capture import TensorRef
 from ...contracts import EngineError
+
+if TYPE_CHECKING:  # only a type here: the torch speculator's forward runs where llama_cpp is not installed
+    from ..llama.capture import TensorRef
 
 
 _PROBE = """

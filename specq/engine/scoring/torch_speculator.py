@@ -34,7 +34,6 @@ from typing import Callable, Sequence
 import numpy as np
 
 from ...contracts import ModelError
-from .scorer import attention_scores
 
 #: the architectures this forward implements
 SUPPORTED_ARCHS = ("qwen2",)
@@ -307,6 +306,8 @@ class TorchSpeculator:
 
         layers = range(self.cfg.n_layer)
         if self.device.type == "cpu":
+            from .scorer import attention_scores  # (here: the forward itself needs no llama_cpp)
+
             q_rows = [{il: row[il].to(torch.float32).numpy() for il in layers} for row in rows]
             k = {il: cache.k[il][:n_keys].to(torch.float32).numpy() for il in layers}
             return attention_scores(q_rows, k, n_keys, pool)
