@@ -1,11 +1,17 @@
-"""The PyTorch speculator (specq/engine/scoring/torch_speculator.py) against llama.cpp's, on the CPU, on the real speculator.
+"""The PyTorch speculator (specq/engine/scoring/torch_speculator.py) against llama.cpp's: on the CPU on the real
+speculator, or with `--gpu` on a GPU (any GGUF, e.g. a random-weight one of a real shape).
 
-For each document (a Python standard-library file cut to a token count), the windowed scorer scores it
-once with speculator_impl llama and once with torch (same window plan, lookahead, pool); the report gives
-per window the kept-set Jaccard at `--keep` (select_kept, chunk 32, the default chunk rule), the scores'
-Pearson correlation, and each implementation's seconds (speculator prefill, lookahead, score math).
+For each document (Python standard-library source cut to a token count; modules are joined when one is
+too short), the windowed scorer scores it once with speculator_impl llama and once with torch (same
+window plan, lookahead, pool); the report gives per window the kept-set Jaccard at `--keep` (select_kept,
+chunk 32, the default chunk rule), the scores' Pearson correlation, and each implementation's seconds
+(speculator prefill, lookahead, score math). `--gpu` builds the scorer as the engine does on a GPU
+(all layers offloaded, n_ubatch 2048, 8 windows in parallel, the GPU call size, torch score math) and
+runs the torch forward on cuda.
 
     nice -n 10 .venv/bin/python bench/torch_speculator_cpu.py --out bench/results/cpu-torch-speculator-<date>.json
+    LD_PRELOAD=/lib/x86_64-linux-gnu/libstdc++.so.6 PYTHONPATH=/tmp/site:$PWD python3 bench/torch_speculator_cpu.py \
+      --gpu --speculator /tmp/models/0.5b.gguf --tokens 8192,32768 --out $OUT/torch-speculator-match.json
 """
 
 from __future__ import annotations
@@ -44,6 +50,7 @@ def main() -> int:
     ap.add_argument("--tokens", default="2048,2304,2560,2816,3072", help="document tokens, one document each")
     ap.add_argument("--keep", type=float, default=0.3)
     ap.add_argument("--threads", type=int, default=1, help="llama.cpp and torch threads (1: the host is shared)")
+    ap.add_argument("--gpu", action="store_true", help="llama.cpp on the GPU (all layers) and torch on cuda")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     import torch
@@ -51,26 +58,34 @@ def main() -> int:
     torch.set_num_threads(args.threads)
     start = Start()  # the code and load as the run starts (the tree may change while it runs)
     path = Path(models.resolve_model(args.speculator))
-    model = llama.Model(path, n_gpu_layers=0)
+    sizes = [int(x) for x in args.tokens.split(",")]
+    model = llama.Model(path, n_gpu_layers=-1 if args.gpu else 0)
     run = RunParams(question=QUESTION)
-    opts = EngineOptions(n_gpu_layers=0)
+    opts = EngineOptions(n_gpu_layers=-1 if args.gpu else 0)
     from specq.engine.pipeline import default_call_tokens
 
-    # the engine's CPU scoring context: n_ubatch 512 and call_tokens per backend (pipeline.Engine)
-    kw = dict(n_ctx=8192, n_batch=opts.n_batch, n_ubatch=opts.n_ubatch or 512, n_threads=args.threads,
-              flash_attn=True, call_tokens=default_call_tokens("cpu"))
+    # the engine's scoring context (pipeline.Engine): on the CPU n_ubatch 512, one window at a time; on a
+    # GPU n_ubatch 2048, 8 windows in parallel, torch score math; call_tokens per backend
+    backend = "cuda" if args.gpu else "cpu"
+    kw = dict(n_ctx=max(8192, max(sizes) + 1024), n_batch=opts.n_batch, n_ubatch=opts.n_ubatch or (2048 if args.gpu else 512),
+              n_threads=args.threads, flash_attn=True, call_tokens=default_call_tokens(backend),
+              n_parallel=8 if args.gpu else 1, score_math="torch" if args.gpu else "numpy")
     t = time.perf_counter()
     scorers = {"llama": SpecPrefillScorer(model, **kw)}
     t_llama = time.perf_counter() - t
     t = time.perf_counter()
-    scorers["torch"] = SpecPrefillScorer(model, torch_speculator=TorchSpeculator(path), **kw)
+    scorers["torch"] = SpecPrefillScorer(model, torch_speculator=TorchSpeculator(path, device=backend), **kw)
     t_torch = time.perf_counter() - t
     rows = []
-    for name, n_tok in zip(FILES, [int(x) for x in args.tokens.split(",")]):
-        import importlib
+    import importlib
 
-        src = Path(importlib.import_module(name).__file__).read_text()
-        toks = model.tokenize(src)[:n_tok]
+    for i, n_tok in enumerate(sizes):
+        names, toks = [], []
+        while len(toks) < n_tok:  # this document's module first, then the next ones, until it is long enough
+            name = FILES[(i + len(names)) % len(FILES)]
+            names.append(name)
+            toks += model.tokenize(Path(importlib.import_module(name).__file__).read_text())
+        toks = toks[:n_tok]
         doc = model.detokenize(toks)
         prompt = build_prompt(model, doc, QUESTION)
         got, secs = {}, {}
@@ -89,7 +104,7 @@ def main() -> int:
             kb = {i for i in kept["torch"] if s <= i - prompt.doc_start < e}
             per_window.append({"slice": [s, e], "jaccard": round(len(ka & kb) / max(1, len(ka | kb)), 4),
                                "pearson": round(float(np.corrcoef(a.scores[s:e], b.scores[s:e])[0, 1]), 5)})
-        row = {"document": f"{name}.py", "doc_tokens": len(prompt.document), "prompt_tokens": prompt.n,
+        row = {"document": "+".join(f"{n}.py" for n in names), "doc_tokens": len(prompt.document), "prompt_tokens": prompt.n,
                "windows": per_window,
                "jaccard_doc": round(len(kept["llama"] & kept["torch"]) / len(kept["llama"] | kept["torch"]), 4),
                "seconds": {k: round(v, 2) for k, v in secs.items()},
@@ -109,7 +124,7 @@ def main() -> int:
     }
     print(json.dumps(summary), flush=True)
     report = {
-        "benchmark": "torch-speculator-cpu", "speculator": path.name, "keep": args.keep, "chunk": run.chunk,
+        "benchmark": "torch-speculator-gpu" if args.gpu else "torch-speculator-cpu", "speculator": path.name, "keep": args.keep, "chunk": run.chunk,
         "lookahead": run.lookahead, "pool": run.pool, "scorer": "windowed (default window: one pass up to 8,192 tokens)",
         "torch": torch.__version__, "torch_threads": torch.get_num_threads(), "torch_dtype": "float32, KV cache float16",
         "documents": rows, "summary": summary,
