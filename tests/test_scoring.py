@@ -265,17 +265,21 @@ NEEDLE = "The access code for the archive room is 4712."
 QUESTION = "What is the access code for the archive room? Answer with the number only."
 
 
+#: paragraphs of TEXT the needle's haystack takes: ~2.1K tokens (all 50, ~3.4K, cost CI ~3 more minutes)
+HAYSTACK_PARAGRAPHS = 30
+
+
 def _haystack(depth: float) -> str:
-    paragraphs = TEXT.split("\n\n")
+    paragraphs = TEXT.split("\n\n")[:HAYSTACK_PARAGRAPHS]
     at = int(round(depth * len(paragraphs)))
     return "\n\n".join(paragraphs[:at] + [NEEDLE] + paragraphs[at:])
 
 
 
 @pytest.mark.real_models
-@pytest.mark.timeout(3000)  # ~19 minutes on a 2-core CPU: 10 specprefill runs + 5 random controls
+@pytest.mark.timeout(3000)  # 10 specprefill runs + 5 random controls: minutes on a 2-core CPU
 def test_needle_is_kept_and_answered(real_engine):
-    """A planted fact at 10 depths of a ~3.4K-token document: specprefill (keep 0.3) keeps its chunk
+    """A planted fact at 10 depths of a ~2.1K-token document: specprefill (keep 0.3) keeps its chunk
     and answers; the same keep budget chosen at random (at 5 of the depths) does clearly worse."""
     eng = real_engine
     rng = np.random.default_rng(1234)
