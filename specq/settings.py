@@ -176,7 +176,9 @@ class ServiceSettings:
     n_parallel: int | None = None
     #: where the scoring math runs: auto, numpy or torch (EngineOptions.score_math)
     score_math: str = ""
-    #: who runs the speculator's scoring windows: llama or torch (EngineOptions.speculator_impl; "" = llama)
+    #: who runs the speculator's scoring windows: llama or torch (EngineOptions.speculator_impl; "" = llama).
+    #: torch keeps the same chunks; faster than llama.cpp on the CPU, slower on a GPU today (its look-ahead
+    #: scores one window at a time: specq/engine/scoring/scorer.py)
     speculator_impl: str = ""
     #: batch-invariant target numerics: auto, on or off (EngineOptions.batch_invariant)
     batch_invariant: str = ""
