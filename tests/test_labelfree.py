@@ -136,6 +136,24 @@ def test_chosen_on_one_set_checked_on_another_without_its_documents(journals):
     assert rep["checking"]["questions"] == 9
 
 
+def test_a_family_named_with_its_hash_elsewhere_is_one_document_in_every_journal(journals, tmp_path):
+    """A newer journal records each question's doc_sha256 beside its family, the older ones only the family: the
+    same document is one document, so a newer question about a choosing-set document stays out of the check set."""
+    fam, border, _ = journals
+    newer = write(tmp_path / "q-border-k0.1-answer-4000.jsonl", [
+        answer("A-q1", "famA", ("7", True), ("8", False), key="k3", doc_sha256="a" * 64),   # famA: chosen on
+        answer("D-q0", "famD", ("5", True), ("6", False), key="k3", doc_sha256="d" * 64),   # a new document
+    ])
+    rep = lf.build([fam, border, newer], choose_on=["*families*"])
+    assert rep["checking"]["left_out_shared_documents"] == 2  # border's A-q3 and the newer A-q1
+    assert rep["checking"]["questions"] == 4 and rep["checking"]["documents"] == 2  # famC's three, famD's one
+    assert rep["documents"] == 4  # famA, famB, famC, famD: famA counted once, not once by name and once by hash
+    # a family given two different hashes is not merged: its records keep their own hashes
+    other = write(tmp_path / "q-other-answer-4000.jsonl", [
+        answer("A-q9", "famA", ("1", True), ("1", True), key="k4", doc_sha256="b" * 64)])
+    assert "famA" not in lf.families_with_one_document([fam, border, newer, other])
+
+
 def test_wilson_interval():
     assert lf.wilson(0, 0) is None
     lo, hi = lf.wilson(5, 10, z=1.959964)

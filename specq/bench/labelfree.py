@@ -33,7 +33,10 @@ gives both means, the row mean at a few k, and the k where it crosses the provis
 each metric's mean.
 
 A question's document is the record's `doc_sha256` (or a calibrate unit's `doc`) where it has one, else its
-family (`specq bench quality --family`: one document per family), else its task (one document per task).
+family (`specq bench quality --family`: one document per family), else its task (one document per task). A
+family that other journals' records name together with one `doc_sha256` is that document in every journal
+(older journals record only the family: without this, the same document would count as two, and a question
+about a choosing-set document could land in the check set).
 
 Closed-book-right questions, records without both arms, and ungraded answers (a summary has no
 answer-right) are left out and counted; a question two journals hold with the same settings (same
@@ -97,8 +100,9 @@ def _values(base: str, arm: str, full: Any = None, sparse: Any = None) -> dict[s
     return out
 
 
-def question_of(r: dict, journal: str) -> tuple[Question | None, str]:
-    """(the record's question, "") or (None, why it is left out); "" for lines that are not answers."""
+def question_of(r: dict, journal: str, family_docs: dict[str, str] | None = None) -> tuple[Question | None, str]:
+    """(the record's question, "") or (None, why it is left out); "" for lines that are not answers.
+    family_docs: family -> the doc_sha256 other records give it (module doc)."""
     if "unit" in r and isinstance(r.get("baseline"), dict) and isinstance(r.get("specprefill"), dict):  # specq calibrate
         if r.get("baseline_right") is None or r.get("arm_right") is None:
             return None, "ungraded"
@@ -117,11 +121,22 @@ def question_of(r: dict, journal: str) -> tuple[Question | None, str]:
         return None, "without both arms"
     if b.get("correct") is None or s.get("correct") is None:
         return None, "ungraded"
-    doc = r.get("doc_sha256") or r.get("family") or r["task"]
+    family = r.get("family")
+    doc = r.get("doc_sha256") or (family_docs or {}).get(family) or family or r["task"]
     return Question(journal, ("quality", str(r.get("settings_key", "")), str(r["task"])), str(doc), str(r.get("kind", "")),
                     int(r.get("length") or 0), float((r.get("settings") or {}).get("keep", 0)),
                     label(bool(b["correct"]), bool(s["correct"])),
                     _values(b.get("text", ""), s.get("text", ""), r.get("loglik_full"), r.get("loglik_sparse"))), ""
+
+
+def families_with_one_document(paths: Sequence[Path]) -> dict[str, str]:
+    """family -> doc_sha256, for every family the journals' records name with exactly one doc_sha256."""
+    seen: dict[str, set[str]] = {}
+    for path in paths:
+        for r in read_journal(path):
+            if isinstance(r, dict) and r.get("family") and r.get("doc_sha256"):
+                seen.setdefault(str(r["family"]), set()).add(str(r["doc_sha256"]))
+    return {f: next(iter(docs)) for f, docs in seen.items() if len(docs) == 1}
 
 
 def read_questions(paths: Sequence[Path]) -> tuple[list[Question], list[dict]]:
@@ -129,13 +144,14 @@ def read_questions(paths: Sequence[Path]) -> tuple[list[Question], list[dict]]:
     seen: set[tuple] = set()
     questions: list[Question] = []
     journals = []
+    family_docs = families_with_one_document(paths)
     for path in paths:
         counts = {"questions": 0, "duplicates": 0, "closed-book right": 0, "without both arms": 0, "ungraded": 0}
         text = path.read_bytes()
         for r in read_journal(path):
             if not isinstance(r, dict):
                 continue
-            q, why = question_of(r, str(path))
+            q, why = question_of(r, str(path), family_docs)
             if q is None:
                 if why:
                     counts[why] += 1
