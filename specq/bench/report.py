@@ -34,7 +34,7 @@ from .quality_report import table_markdown
 from .calibrate import table_markdown as calibrate_markdown
 from .labelfree import table_markdown as labelfree_markdown
 from .structured import table_markdown as structured_markdown
-from . import kinds_table, speculator_swap
+from . import kinds_recall_table, kinds_table, speculator_swap
 
 RESULTS = REPO / "bench" / "results"
 #: the files whose marker blocks `specq bench report` renders
@@ -649,6 +649,12 @@ def quality_kinds_table(_results: list[Result], base: Path) -> str:
     return kinds_table.table_markdown(kinds_table.rows(RESULTS), base)
 
 
+def quality_kinds_recall_table(_results: list[Result], base: Path) -> str:
+    """Whether the task kinds' evidence is kept (issue 49 item 4) from every kinds recall journal in bench/results:
+    specq/bench/kinds_recall_table.py."""
+    return kinds_recall_table.table_markdown(kinds_recall_table.rows(RESULTS), base)
+
+
 def speculator_swap_table(_results: list[Result], base: Path) -> str:
     """Another speculator file against today's: kept-set overlap and answers (specq/bench/speculator_swap.py;
     overlap JSONs and answer journals, not the reports `results` holds)."""
@@ -674,6 +680,7 @@ RENDERERS: dict[str, Renderer] = {
     "quality-group": quality_group_table,
     "quality-default": quality_default_table,
     "quality-kinds": quality_kinds_table,
+    "quality-kinds-recall": quality_kinds_recall_table,
     "speculator-swap": speculator_swap_table,
     "dated-sections": dated_sections,
     "settings": lambda _results, _base: settings_markdown(),
@@ -718,4 +725,4 @@ def render_all(write: bool, repo: Path = REPO, results: list[Result] | None = No
     return changed
 
 
-__all__ = ["quality_kinds_table", "calibrate_real_table", "calibrate_service_table", "shadow_cost_table", "labelfree_table", "compose_up_table", "structured_table", "RENDERERS", "ReportError", "Result", "load_results", "render_text", "render_all", "doc_files"]
+__all__ = ["quality_kinds_table", "quality_kinds_recall_table", "calibrate_real_table", "calibrate_service_table", "shadow_cost_table", "labelfree_table", "compose_up_table", "structured_table", "RENDERERS", "ReportError", "Result", "load_results", "render_text", "render_all", "doc_files"]
