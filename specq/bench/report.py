@@ -176,7 +176,8 @@ def ttft_table(results: list[Result], base: Path) -> str:
             shape = "–" if windows is None else "1 pass" if windows == 1 else f"{windows} × {window:,}" if window else f"{windows}"
             if st.get("scorer", "windowed") != "windowed":
                 shape = f"{st['scorer']}: {shape}"
-            rows.append([_link(r, base), r.device, f"`{r.code}`", f"{_model(e.get('target'))} / {_model(e.get('speculator'))}",
+            rows.append([_link(r, base), r.device, f"`{r.code}`", f"{_model(e.get('target'))} / {_model(e.get('speculator'))}"
+                         + (" (torch speculator)" if e.get("speculator_impl") == "torch" else ""),
                          f"{row.get('prompt_tokens', row.get('length')):,}", f"{st.get('keep', '–')}", shape,
                          _ms(row.get("fastest_baseline_ms", row["baseline_ttft_ms"])), _ms(row["specprefill_ttft_ms"]),
                          f"**{row['ratio']:.2f}×**" if row.get("ratio") else "–",
