@@ -233,3 +233,23 @@ def test_speculator_impl_setting(monkeypatch):
     monkeypatch.setenv("SPECQ_SPECULATOR_IMPL", "onnx")
     with pytest.raises(SettingsError, match="SPECQ_SPECULATOR_IMPL must be llama or torch"):
         ServiceSettings.from_env()
+
+
+def test_bench_ttft_runs_the_speculator_implementation_it_is_given(tiny_models, tmp_path):
+    """`specq bench ttft --speculator-impl torch` scores with the PyTorch forward (the report's engine says so);
+    a value that is neither llama nor torch is refused before any model loads."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from specq.cli import app
+
+    out = tmp_path / "ttft.json"
+    args = ["bench", "ttft", "--lengths", "300", "--reps", "1", "--batch-invariant", "auto", "--n-gpu-layers", "0",
+            "--threads", "2", "--target", str(tiny_models.target), "--speculator", str(tiny_models.speculator)]
+    got = CliRunner().invoke(app, [*args, "--speculator-impl", "torch", "--out", str(out)])
+    assert got.exit_code == 0, got.output
+    report = json.loads(out.read_text())
+    assert report["engine"]["speculator_impl"] == "torch" and report["rows"][0]["length"] == 300 and report["rows"][0]["specprefill_ttft_ms"] > 0
+    bad = CliRunner().invoke(app, [*args, "--speculator-impl", "cuda"])
+    assert bad.exit_code != 0 and "--speculator-impl must be llama or torch" in bad.output
