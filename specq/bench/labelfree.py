@@ -129,13 +129,12 @@ def question_of(r: dict, journal: str, family_docs: dict[str, str] | None = None
                     _values(b.get("text", ""), s.get("text", ""), r.get("loglik_full"), r.get("loglik_sparse"))), ""
 
 
-def families_with_one_document(paths: Sequence[Path]) -> dict[str, str]:
-    """family -> doc_sha256, for every family the journals' records name with exactly one doc_sha256."""
+def families_with_one_document(records: Iterable[Any]) -> dict[str, str]:
+    """family -> doc_sha256, for every family the records name with exactly one doc_sha256."""
     seen: dict[str, set[str]] = {}
-    for path in paths:
-        for r in read_journal(path):
-            if isinstance(r, dict) and r.get("family") and r.get("doc_sha256"):
-                seen.setdefault(str(r["family"]), set()).add(str(r["doc_sha256"]))
+    for r in records:
+        if isinstance(r, dict) and r.get("family") and r.get("doc_sha256"):
+            seen.setdefault(str(r["family"]), set()).add(str(r["doc_sha256"]))
     return {f: next(iter(docs)) for f, docs in seen.items() if len(docs) == 1}
 
 
@@ -144,11 +143,11 @@ def read_questions(paths: Sequence[Path]) -> tuple[list[Question], list[dict]]:
     seen: set[tuple] = set()
     questions: list[Question] = []
     journals = []
-    family_docs = families_with_one_document(paths)
-    for path in paths:
+    read = [(path, path.read_bytes(), list(read_journal(path))) for path in paths]
+    family_docs = families_with_one_document(r for _, _, records in read for r in records)
+    for path, text, records in read:
         counts = {"questions": 0, "duplicates": 0, "closed-book right": 0, "without both arms": 0, "ungraded": 0}
-        text = path.read_bytes()
-        for r in read_journal(path):
+        for r in records:
             if not isinstance(r, dict):
                 continue
             q, why = question_of(r, str(path), family_docs)
@@ -392,5 +391,5 @@ def table_markdown(report: dict) -> str:
 
 
 __all__ = ["METRICS", "LABELS", "RULE", "CHOOSE_ON", "HARM_RATES", "Question", "label", "question_of",
-           "read_questions", "matches", "wilson", "confusion", "youden", "candidates", "choose", "row_means", "rows", "build",
+           "read_questions", "families_with_one_document", "matches", "wilson", "confusion", "youden", "candidates", "choose", "row_means", "rows", "build",
            "table_markdown"]
