@@ -46,9 +46,13 @@ def journal_rows(path: Path) -> list[dict[str, Any]]:
                 "evidence_chunks": statistics.median(len(r.get("evidence_chunks") or []) for r in have),
                 "kept": {k: sum(bool(r["kept"][name].get(k)) for r in have) / len(have) for k in keeps},
                 "random": {k: statistics.mean(float(r["random"][k]) for r in have) for k in keeps},
-                "keep_needed": statistics.median(float(r["rank"][name]) for r in have if name in (r.get("rank") or {})),
+                "keep_needed": _median([float(r["rank"][name]) for r in have if name in (r.get("rank") or {})]),
             })
     return out
+
+
+def _median(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
 
 
 def rows(root: Path) -> list[dict[str, Any]]:
@@ -71,7 +75,7 @@ def table_markdown(lines: list[dict[str, Any]], base: Path) -> str:
         rel = os.path.relpath(r["journal"], base).replace(os.sep, "/")
         cells = [f"{r['kept'][k]:.2f} ({r['random'][k]:.2f})" if k in r["kept"] else "–" for k in keeps]
         body.append([r["kind"], f"{r['length']:,}", r["rule"], str(r["n"]), str(r["documents"]), f"{r['evidence_chunks']:g}",
-                     *cells, f"{r['keep_needed']:.2f}", f"[{Path(r['journal']).name}]({rel})"])
+                     *cells, "–" if r["keep_needed"] is None else f"{r['keep_needed']:.2f}", f"[{Path(r['journal']).name}]({rel})"])
     out = ["| " + " | ".join(header) + " |",
            "|" + "|".join("---" if h in ("kind", "chunk rule", "journal") else "---:" for h in header) + "|"]
     out += ["| " + " | ".join(row) + " |" for row in body]
