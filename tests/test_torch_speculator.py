@@ -111,7 +111,7 @@ def test_device_score_formula_equals_numpys(tiny_models):
         tok = int(torch.argmax(logits))
     host = spec.scores(rows, cache, n, 13)
     Q = torch.stack([torch.stack([row[il] for row in rows]) for il in range(spec.cfg.n_layer)])
-    dev = tensor_scores(Q, [(lambda il=il: cache.k[il][:n]) for il in range(spec.cfg.n_layer)], 13)
+    dev = tensor_scores(Q, [(lambda il=il: cache.k[il][0, :n]) for il in range(spec.cfg.n_layer)], 13)
     assert host.shape == dev.shape == (n,) and host.std() > 0
     np.testing.assert_allclose(dev, host, rtol=1e-4, atol=1e-6)
 
@@ -253,3 +253,32 @@ def test_bench_ttft_runs_the_speculator_implementation_it_is_given(tiny_models, 
     assert report["engine"]["speculator_impl"] == "torch" and report["rows"][0]["length"] == 300 and report["rows"][0]["specprefill_ttft_ms"] > 0
     bad = CliRunner().invoke(app, [*args, "--speculator-impl", "cuda"])
     assert bad.exit_code != 0 and "--speculator-impl must be llama or torch" in bad.output
+
+
+@pytest.mark.parametrize("eog", ["none", "odd", "all"])
+def test_windows_scored_together_equal_one_at_a_time(tiny_models, eog):
+    """score_windows with the windows in one batch (as on a GPU: padded prefill, one forward per look-ahead
+    step for all, greedy tokens kept on the device) gives each window the scores it gets alone, also when
+    windows stop at an end-of-generation token after different steps ("odd": every odd token ends one)."""
+    from specq.engine.scoring.torch_speculator import TorchSpeculator
+
+    spec = TorchSpeculator(tiny_models.speculator)
+    model = llama.Model(tiny_models.speculator, n_gpu_layers=0)
+    tokens = model.tokenize(TEXT[:2400])
+    model.close()
+    windows = [tokens[:300], tokens[300:520], tokens[520:900]]  # unequal: the batch pads
+    is_eog = {"none": None, "odd": lambda t: t % 2 == 1, "all": lambda t: True}[eog]
+    alone, together = {}, {}
+    one = [spec.score_window(w, 6, 13, is_eog=is_eog, timings=alone) for w in windows]
+    calls = []
+    both = spec.score_windows(windows, 6, 13, is_eog=is_eog, call_tokens=90, after_call=lambda: calls.append(1),
+                              timings=together, batch=3)
+    assert len(calls) == -(-(len(windows[2]) - 1) // 30)  # 90 tokens a call over 3 windows: 30 positions each
+    for a, b, w in zip(one, both, windows):
+        assert a.shape == b.shape == (len(w),) and a.std() > 0
+        np.testing.assert_allclose(b, a, rtol=2e-3, atol=2e-3)
+    assert set(together) == {"speculator_prefill", "lookahead", "score_math"}
+    # teeth: the same windows scored with the steps cut at once differ from the full look-ahead
+    if eog == "none":
+        cut = spec.score_windows(windows, 6, 13, is_eog=lambda t: True, batch=3)
+        assert max(np.abs(c - a).max() for c, a in zip(cut, one)) > 1e-2

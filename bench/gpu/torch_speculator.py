@@ -51,6 +51,8 @@ def main() -> None:
     ap.add_argument("--pool", type=int, default=13)
     ap.add_argument("--call-tokens", default="0,2048", help="prefill call sizes to time (0: one call a window)")
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--batch", type=int, default=1, help="1: the windows scored together, as the scorer does; 0: one at a time")
+    ap.add_argument("--graphs", type=int, default=1, help="1: look-ahead steps as CUDA graphs (the default on CUDA); 0: eager")
     ap.add_argument("--device", default="cuda", help="cuda, or cpu (a check of this script with a tiny shape)")
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
@@ -73,7 +75,7 @@ def main() -> None:
         if a.device == "cuda":
             torch.cuda.synchronize()
     t0 = time.perf_counter()
-    spec = TorchSpeculator(path, device=a.device)
+    spec = TorchSpeculator(path, device=a.device, graphs=bool(a.graphs))
     load_s = time.perf_counter() - t0
     shape = read_shape(path)
     rng = torch.Generator().manual_seed(0)
@@ -81,7 +83,8 @@ def main() -> None:
     rows = []
     report = {"benchmark": "torch-speculator", "model": Path(path).name, "shape": a.shape, "write_s": round(write_s, 1),
               "load_s": round(load_s, 1), "peak": peak, "lookahead": a.lookahead, "pool": a.pool,
-              "dtype": str(spec.dtype), "kv_dtype": str(spec.kv_dtype), "rows": rows}
+              "dtype": str(spec.dtype), "kv_dtype": str(spec.kv_dtype), "batch": a.batch,
+              "graphs": spec.graphs, "rows": rows}
 
     def save() -> None:
         report["provenance"] = {
@@ -100,9 +103,12 @@ def main() -> None:
                 timings: dict[str, float] = {}
                 sync()
                 t = time.perf_counter()
-                for w in sizes:
-                    toks = torch.randint(0, n_vocab, (w,), generator=rng).tolist()
-                    spec.score_window(toks, a.lookahead, a.pool, call_tokens=call, timings=timings)
+                toks = [torch.randint(0, n_vocab, (w,), generator=rng).tolist() for w in sizes]
+                if a.batch:  # as the scorer runs them: all windows together (one forward per look-ahead step)
+                    spec.score_windows(toks, a.lookahead, a.pool, call_tokens=call, timings=timings)
+                else:
+                    for t in toks:
+                        spec.score_window(t, a.lookahead, a.pool, call_tokens=call, timings=timings)
                 sync()
                 if rep:
                     per_rep.append({"wall_ms": (time.perf_counter() - t) * 1000.0, **timings})
@@ -116,6 +122,7 @@ def main() -> None:
                    "fraction_of_peak": round(tflops / peak["tflops"], 3) if peak else None,
                    "reps": a.reps}
             rows.append(row)
+            report["graphs"], report["graphs_off"] = spec.graphs, spec.graphs_off
             print(json.dumps(row), flush=True)
             save()
     save()

@@ -358,15 +358,19 @@ class SpecPrefillScorer:
             h = len(prompt.head)
             longest = max(b - a for a, b in plan) + len(prompt.head) + len(prompt.tail) + lookahead + 1
             parallel = (self.n_parallel > 1 and len(plan) > 1 and longest <= self.stream_cells
-                        and self.torch_speculator is None)  # the torch forward scores one window at a time
+                        and self.torch_speculator is None)  # the torch forward batches windows itself
             step = self.n_parallel if parallel else 1
+            if self.torch_speculator is not None:
+                step = self.torch_speculator.windows_per_batch(n_windows)
             for g in range(0, n_windows, step):
                 if progress:
                     progress(g, n_windows)
                 group = plan[g : g + step]
                 windows = [prompt.head + doc[a:b] + prompt.tail for a, b in group]
                 prefixes = [h + (b - a) for a, b in group] if cache is not None else None
-                if len(windows) == 1:
+                if self.torch_speculator is not None:
+                    got = self._score_windows_torch(windows, lookahead, pool, timings)
+                elif len(windows) == 1:
                     got = [self._score_window(windows[0], lookahead, pool, timings,
                                               prefix=prefixes[0] if prefixes else 0, cache=cache, scope=scope)]
                 else:
@@ -491,17 +495,22 @@ class SpecPrefillScorer:
 
     def _score_window_torch(self, tokens: Sequence[int], lookahead: int, pool: int,
                             timings: dict[str, float]) -> np.ndarray:
-        """_score_window by the torch forward: the same positions, steps and formula (torch_speculator.py)."""
+        return self._score_windows_torch([tokens], lookahead, pool, timings)[0]
+
+    def _score_windows_torch(self, windows: Sequence[Sequence[int]], lookahead: int, pool: int,
+                             timings: dict[str, float]) -> list[np.ndarray]:
+        """_score_window by the torch forward, several windows in one batch: the same positions, steps and
+        formula (torch_speculator.py); a prefill call holds at most the context's call_tokens tokens in all."""
         self.ctx.clear()  # the llama.cpp context holds no window: a model drafter rebuilds
         self.cached_tokens = []
         after = self._after_call(self.ctx)
-        out = self.torch_speculator.score_window(
-            tokens, lookahead, pool, is_eog=self.model.is_eog, call_tokens=self.ctx.call_tokens, after_call=after,
-            capture=self._capture_on, timings=timings)
-        n = len(tokens)
-        if n > 1:
-            self.prefilled_tokens += n - 1
-            self.prefill_spans.append((0, n - 1))
+        out = self.torch_speculator.score_windows(
+            windows, lookahead, pool, is_eog=self.model.is_eog, call_tokens=self.ctx.call_tokens, after_call=after,
+            capture=self._capture_on, timings=timings, batch=len(windows))
+        for w in windows:
+            if len(w) > 1:
+                self.prefilled_tokens += len(w) - 1
+                self.prefill_spans.append((0, len(w) - 1))
         return out
 
     def _score_parallel(self, windows: list[list[int]], lookahead: int, pool: int, timings: dict[str, float], *,

@@ -111,24 +111,76 @@ def dequantized(tensor) -> np.ndarray:
 
 
 class KVCache:
-    """Per layer K and V of one sequence, cell i = position i (like a cleared llama.cpp sequence)."""
+    """Per layer K and V of `batch` sequences, (batch, n_cells, n_head_kv, head_dim): row b, cell i = sequence
+    b's position i (like cleared llama.cpp sequences, one per window)."""
 
-    def __init__(self, cfg: SpeculatorConfig, n_cells: int, dtype, device) -> None:
+    def __init__(self, cfg: SpeculatorConfig, n_cells: int, dtype, device, batch: int = 1) -> None:
         import torch
 
-        shape = (n_cells, cfg.n_head_kv, cfg.head_dim)
+        shape = (batch, n_cells, cfg.n_head_kv, cfg.head_dim)
         self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(cfg.n_layer)]
         self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(cfg.n_layer)]
         self.n_cells = n_cells
+        self.batch = batch
+
+
+def _sdpa_has_gqa() -> bool:
+    """Whether this torch's scaled_dot_product_attention takes enable_gqa (2.5 on): then K/V are not repeated."""
+    import torch
+
+    major, minor = (int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
+    return (major, minor) >= (2, 5)
+
+
+#: look-ahead graphs kept per speculator (one per window count × cell count; each holds its own KV cache)
+GRAPHS_KEPT = 4
+#: on CUDA a batch's cells are rounded up to this, so questions of other lengths reuse one captured graph
+CELL_ROUND = 256
+
+
+class _LookaheadGraph:
+    """One CUDA graph of a look-ahead step for `batch` windows of up to `n_cells` cells (why: a step of a 0.5B
+    model is ~500 small kernels, and launching them from Python took ~18 ms per step on an H100; replayed, a
+    step costs its kernels' time). The graph owns its static inputs (token, position per window), its KV
+    cache and its outputs (the step's queries of every layer, the next greedy token)."""
+
+    def __init__(self, spec: "TorchSpeculator", batch: int, n_cells: int) -> None:
+        import torch
+
+        self.cache = spec.new_cache(n_cells, batch=batch)
+        dev = spec.device
+        self.tok = torch.zeros(batch, dtype=torch.long, device=dev)
+        self.pos = torch.zeros(batch, dtype=torch.long, device=dev)
+        self.q = torch.zeros((spec.cfg.n_layer, batch, spec.cfg.n_head, spec.cfg.head_dim), dtype=spec.dtype, device=dev)
+        self.spec = spec
+        side = torch.cuda.Stream(dev)
+        side.wait_stream(torch.cuda.current_stream(dev))
+        with torch.cuda.stream(side):  # warm-up (allocations happen outside the capture); its writes are overwritten
+            self._step()
+        torch.cuda.current_stream(dev).wait_stream(side)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph, capture_error_mode="thread_local"):
+            self._step()
+
+    def _step(self) -> None:
+        logits, q = self.spec._step_all(self.tok, self.pos, self.cache)
+        self.q.copy_(q)
+        self.tok.copy_(logits.argmax(dim=-1))
+        self.pos.add_(1)
+
+    def replay(self) -> None:
+        self.graph.replay()
 
 
 class TorchSpeculator:
     """A GGUF speculator as torch tensors, with the forward and the scorer's window procedure (module doc)."""
 
     def __init__(self, path: str | Path, *, device: str = "cpu", dtype=None, kv_dtype=None,
-                 rope_base: float | None = None) -> None:
+                 rope_base: float | None = None, graphs: bool | None = None) -> None:
         """dtype: compute dtype (float32 on the CPU, float16 on CUDA by default); kv_dtype: the KV cache's
-        (float16, as llama.cpp's). rope_base overrides the GGUF's (tests: a wrong base must fail them)."""
+        (float16, as llama.cpp's). rope_base overrides the GGUF's (tests: a wrong base must fail them).
+        graphs: replay the look-ahead steps as CUDA graphs (default: on CUDA; a capture that fails turns
+        them off for this speculator and the steps run eagerly)."""
         import gguf
         import torch
 
@@ -143,6 +195,11 @@ class TorchSpeculator:
         self.device = torch.device(device)
         self.dtype = dtype or (torch.float32 if self.device.type == "cpu" else torch.float16)
         self.kv_dtype = kv_dtype or torch.float16
+        self.graphs = (self.device.type == "cuda") if graphs is None else bool(graphs and self.device.type == "cuda")
+        #: why graphs were turned off (a failed capture), else ""
+        self.graphs_off = ""
+        self._graphs: dict[tuple[int, int], _LookaheadGraph] = {}
+        self._gqa = _sdpa_has_gqa()
         tensors = {t.name: t for t in reader.tensors}
 
         def w(name: str, *, optional: bool = False):
@@ -172,6 +229,7 @@ class TorchSpeculator:
         half = cfg.n_rot // 2
         #: RoPE inverse frequencies base^(-2i/n_rot), i < n_rot/2 (float64, then the angles are cast)
         self.inv_freq = torch.tensor([cfg.rope_base ** (-2.0 * i / cfg.n_rot) for i in range(half)], dtype=torch.float64)
+        self.inv_freq_dev = self.inv_freq.to(self.device)
         del reader
 
     # -- the forward ---------------------------------------------------------------------------------
@@ -182,7 +240,7 @@ class TorchSpeculator:
         return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.cfg.rms_eps) * weight).to(self.dtype)
 
     def _rope(self, x, cos, sin):
-        """NEOX rotation of the first n_rot dims of x (T, heads, d): dim i pairs with i + n_rot/2."""
+        """NEOX rotation of the first n_rot dims of x (B, T, heads, d): dim i pairs with i + n_rot/2."""
         import torch
 
         half = self.cfg.n_rot // 2
@@ -190,79 +248,197 @@ class TorchSpeculator:
         a, b, rest = x32[..., :half], x32[..., half:2 * half], x32[..., 2 * half:]
         return torch.cat([a * cos - b * sin, a * sin + b * cos, rest], dim=-1).to(x.dtype)
 
-    def forward(self, tokens: Sequence[int], start: int, cache: KVCache, *, logits: str = "last",
-                keep_q: bool = False):
-        """Decode `tokens` at positions start, start+1, ... into `cache` (cells [0, start) already filled).
+    def _attend(self, q, K, V, mask, causal: bool):
+        """q (B, h, T, d) over K/V (B, h_kv, S, d): SDPA, grouped-query natively where torch has it."""
+        import torch.nn.functional as F
 
-        Returns (logits, q): logits (n_vocab,) of the last token for "last", (T, n_vocab) for "all", None for
-        "none"; q {layer: (T, n_head, head_dim) post-RoPE queries} when keep_q, else {}."""
-        import torch
+        scale = 1.0 / math.sqrt(self.cfg.head_dim)
+        if self._gqa:
+            return F.scaled_dot_product_attention(q, K, V, attn_mask=mask, is_causal=causal, scale=scale, enable_gqa=True)
+        g = self.cfg.group
+        return F.scaled_dot_product_attention(q, K.repeat_interleave(g, dim=1), V.repeat_interleave(g, dim=1),
+                                              attn_mask=mask, is_causal=causal, scale=scale)
+
+    def _blocks(self, ids, cos, sin, cache: KVCache, rows: slice, write, keys: int, mask, causal: bool,
+                keep_q: bool):
+        """The layers over ids (B, T) of cache rows `rows`: write(kv_list, il, k, v) stores the new K/V,
+        attention reads cells [0, keys) under mask/causal. Returns the last hidden states and the queries
+        {layer: (B, T, n_head, d)} when keep_q."""
         import torch.nn.functional as F
 
         cfg = self.cfg
-        T = len(tokens)
+        B, T = ids.shape
+        x = self.embd[ids]  # (B, T, e)
+        q_out = {}
+        for il, L in enumerate(self.layers):
+            h = self._rms(x, L["attn_norm"])
+            q = F.linear(h, L["wq"], L["bq"]).view(B, T, cfg.n_head, cfg.head_dim)
+            k = F.linear(h, L["wk"], L["bk"]).view(B, T, cfg.n_head_kv, cfg.head_dim)
+            v = F.linear(h, L["wv"], L["bv"]).view(B, T, cfg.n_head_kv, cfg.head_dim)
+            q, k = self._rope(q, cos, sin), self._rope(k, cos, sin)
+            write(il, k.to(self.kv_dtype), v.to(self.kv_dtype))
+            if keep_q:
+                q_out[il] = q
+            K = cache.k[il][rows, :keys].to(self.dtype).transpose(1, 2)
+            V = cache.v[il][rows, :keys].to(self.dtype).transpose(1, 2)
+            o = self._attend(q.transpose(1, 2), K, V, mask, causal)  # (B, h, T, d)
+            x = x + F.linear(o.transpose(1, 2).reshape(B, T, cfg.n_head * cfg.head_dim), L["wo"])
+            h = self._rms(x, L["ffn_norm"])
+            x = x + F.linear(F.silu(F.linear(h, L["wg"])) * F.linear(h, L["wu"]), L["wd"])
+        return x, q_out
+
+    def _angles(self, pos):
+        """cos, sin of RoPE angles for positions `pos` (any shape, long): shape pos.shape + (1, n_rot/2)."""
+        import torch
+
+        ang = (pos.to(torch.float64)[..., None] * self.inv_freq_dev).to(torch.float32)
+        return ang.cos()[..., None, :], ang.sin()[..., None, :]
+
+    def _logits(self, x):
+        import torch
+        import torch.nn.functional as F
+
+        return F.linear(self._rms(x, self.out_norm), self.lm_head).to(torch.float32)
+
+    def forward_rows(self, ids, start: int, cache: KVCache, rows: slice, *, logits: str = "last", keep_q: bool = False):
+        """Decode ids (B, T) at positions start..start+T-1 into cache rows `rows` (B of them; cells [0, start)
+        already filled). Returns (logits, q): logits (B, n_vocab) of the last token for "last", (B, T, n_vocab)
+        for "all", None for "none"; q {layer: (B, T, n_head, head_dim) post-RoPE queries} when keep_q, else {}."""
+        import torch
+
+        B, T = ids.shape
         end = start + T
         if end > cache.n_cells:
             raise ModelError(f"the torch speculator's cache holds {cache.n_cells} cells, not {end}")
-        q_out = {}
         with torch.no_grad():
-            ids = torch.as_tensor(list(tokens), dtype=torch.long, device=self.device)
-            x = self.embd[ids]  # (T, e)
-            pos = torch.arange(start, end, dtype=torch.float64)
-            ang = (pos[:, None] * self.inv_freq[None, :]).to(torch.float32)
-            cos, sin = ang.cos().to(self.device)[:, None, :], ang.sin().to(self.device)[:, None, :]
+            cos, sin = self._angles(torch.arange(start, end, device=self.device))
             if T == 1 or start == 0:
                 mask, causal = None, T > 1
             else:  # a later chunk: its queries see every earlier cell and the chunk's own up to themselves
                 qpos = torch.arange(start, end, device=self.device)
                 mask, causal = torch.arange(end, device=self.device)[None, :] <= qpos[:, None], False
-            for il, L in enumerate(self.layers):
-                h = self._rms(x, L["attn_norm"])
-                q = F.linear(h, L["wq"], L["bq"]).view(T, cfg.n_head, cfg.head_dim)
-                k = F.linear(h, L["wk"], L["bk"]).view(T, cfg.n_head_kv, cfg.head_dim)
-                v = F.linear(h, L["wv"], L["bv"]).view(T, cfg.n_head_kv, cfg.head_dim)
-                q, k = self._rope(q, cos, sin), self._rope(k, cos, sin)
-                cache.k[il][start:end] = k.to(self.kv_dtype)
-                cache.v[il][start:end] = v.to(self.kv_dtype)
-                if keep_q:
-                    q_out[il] = q
-                K = cache.k[il][:end].to(self.dtype).transpose(0, 1).repeat_interleave(cfg.group, dim=0)
-                V = cache.v[il][:end].to(self.dtype).transpose(0, 1).repeat_interleave(cfg.group, dim=0)
-                o = F.scaled_dot_product_attention(q.transpose(0, 1)[None], K[None], V[None], attn_mask=mask,
-                                                   is_causal=causal, scale=1.0 / math.sqrt(cfg.head_dim))
-                x = x + F.linear(o[0].transpose(0, 1).reshape(T, cfg.n_head * cfg.head_dim), L["wo"])
-                h = self._rms(x, L["ffn_norm"])
-                x = x + F.linear(F.silu(F.linear(h, L["wg"])) * F.linear(h, L["wu"]), L["wd"])
+
+            def write(il, k, v):
+                cache.k[il][rows, start:end] = k
+                cache.v[il][rows, start:end] = v
+
+            x, q_out = self._blocks(ids, cos, sin, cache, rows, write, end, mask, causal, keep_q)
             if logits == "none":
                 return None, q_out
-            xs = x[-1:] if logits == "last" else x
-            out = F.linear(self._rms(xs, self.out_norm), self.lm_head).to(torch.float32)
-            return (out[0] if logits == "last" else out), q_out
+            return self._logits(x[:, -1] if logits == "last" else x), q_out
 
-    def new_cache(self, n_cells: int) -> KVCache:
-        return KVCache(self.cfg, n_cells, self.kv_dtype, self.device)
+    def forward(self, tokens: Sequence[int], start: int, cache: KVCache, *, logits: str = "last",
+                keep_q: bool = False):
+        """forward_rows for one sequence (cache row 0): logits (n_vocab,) for "last", (T, n_vocab) for "all";
+        q {layer: (T, n_head, head_dim)}."""
+        import torch
+
+        ids = torch.as_tensor(list(tokens), dtype=torch.long, device=self.device)[None]
+        out, q = self.forward_rows(ids, start, cache, slice(0, 1), logits=logits, keep_q=keep_q)
+        return (None if out is None else out[0]), {il: qq[0] for il, qq in q.items()}
+
+    def _step_all(self, tok, pos, cache: KVCache):
+        """One look-ahead step of every row of `cache`: token tok[b] at position pos[b] (tensors (B,)).
+        Returns the logits (B, n_vocab) and the queries stacked (n_layer, B, n_head, head_dim). Nothing here
+        reads a tensor back to the host, so a CUDA graph can hold it."""
+        import torch
+
+        B = tok.shape[0]
+        cells = cache.n_cells
+        cos, sin = self._angles(pos[:, None])  # (B, 1, 1, half)
+        mask = (torch.arange(cells, device=self.device)[None, :] <= pos[:, None])[:, None, None, :]  # (B,1,1,cells)
+        rows = torch.arange(B, device=self.device)
+
+        def write(il, k, v):
+            cache.k[il][rows, pos] = k[:, 0]
+            cache.v[il][rows, pos] = v[:, 0]
+
+        with torch.no_grad():
+            x, q = self._blocks(tok[:, None], cos, sin, cache, slice(None), write, cells, mask, False, True)
+            return self._logits(x[:, -1]), torch.stack([q[il][:, 0] for il in range(self.cfg.n_layer)])
+
+    def new_cache(self, n_cells: int, batch: int = 1) -> KVCache:
+        return KVCache(self.cfg, n_cells, self.kv_dtype, self.device, batch)
 
     def prefill(self, tokens: Sequence[int], cache: KVCache, *, call_tokens: int = 0,
                 after_call: Callable[[], None] | None = None) -> None:
         """tokens at positions 0..len-1, in calls of at most `call_tokens` (0: one call), after_call() after each."""
-        step = call_tokens if call_tokens > 0 else max(1, len(tokens))
-        for a in range(0, len(tokens), step):
-            self.forward(tokens[a:a + step], a, cache, logits="none")
+        self.prefill_rows([list(tokens)], cache, slice(0, 1), call_tokens=call_tokens, after_call=after_call)
+
+    def prefill_rows(self, seqs: Sequence[Sequence[int]], cache: KVCache, rows: slice, *, call_tokens: int = 0,
+                     after_call: Callable[[], None] | None = None) -> None:
+        """Sequences seqs[i] into cache row rows.start + i at positions 0..len-1, together: the shorter ones
+        padded at their end (padding sits in cells after a sequence's own, which later steps overwrite or the
+        look-ahead's mask hides). A call holds at most `call_tokens` tokens over all sequences (0: one call),
+        after_call() after each."""
+        import torch
+
+        longest = max(len(s) for s in seqs)
+        if longest == 0:
+            return
+        ids = torch.zeros((len(seqs), longest), dtype=torch.long)
+        for i, s in enumerate(seqs):
+            ids[i, :len(s)] = torch.as_tensor(list(s), dtype=torch.long)
+        ids = ids.to(self.device)
+        step = max(1, call_tokens // len(seqs)) if call_tokens > 0 else longest
+        for a in range(0, longest, step):
+            self.forward_rows(ids[:, a:a + step], a, cache, rows, logits="none")
             if after_call is not None:
                 after_call()
 
     # -- the scorer's window procedure -----------------------------------------------------------------
-    def score_window(self, tokens: Sequence[int], lookahead: int, pool: int, *,
-                     is_eog: Callable[[int], bool] | None = None, call_tokens: int = 0,
-                     after_call: Callable[[], None] | None = None, capture: bool = True,
-                     timings: dict[str, float] | None = None) -> np.ndarray:
-        """Scores (× number of keys) of every token of one window (module doc). capture=False runs the same
-        forward passes and returns ones (the benchmark's overhead baseline). `timings` (ms) gains
-        speculator_prefill, lookahead and score_math; after_call's own time is not in speculator_prefill."""
+    def score_window(self, tokens: Sequence[int], lookahead: int, pool: int, **kw) -> np.ndarray:
+        """score_windows for one window."""
+        return self.score_windows([tokens], lookahead, pool, **kw)[0]
+
+    def _batch(self, batch: int, n_cells: int):
+        """(cache, graph or None) for `batch` windows of up to n_cells cells: a kept graph of that shape, a new
+        one (the oldest dropped past GRAPHS_KEPT), or, without graphs, a fresh cache."""
+        if not self.graphs:
+            return self.new_cache(n_cells, batch=batch), None
+        n_cells = -(-n_cells // CELL_ROUND) * CELL_ROUND
+        key = (batch, n_cells)
+        g = self._graphs.pop(key, None)
+        if g is None:
+            while len(self._graphs) >= GRAPHS_KEPT:
+                self._graphs.pop(next(iter(self._graphs)))
+            try:
+                g = _LookaheadGraph(self, batch, n_cells)
+            except Exception as e:  # noqa: BLE001 - a capture this torch/driver refuses: eager steps from now on
+                self.graphs, self.graphs_off = False, f"{type(e).__name__}: {e}"
+                self._graphs.clear()
+                return self.new_cache(n_cells, batch=batch), None
+        self._graphs[key] = g  # most recent last
+        return g.cache, g
+
+    def score_windows(self, windows: Sequence[Sequence[int]], lookahead: int, pool: int, *,
+                      is_eog: Callable[[int], bool] | None = None, call_tokens: int = 0,
+                      after_call: Callable[[], None] | None = None, capture: bool = True,
+                      timings: dict[str, float] | None = None, batch: int = 0) -> list[np.ndarray]:
+        """Scores (× number of keys) of every token of each window (module doc). The windows are prefilled
+        and stepped together, `batch` at a time (0: all on CUDA, one at a time on the CPU, where batching
+        gains nothing); each look-ahead step is one forward of all of them, the greedy tokens stay on the
+        device, and a window whose continuation reaches an end-of-generation token keeps only its steps up to
+        that one (as one window alone stops there). capture=False runs the same forward passes and returns
+        ones (the benchmark's overhead baseline). `timings` (ms) gains speculator_prefill, lookahead and
+        score_math; after_call's own time is not in speculator_prefill."""
+        per = batch if batch > 0 else self.windows_per_batch(len(windows))
+        out: list[np.ndarray] = []
+        for g in range(0, len(windows), per):
+            out.extend(self._score_group(windows[g:g + per], lookahead, pool, is_eog, call_tokens, after_call,
+                                         capture, timings))
+        return out
+
+    def windows_per_batch(self, n_windows: int) -> int:
+        """How many windows score_windows runs together by default: all on CUDA, one on the CPU."""
+        return max(1, n_windows) if self.device.type == "cuda" else 1
+
+    def _score_group(self, windows, lookahead, pool, is_eog, call_tokens, after_call, capture, timings):
         import torch
 
-        n = len(tokens)
-        cache = self.new_cache(n + max(1, lookahead))
+        ns = [len(w) for w in windows]
+        steps = max(1, lookahead)
+        cache, graph = self._batch(len(windows), max(ns) + steps)
         spent = [0.0]
 
         def after() -> None:
@@ -272,49 +448,75 @@ class TorchSpeculator:
             finally:
                 spent[0] += time.perf_counter() - t
 
+        sync = (lambda: torch.cuda.synchronize(self.device)) if self.device.type == "cuda" else (lambda: None)
         t0 = time.perf_counter()
-        self.prefill(tokens[:-1], cache, call_tokens=call_tokens, after_call=after if after_call else None)
+        self.prefill_rows([w[:-1] for w in windows], cache, slice(0, len(windows)), call_tokens=call_tokens,
+                          after_call=after if after_call else None)
+        sync()
         t1 = time.perf_counter()
-        rows: list = []  # per step: {layer: (n_head, d)}
-        tok, pos = int(tokens[-1]), n - 1
-        for step in range(lookahead):
-            logits, q = self.forward([tok], pos, cache, logits="last", keep_q=capture)
-            rows.append({il: qq[0] for il, qq in q.items()})
-            if step + 1 == lookahead:
-                break
-            tok, pos = int(torch.argmax(logits)), pos + 1
-            if is_eog is not None and is_eog(tok):
-                break
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        t2 = time.perf_counter()
-        if capture:
-            scores = self.scores(rows, cache, n, pool) * np.float32(n)
+        last = torch.as_tensor([int(w[-1]) for w in windows], dtype=torch.long, device=self.device)
+        start = torch.as_tensor([n - 1 for n in ns], dtype=torch.long, device=self.device)
+        Qs, toks = [], []  # per step: (n_layer, B, n_head, d); the step's greedy tokens (B,)
+        if graph is not None:
+            graph.tok.copy_(last)
+            graph.pos.copy_(start)
+            for _ in range(steps):
+                graph.replay()
+                Qs.append(graph.q.clone())
+                toks.append(graph.tok.clone())
         else:
-            scores = np.ones(n, dtype=np.float32)
+            tok, pos = last, start
+            for _ in range(steps):
+                logits, q = self._step_all(tok, pos, cache)
+                Qs.append(q)
+                tok, pos = logits.argmax(dim=-1), pos + 1
+                toks.append(tok)
+        greedy = torch.stack(toks).cpu().tolist()  # (steps, B): the one read-back of the look-ahead
+        sync()
+        t2 = time.perf_counter()
+        out = []
+        for b, n in enumerate(ns):
+            used = steps
+            if is_eog is not None:  # rows up to the step whose greedy token ends generation
+                for s in range(steps - 1):
+                    if is_eog(int(greedy[s][b])):
+                        used = s + 1
+                        break
+            if capture:
+                Q = torch.stack([Qs[s][:, b] for s in range(used)], dim=1)  # (L, S, h, d)
+                out.append(self._window_scores(Q, cache, b, n, pool) * np.float32(n))
+            else:
+                out.append(np.ones(n, dtype=np.float32))
         t3 = time.perf_counter()
         if timings is not None:
             for name, ms in (("speculator_prefill", (t1 - t0 - spent[0]) * 1000.0), ("lookahead", (t2 - t1) * 1000.0),
                              ("score_math", (t3 - t2) * 1000.0 if capture else 0.0)):
                 timings[name] = timings.get(name, 0.0) + ms
-        return scores
+        return out
 
-    def scores(self, rows: Sequence[dict], cache: KVCache, n_keys: int, pool: int) -> np.ndarray:
-        """The scorer's formula over keys [0, n_keys): numpy's attention_scores on the CPU (as score_math
-        numpy there), score_torch.tensor_scores on the device otherwise (nothing but scores leaves it)."""
+    def _window_scores(self, Q, cache: KVCache, row: int, n_keys: int, pool: int) -> np.ndarray:
+        """The scorer's formula for cache row `row`'s keys [0, n_keys) and its queries Q (L, S, h, d): numpy's
+        attention_scores on the CPU (as score_math numpy there), score_torch.tensor_scores on the device
+        otherwise (nothing but scores leaves it)."""
         import torch
 
         layers = range(self.cfg.n_layer)
         if self.device.type == "cpu":
             from .scorer import attention_scores  # (here: the forward itself needs no llama_cpp)
 
-            q_rows = [{il: row[il].to(torch.float32).numpy() for il in layers} for row in rows]
-            k = {il: cache.k[il][:n_keys].to(torch.float32).numpy() for il in layers}
+            q_rows = [{il: Q[il, s].to(torch.float32).numpy() for il in layers} for s in range(Q.shape[1])]
+            k = {il: cache.k[il][row, :n_keys].to(torch.float32).numpy() for il in layers}
             return attention_scores(q_rows, k, n_keys, pool)
         from .score_torch import tensor_scores
 
-        Q = torch.stack([torch.stack([row[il] for row in rows]) for il in layers])  # (L, S, h, d)
-        return tensor_scores(Q, [(lambda il=il: cache.k[il][:n_keys]) for il in layers], pool)
+        return tensor_scores(Q, [(lambda il=il: cache.k[il][row, :n_keys]) for il in layers], pool)
+
+    def scores(self, rows: Sequence[dict], cache: KVCache, n_keys: int, pool: int) -> np.ndarray:
+        """The formula over cache row 0's keys [0, n_keys) for rows[s][layer] (n_head, d) queries."""
+        import torch
+
+        Q = torch.stack([torch.stack([row[il] for row in rows]) for il in range(self.cfg.n_layer)])  # (L, S, h, d)
+        return self._window_scores(Q, cache, 0, n_keys, pool)
 
 
 __all__ = ["TorchSpeculator", "SpeculatorConfig", "KVCache", "UnsupportedSpeculator", "read_config", "dequantized",
