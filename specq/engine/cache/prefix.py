@@ -74,12 +74,15 @@ class PrefixUse:
     #: the reused prefix was copied on the device from another serving slot that holds it (a job of the
     #: same document decoding there, or that slot's resident prompt), not restored from the store
     from_other_slot: bool = False
+    #: the serving loop keeps the prompt in its slot and saves it only when the slot is about to be reused
+    #: for another prompt (serving/loop.py, "Prompt saves"): not saved while this job ran
+    save_deferred: bool = False
 
     def as_dict(self) -> dict:
         return {"hit": self.hit, "reused_tokens": self.reused_tokens, "prefilled_tokens": self.prefilled_tokens,
                 "bytes_restored": self.bytes_restored, "bytes_saved": self.bytes_saved,
                 "save_ms": round(self.save_ms, 1), "resave_skipped": self.resave_skipped, "from_slot": self.from_slot,
-                "from_other_slot": self.from_other_slot}
+                "from_other_slot": self.from_other_slot, "save_deferred": self.save_deferred}
 
 
 def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
@@ -145,11 +148,9 @@ class PrefixCache:
         says a hit already covered nearly all of them (module doc, "No second copy")."""
         if not self.store.enabled:
             return
-        if use.hit:
-            new = len(tokens) - use.reused_tokens
-            if new < RESAVE_MIN_NEW_TOKENS or new < RESAVE_MIN_NEW_FRACTION * len(tokens):
-                use.resave_skipped = True
-                return
+        if use.hit and self.covered(len(tokens), use.reused_tokens):
+            use.resave_skipped = True
+            return
         t0 = time.perf_counter()
         if int(llama_cpp.llama_state_seq_get_size(ctx.ptr, seq)) > self.store.budget:
             return  # it would not be stored: do not copy it out (GB at 32K tokens on a 7B)
@@ -161,6 +162,13 @@ class PrefixCache:
         if self.store.put((*self._base(scope), len(tokens), tokens_sha256(tokens)), data, tokens):
             use.bytes_saved = len(data)
         use.save_ms = (time.perf_counter() - t0) * 1000.0
+
+    @staticmethod
+    def covered(n: int, reused: int) -> bool:
+        """Whether a prompt of n tokens of which `reused` came from an entry is not worth a save of its own
+        (module doc, "No second copy")."""
+        new = n - reused
+        return new < RESAVE_MIN_NEW_TOKENS or new < RESAVE_MIN_NEW_FRACTION * n
 
     def prefill(self, ctx, scope: str, tokens: Sequence[int], *, save: bool = True,
                 progress: Callable[[int, int], None] | None = None) -> PrefixUse:

@@ -48,6 +48,16 @@ Each step of the loop:
    If that batch fails, every job in it is rolled back and decoded alone, so only the job whose
    tokens fail gets the error.
 
+Prompt saves: where slots keep their residents (step 3), a full prefill's prompt is not copied to the
+prompt cache when its first token is out but when its slot is about to be reused for another prompt
+(`_before_reuse`, at that job's set-up), and at close when the cache has a disk copy. Why: the save is
+a device-to-host copy on this thread with every other job waiting (0.66 s per 32K-token document on
+the 7B, H100, bench/results/h100-2026-12-07-goals/), and a document's next questions find its prompt
+in the slot anyway; 8 documents' first questions spent ~5 s of a 43.5 s run saving. A job that keeps
+nearly all of an unsaved resident (its document's next question) takes the save over (`owes_save`);
+`spec.cache.target.save_deferred` says a job's prompt was left for later, `saves_on_reuse` counts the
+saves made at reuse.
+
 Drafters: n-gram lookup is per job; the model drafter drafts on a speculator context of its slot's
 own (Engine.draft_cache: with several slots; a scored job's drafter starts from a copy of the window
 its scoring left in the scorer's context), so jobs decoding together never draft on one another's
@@ -200,6 +210,8 @@ class _Job:
     span_ms: dict = field(default_factory=lambda: {p: 0.0 for p in PHASES})
     faulty: bool = False
     prefix_use: PrefixUse | None = None  # a full prefill through the target's prompt cache
+    #: its prompt, left resident in its slot, is not in the prompt cache yet ("Prompt saves")
+    owes_save: bool = False
     wait_for: "_Job | None" = None  # the job whose prompt (sharing this one's prefix) is being prefilled
     # group-sparse prefill (serving_group.py)
     group: Any = None  # the SlotGroup this job is a member of
@@ -294,6 +306,10 @@ class ServingEngine:
         #: slot -> (scope, prompt tokens) whose cells 0..n-1 that idle slot still holds (module doc, step 3)
         self._resident: dict[int, tuple[str, np.ndarray]] = {}
         self._resident_at: dict[int, float] = {}  # when each slot's resident was left there
+        #: slot -> (scope, prompt tokens) of a resident prompt the prompt cache does not hold yet ("Prompt saves")
+        self._unsaved: dict[int, tuple[str, np.ndarray]] = {}
+        #: prompt saves made when a slot holding an unsaved resident was about to be reused
+        self.saves_on_reuse = 0
         self._keep_residents = engine.prefix_cache() is not None and (
             self.slots == 1 or not getattr(getattr(engine, "options", None), "kv_unified", False))
         #: full prefills that started after their own slot's resident prefix (no restore from host memory)
@@ -406,6 +422,7 @@ class ServingEngine:
             if closing:
                 if self.scoring is not None:  # a dropped job's scoring ends at its next call (outside the
                     self.scoring.close()      # lock: the thread's end wakes the loop through it)
+                self._save_residents_to_disk()
                 return
             try:
                 self._step(admitting)
@@ -542,6 +559,7 @@ class ServingEngine:
         local = max(resident, copied)
         # the host cache is looked up only when a slot's prefix qualifies (one lookup per set-up)
         in_slots = full and local >= cache.min_reuse and local >= self._host_prefix(job, cache)
+        self._before_reuse(job, resident if in_slots and resident >= copied else 0)
         if in_slots and resident >= copied:
             # the slot still holds this prompt's first `resident` tokens: keep them, prefill the rest
             self.ctx.seq_rm(job.slot, resident, -1)
@@ -616,6 +634,7 @@ class ServingEngine:
         job.drafter = self.engine.drafter_for(job.params, job.prompt, scored=True, seq=job.slot)
         job.progress("sparse_prefill", 0, 1)
         self._resident_prefix(job)  # forgotten: the slot's cells are replaced
+        self._before_reuse(job, 0)
         self.ctx.seq_rm(job.slot, -1, -1)
         self.ctx.seq_cp(source.slot, job.slot)  # the whole KV stream, at the next llama_decode
         self.ctx.seq_rm(job.slot, group.tail_from, -1)
@@ -665,20 +684,24 @@ class ServingEngine:
         job.stage = "setup"
 
     def _pick_slot(self, job: _Job) -> int:
-        """The free slot for `job`: the one whose resident prompt shares the longest prefix with its
-        prompt (at least the cache's min_reuse tokens), else an empty one, else the one whose resident
-        was left there first."""
+        """The free slot for `job`: the one whose resident prompt it would keep nearly all of (its
+        document's next question), else an empty one, else the one whose resident shares the longest
+        prefix with its prompt (at least the cache's min_reuse tokens), else the one whose resident was
+        left there first. (An empty slot before a partial share: prompts share their template's first
+        tokens, and taking another document's slot for those would evict that document.)"""
         best, best_n = -1, 0
         for slot in self._free:
             n = self._shared(slot, job)
             if n > best_n:
                 best, best_n = slot, n
         cache = self.engine.prefix_cache()
-        if best >= 0 and cache is not None and best_n >= cache.min_reuse:
+        if best >= 0 and cache is not None and cache.covered(self._resident[best][1].size, best_n):
             return best
         empty = [slot for slot in self._free if slot not in self._resident]
         if empty:
             return empty[0]
+        if best >= 0 and cache is not None and best_n >= cache.min_reuse:
+            return best
         return min(self._free, key=lambda slot: self._resident_at.get(slot, 0.0))  # the least recently used
 
     def _resident_prefix(self, job: _Job, forget: bool = True) -> int:
@@ -861,10 +884,10 @@ class ServingEngine:
                 if job.offset >= len(job.pre_toks):
                     # the first token first (sampled from this batch's logits and published by the
                     # job's stream thread while the save copies the KV out); then the prompt's KV,
-                    # which the first token has not entered yet (`_save_prompt`)
+                    # which the first token has not entered yet (`_prompt_prefilled`)
                     self._start_decode(job, base + len(toks) - 1)
                     t_save = _now()
-                    self._save_prompt(job)
+                    self._prompt_prefilled(job)
                     save_s = _now() - t_save
         except BaseException as e:
             job.engine_ms[phase] += (seconds + _now() - t0) * 1000.0
@@ -928,18 +951,55 @@ class ServingEngine:
             if job.faulty and job.stage == "decode" and len(job.dec.out) >= 3:
                 raise DecodeError("llama_decode returned -1 (error): injected by the loop's `fails` test seam for this job")
 
-    def _save_prompt(self, job: _Job) -> None:
-        """After a full prefill through the prompt cache: its record, and the prompt's KV saved. Called
-        after `_start_decode`: the first token is sampled and emitted but not yet decoded, so the slot
-        still holds exactly the prompt, and the save (0.5-0.85 s at 32K tokens of the 7B on the H200,
-        docs/history.md) no longer delays the job's first token — only its second."""
+    def _prompt_prefilled(self, job: _Job) -> None:
+        """After a full prefill through the prompt cache: its record, and the prompt's KV saved now or, where
+        slots keep their residents, owed until its slot is reused ("Prompt saves"). Called after
+        `_start_decode`: the first token is sampled and emitted but not yet decoded, so the slot still holds
+        exactly the prompt."""
         use = job.prefix_use
         if use is None:
             return
         use.prefilled_tokens = len(job.pre_toks) - use.reused_tokens
-        self.engine.prefix_cache().save(self.ctx, job.slot, job.scope, job.prompt.tokens, use)
+        cache = self.engine.prefix_cache()
+        if self._keep_residents and cache.store.enabled:
+            # owed: a prompt the cache does not cover, or one that kept an unsaved resident's cells
+            job.owes_save = job.owes_save or not (use.hit and cache.covered(job.prompt.n, use.reused_tokens))
+            use.save_deferred = job.owes_save
+        else:
+            cache.save(self.ctx, job.slot, job.scope, job.prompt.tokens, use)
         job.spec.cache["target"] = use.as_dict()
         job.spec.cache["bytes_restored"] += use.bytes_restored
+
+    def _save_residents_to_disk(self) -> None:
+        """At close, with a disk copy of the cache (SPECQ_CACHE_DIR): the residents it lacks, so that they
+        outlive the process as eagerly saved prompts did. (Without one, saving into memory now is pointless.)"""
+        cache = self.engine.prefix_cache() if self._unsaved else None
+        if cache is None or getattr(cache.store, "disk", None) is None:
+            return
+        for slot, (scope, tokens) in sorted(self._unsaved.items()):
+            try:
+                if self.ctx.seq_pos_max(slot) == tokens.size - 1:
+                    cache.save(self.ctx, slot, scope, tokens.tolist(), PrefixUse())
+            except Exception:  # noqa: BLE001 - a cache is an optimisation; the loop is closing either way
+                log.warning("engine loop: could not save slot %d's prompt at close", slot, exc_info=True)
+        self._unsaved.clear()
+
+    def _before_reuse(self, job: _Job, keep: int) -> None:
+        """`job` is about to replace its slot's cells from `keep` on (0: all of them). If they hold a resident
+        prompt the prompt cache lacks, it is saved first — unless the job keeps nearly all of it, and then
+        the job owes the save instead (its own prompt holds that prefix)."""
+        owed = self._unsaved.pop(job.slot, None)
+        if owed is None:
+            return
+        scope, tokens = owed
+        cache = self.engine.prefix_cache()
+        if keep > 0 and cache.covered(tokens.size, keep):
+            job.owes_save = True
+            return
+        if self.ctx.seq_pos_max(job.slot) != tokens.size - 1:
+            return  # the cells are not that prompt's any more: nothing to save
+        cache.save(self.ctx, job.slot, scope, tokens.tolist(), PrefixUse())
+        self.saves_on_reuse += 1
 
     def _start_decode(self, job: _Job, row: int) -> None:
         eng, p = self.engine, job.params
@@ -1005,12 +1065,15 @@ class ServingEngine:
             self._active.remove(job)
         if job.slot >= 0:
             self._resident.pop(job.slot, None)
+            self._unsaved.pop(job.slot, None)
             keep = keep_prompt and self._keep_residents
             try:
                 self.ctx.seq_rm(job.slot, job.prompt.n if keep else -1, -1)
                 if keep:
                     self._resident[job.slot] = (job.scope, job.token_array())
                     self._resident_at[job.slot] = _now()
+                    if job.owes_save:
+                        self._unsaved[job.slot] = self._resident[job.slot]
             except Exception:  # pragma: no cover - a context that cannot remove cells is beyond repair
                 log.exception("engine loop: could not clear slot %d", job.slot)
             self._free.append(job.slot)
