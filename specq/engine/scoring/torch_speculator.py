@@ -132,25 +132,6 @@ def _sdpa_has_gqa() -> bool:
     return (major, minor) >= (2, 5)
 
 
-def _later_chunk_mask(T: int, end: int, device):
-    """The mask of a prefill call's T queries at positions end-T..end-1 over cells [0, end): causal aligned to
-    the lower right. Where torch has it, as torch.nn.attention.bias.causal_lower_right, which SDPA runs in
-    FlashAttention on CUDA (why: an explicit boolean mask sends it to a slower kernel; a prefill in calls of
-    2,048 tokens took 2.6x the time of one call on an H100, bench/results/h100-2026-12-07b/); else a tensor."""
-    import torch
-
-    try:
-        from torch.nn.attention.bias import causal_lower_right
-    except ImportError:  # torch < 2.3
-        qpos = torch.arange(end - T, end, device=device)
-        return torch.arange(end, device=device)[None, :] <= qpos[:, None]
-    return causal_lower_right(T, end)
-
-
-def _is_causal_bias(mask) -> bool:
-    return mask is not None and type(mask).__name__ == "CausalBias"
-
-
 #: look-ahead graphs kept per speculator (one per window count × cell count; each holds its own KV cache)
 GRAPHS_KEPT = 4
 #: on CUDA a batch's cells are rounded up to this, so questions of other lengths reuse one captured graph
@@ -268,12 +249,11 @@ class TorchSpeculator:
         return torch.cat([a * cos - b * sin, a * sin + b * cos, rest], dim=-1).to(x.dtype)
 
     def _attend(self, q, K, V, mask, causal: bool):
-        """q (B, h, T, d) over K/V (B, h_kv, S, d): SDPA, grouped-query natively where torch has it (not with a
-        lower-right causal bias, whose FlashAttention call takes as many K/V heads as query heads)."""
+        """q (B, h, T, d) over K/V (B, h_kv, S, d): SDPA, grouped-query natively where torch has it."""
         import torch.nn.functional as F
 
         scale = 1.0 / math.sqrt(self.cfg.head_dim)
-        if self._gqa and not _is_causal_bias(mask):
+        if self._gqa:
             return F.scaled_dot_product_attention(q, K, V, attn_mask=mask, is_causal=causal, scale=scale, enable_gqa=True)
         g = self.cfg.group
         return F.scaled_dot_product_attention(q, K.repeat_interleave(g, dim=1), V.repeat_interleave(g, dim=1),
@@ -335,7 +315,8 @@ class TorchSpeculator:
             if T == 1 or start == 0:
                 mask, causal = None, T > 1
             else:  # a later chunk: its queries see every earlier cell and the chunk's own up to themselves
-                mask, causal = _later_chunk_mask(T, end, self.device), False
+                qpos = torch.arange(start, end, device=self.device)
+                mask, causal = torch.arange(end, device=self.device)[None, :] <= qpos[:, None], False
 
             def write(il, k, v):
                 cache.k[il][rows, start:end] = k
