@@ -177,8 +177,8 @@ class ServiceSettings:
     #: where the scoring math runs: auto, numpy or torch (EngineOptions.score_math)
     score_math: str = ""
     #: who runs the speculator's scoring windows: llama or torch (EngineOptions.speculator_impl; "" = llama).
-    #: torch keeps the same chunks; faster than llama.cpp on the CPU, slower on a GPU today (its prefill in
-    #: calls of n_ubatch tokens: specq/engine/scoring/scorer.py)
+    #: torch keeps the same chunks; faster than llama.cpp on the CPU; on a GPU slower when last measured
+    #: (specq/engine/scoring/scorer.py says where it stands)
     speculator_impl: str = ""
     #: batch-invariant target numerics: auto, on or off (EngineOptions.batch_invariant)
     batch_invariant: str = ""

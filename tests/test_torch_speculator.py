@@ -74,21 +74,27 @@ def test_logits_match_llama_cpp(tiny_models, which):
 
 
 def test_chunked_prefill_equals_one_call(tiny_models):
-    """A prefill in calls of 37 tokens (masked later chunks) leaves the same KV cache as one call."""
+    """A prefill in calls of 37 tokens' worth of work (groups of layers over every token, after_call after
+    each) leaves the same KV cache as one call, and as a token-by-token decode (masked later positions)."""
     from specq.engine.scoring.torch_speculator import TorchSpeculator
 
     spec = TorchSpeculator(tiny_models.speculator)
     model = llama.Model(tiny_models.speculator, n_gpu_layers=0)
     tokens = model.tokenize(TEXT[:600])
     model.close()
-    one, chunked = spec.new_cache(len(tokens)), spec.new_cache(len(tokens))
+    one, chunked, stepped = (spec.new_cache(len(tokens)) for _ in range(3))
     calls = []
     spec.prefill(tokens, one)
     spec.prefill(tokens, chunked, call_tokens=37, after_call=lambda: calls.append(1))
-    assert len(calls) == -(-len(tokens) // 37)
+    per = max(1, spec.cfg.n_layer * 37 // len(tokens))
+    assert len(calls) == -(-spec.cfg.n_layer // per) > 1
+    for a in range(0, len(tokens), 50):  # the forward's own later chunks: positions a.. over cells [0, a)
+        spec.forward(tokens[a:a + 50], a, stepped, logits="none")
     for il in range(spec.cfg.n_layer):
-        torch.testing.assert_close(chunked.k[il], one.k[il], atol=2e-3, rtol=1e-3)
-        torch.testing.assert_close(chunked.v[il], one.v[il], atol=2e-3, rtol=1e-3)
+        torch.testing.assert_close(chunked.k[il], one.k[il], atol=1e-6, rtol=1e-6)
+        torch.testing.assert_close(chunked.v[il], one.v[il], atol=1e-6, rtol=1e-6)
+        torch.testing.assert_close(stepped.k[il], one.k[il], atol=2e-3, rtol=1e-3)
+        torch.testing.assert_close(stepped.v[il], one.v[il], atol=2e-3, rtol=1e-3)
 
 
 def test_device_score_formula_equals_numpys(tiny_models):
@@ -273,7 +279,8 @@ def test_windows_scored_together_equal_one_at_a_time(tiny_models, eog):
     calls = []
     both = spec.score_windows(windows, 6, 13, is_eog=is_eog, call_tokens=90, after_call=lambda: calls.append(1),
                               timings=together, batch=3)
-    assert len(calls) == -(-(len(windows[2]) - 1) // 30)  # 90 tokens a call over 3 windows: 30 positions each
+    # 90 tokens' worth of work a call: groups of layers over all 3 windows' (padded) tokens
+    assert len(calls) == -(-spec.cfg.n_layer // max(1, spec.cfg.n_layer * 90 // (3 * (len(windows[2]) - 1))))
     for a, b, w in zip(one, both, windows):
         assert a.shape == b.shape == (len(w),) and a.std() > 0
         np.testing.assert_allclose(b, a, rtol=2e-3, atol=2e-3)

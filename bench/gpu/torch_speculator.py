@@ -1,12 +1,13 @@
 """The PyTorch speculator's scoring pass on a GPU, against the card's measured F16 throughput (issue 50, item 2).
 
 `speculator_impl torch` (specq/engine/scoring/torch_speculator.py) runs the speculator's window procedure
-in PyTorch: prefill the window, `lookahead` greedy steps, the score formula on the device. This script
+in PyTorch: prefill the windows, `lookahead` greedy steps, the score formula on the device. This script
 times exactly that for a prompt of each `--lengths` cut into the scorer's windows (engine/options.py:
-DEFAULT_WINDOW tokens each; ONE_PASS_TOKENS and below one window), with the window's prefill in one call
-(`call_tokens` 0: causal SDPA, FlashAttention where PyTorch has it) and in the engine's calls of 2,048
-tokens (a later call attends through an explicit mask), and reports tokens/s and the fraction of the
-card's F16 matmul throughput measured in the same process (specq/bench/flops.py, as `bench ttft`).
+DEFAULT_WINDOW tokens each; ONE_PASS_TOKENS and below one window), scored together as the scorer does
+(`--batch 0`: one window at a time), with the prefill in one call (`call_tokens` 0: causal SDPA,
+FlashAttention where PyTorch has it) and in the engine's calls of 2,048 tokens' worth of work (groups of
+layers), and reports tokens/s and the fraction of the card's F16 matmul throughput measured in the same
+process (specq/bench/flops.py, as `bench ttft`).
 
 It needs no llama.cpp: it runs on the GPU machine before (or without) the CUDA build. The model is a
 random-weight GGUF of a real shape (`--shape`, written here by specq.testing.synthetic with the real

@@ -47,14 +47,15 @@ Speculator implementation (EngineOptions.speculator_impl): `llama` (default) run
 llama.cpp; `torch` (a TorchSpeculator given to the scorer) runs them through torch_speculator.py's PyTorch
 forward of the same GGUF (dequantized) with the same positions, lookahead steps and score formula. With
 `torch` a document's windows are scored together on a GPU (one at a time on the CPU): prefilled in one padded
-batch, each look-ahead step one forward of all of them (a CUDA graph), and a prefill call holds at most
-`call_tokens` tokens over all windows; the speculator cache is not used (it holds llama.cpp KV bytes), and
-between_calls still runs after each prefill call. Measured against `llama` on the real 0.5B (CPU):
-bench/results/cpu-torch-speculator-2026-12-07.json. On an H100 (random 0.5B, 32K tokens in 8 windows,
-bench/results/h100-2026-12-07b/): kept sets equal llama.cpp's (Jaccard 1.0, Pearson >= 0.99997); the
-look-ahead takes 27 ms and a prefill in one call 106 ms (llama.cpp: 48 and 225 ms), but in calls of 2,048
-tokens the prefill takes 277-331 ms (per-call overhead), so the 7B's TTFT ratio was 2.65x against llama's
-2.92x: on a GPU keep `llama` until the torch prefill's calls cost what one call does.
+batch, each look-ahead step one forward of all of them (a CUDA graph); a prefill call is a group of layers
+over every token, as many as hold `call_tokens` tokens' worth of work; the speculator cache is not used (it
+holds llama.cpp KV bytes), and between_calls still runs after each prefill call. Measured against `llama`
+on the real 0.5B (CPU): bench/results/cpu-torch-speculator-2026-12-07.json. On an H100 (random 0.5B, 32K
+tokens in 8 windows, bench/results/h100-2026-12-07b/): kept sets equal llama.cpp's (Jaccard 1.0, Pearson
+>= 0.99997); the look-ahead takes 27 ms and a prefill in one call 106 ms (llama.cpp: 48 and 225 ms), but
+in token chunks of 2,048 (as the calls were then) the prefill took 277-331 ms, and the 7B's TTFT ratio was
+2.65x against llama's 2.92x. The layer-group calls that replaced the token chunks are not yet measured on
+a GPU: until they are, on a GPU keep `llama`.
 
 Normalisation: a window's scores are multiplied by the number of keys its softmax ran over, so that
 uniform attention scores 1.0 in every window; a short window (whose softmax mass is spread over

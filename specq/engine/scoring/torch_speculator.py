@@ -259,18 +259,18 @@ class TorchSpeculator:
         return F.scaled_dot_product_attention(q, K.repeat_interleave(g, dim=1), V.repeat_interleave(g, dim=1),
                                               attn_mask=mask, is_causal=causal, scale=scale)
 
-    def _blocks(self, ids, cos, sin, cache: KVCache, rows: slice, write, keys: int, mask, causal: bool,
-                keep_q: bool):
-        """The layers over ids (B, T) of cache rows `rows`: write(kv_list, il, k, v) stores the new K/V,
-        attention reads cells [0, keys) under mask/causal. Returns the last hidden states and the queries
-        {layer: (B, T, n_head, d)} when keep_q."""
+    def _blocks(self, x, cos, sin, cache: KVCache, rows: slice, write, keys: int, mask, causal: bool,
+                keep_q: bool, layers: range | None = None):
+        """`layers` (default all) over hidden states x (B, T, n_embd) of cache rows `rows`: write(il, k, v)
+        stores the new K/V, attention reads cells [0, keys) under mask/causal. Returns the hidden states
+        after them and the queries {layer: (B, T, n_head, d)} when keep_q."""
         import torch.nn.functional as F
 
         cfg = self.cfg
-        B, T = ids.shape
-        x = self.embd[ids]  # (B, T, e)
+        B, T = x.shape[:2]
         q_out = {}
-        for il, L in enumerate(self.layers):
+        for il in layers if layers is not None else range(cfg.n_layer):
+            L = self.layers[il]
             h = self._rms(x, L["attn_norm"])
             q = F.linear(h, L["wq"], L["bq"]).view(B, T, cfg.n_head, cfg.head_dim)
             k = F.linear(h, L["wk"], L["bk"]).view(B, T, cfg.n_head_kv, cfg.head_dim)
@@ -322,7 +322,7 @@ class TorchSpeculator:
                 cache.k[il][rows, start:end] = k
                 cache.v[il][rows, start:end] = v
 
-            x, q_out = self._blocks(ids, cos, sin, cache, rows, write, end, mask, causal, keep_q)
+            x, q_out = self._blocks(self.embd[ids], cos, sin, cache, rows, write, end, mask, causal, keep_q)
             if logits == "none":
                 return None, q_out
             return self._logits(x[:, -1] if logits == "last" else x), q_out
@@ -354,7 +354,7 @@ class TorchSpeculator:
             cache.v[il][rows, pos] = v[:, 0]
 
         with torch.no_grad():
-            x, q = self._blocks(tok[:, None], cos, sin, cache, slice(None), write, cells, mask, False, True)
+            x, q = self._blocks(self.embd[tok[:, None]], cos, sin, cache, slice(None), write, cells, mask, False, True)
             return self._logits(x[:, -1]), torch.stack([q[il][:, 0] for il in range(self.cfg.n_layer)])
 
     def new_cache(self, n_cells: int, batch: int = 1) -> KVCache:
@@ -369,8 +369,14 @@ class TorchSpeculator:
                      after_call: Callable[[], None] | None = None) -> None:
         """Sequences seqs[i] into cache row rows.start + i at positions 0..len-1, together: the shorter ones
         padded at their end (padding sits in cells after a sequence's own, which later steps overwrite or the
-        look-ahead's mask hides). A call holds at most `call_tokens` tokens over all sequences (0: one call),
-        after_call() after each."""
+        look-ahead's mask hides). after_call() after each call.
+
+        A call is a group of layers over every token of the batch, as many as hold `call_tokens` tokens'
+        worth of work (n_layer × call_tokens / tokens of them, at least one; 0: all layers in one call). Why
+        layers, not token chunks as llama.cpp's calls: a later token chunk attends through an explicit mask
+        (no FlashAttention) and pays every layer's Python and launch overhead again; on an H100 the prefill
+        of 32K tokens in 8 windows took 277-331 ms in chunks of 2,048 tokens against 106 ms in one call
+        (bench/results/h100-2026-12-07b/). A layer group does the arithmetic of one call, cut between layers."""
         import torch
 
         longest = max(len(s) for s in seqs)
@@ -380,11 +386,23 @@ class TorchSpeculator:
         for i, s in enumerate(seqs):
             ids[i, :len(s)] = torch.as_tensor(list(s), dtype=torch.long)
         ids = ids.to(self.device)
-        step = max(1, call_tokens // len(seqs)) if call_tokens > 0 else longest
-        for a in range(0, longest, step):
-            self.forward_rows(ids[:, a:a + step], a, cache, rows, logits="none")
-            if after_call is not None:
-                after_call()
+        n_layer, tokens = self.cfg.n_layer, len(seqs) * longest
+        per = n_layer if call_tokens <= 0 or tokens <= call_tokens else max(1, n_layer * call_tokens // tokens)
+        if longest > cache.n_cells:
+            raise ModelError(f"the torch speculator's cache holds {cache.n_cells} cells, not {longest}")
+
+        def write(il, k, v):
+            cache.k[il][rows, :longest] = k
+            cache.v[il][rows, :longest] = v
+
+        with torch.no_grad():
+            cos, sin = self._angles(torch.arange(longest, device=self.device))
+            x = self.embd[ids]
+            for a in range(0, n_layer, per):
+                x, _ = self._blocks(x, cos, sin, cache, rows, write, longest, None, longest > 1, False,
+                                    layers=range(a, min(n_layer, a + per)))
+                if after_call is not None:
+                    after_call()
 
     # -- the scorer's window procedure -----------------------------------------------------------------
     def score_window(self, tokens: Sequence[int], lookahead: int, pool: int, **kw) -> np.ndarray:
