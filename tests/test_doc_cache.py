@@ -540,6 +540,34 @@ def test_a_full_prefills_prompt_is_saved_when_its_slot_is_reused(tiny_models):
         e.close()
 
 
+def test_a_resident_prompt_outlives_the_worker_through_the_disk_cache(tiny_models, tmp_path):
+    """With a disk copy of the cache (cache_dir), a prompt left unsaved in its slot is saved when the loop
+    closes, so a new engine on the same directory restores it (as an eagerly saved prompt would be); without
+    the close-time save the directory would hold no target entry."""
+    from specq.engine.serving.loop import ServingEngine
+
+    d = tmp_path / "kv"
+    e = _engine(tiny_models, slots=2, cache_dir=str(d))
+    loop = ServingEngine(e).start()
+    try:
+        first = loop.run(DOC, _params(QUESTIONS[0], mode="baseline", max_tokens=4))
+        assert first.spec.cache["target"]["save_deferred"]
+        assert not list(e.cache_store.entries(("target-prefix",)))
+    finally:
+        loop.close()
+        e.cache_store.disk.flush(30)
+        e.close()
+    new = _engine(tiny_models, slots=2, cache_dir=str(d))
+    loop = ServingEngine(new).start()
+    try:
+        again = loop.run(DOC, _params(QUESTIONS[1], mode="baseline", max_tokens=4)).spec.cache["target"]
+        assert again["hit"] and again["bytes_restored"] > 0 and not again["from_slot"]
+        assert again["reused_tokens"] >= new.tokenize_prompt(DOC, _params(QUESTIONS[1])).doc_end
+    finally:
+        loop.close()
+        new.close()
+
+
 def test_questions_arriving_together_prefill_the_document_once(tiny_models):
     """Four baseline questions about one document submitted at once to four slots: the first prefills
     the document, the other three set up after it and copy its KV stream on the device from its slot
