@@ -117,3 +117,55 @@ def test_scope_needs_the_text():
         select_kept(scores, doc_start=0, n_prompt=64, protected=[], keep=0.5, rule="scope")
     with pytest.raises(ValueError, match="header pairs name chunk 5, scores for 2 chunks"):
         rank_scores(scores, 32, "scope", np.array([[5, 0]]))
+
+
+def test_block_ids_are_the_largest_block_within_the_bound():
+    """Each chunk's block is the largest header line + deeper lines that holds it and spans at most
+    max_chunks chunks: with room for a whole function, the function (from its `def`); with less, an inner
+    block (the `try` of decode); chunks of no block (`import os`) get -1."""
+    from specq.engine.scoring.blocks import block_ids
+
+    chunk = 8
+    pieces = line_pieces(CODE)
+    c = lambda needle: chunk_of(CODE, needle, chunk)  # noqa: E731
+    wide = block_ids(pieces, chunk, 64)
+    assert wide[c("import os")] == -1
+    assert wide[c('"""Say why')] == wide[c("return 2")] == c("def first")
+    assert wide[c("result = 0")] == wide[c("incomplete")] == wide[c("pos += 1")] == c("def decode")
+    narrow = block_ids(pieces, chunk, c("pos += 1") - c("while True") - 1)  # too small for `while` and `def`
+    assert narrow[c("char = ord")] == c("try:")
+    assert narrow[c("incomplete")] == narrow[c("return pos + 1")] == c("except IndexError")
+    assert narrow[c("result = 0")] == -1  # its only blocks (`def decode`) are too large
+    assert block_ids([], chunk, 4).shape == (0,)
+    assert (block_ids(line_pieces("no\nindentation\nhere\n" * 5), chunk, 8) == -1).all()
+
+
+def test_block_rule_keeps_the_whole_function_of_an_attended_line():
+    """The `def decode` line scores high and nothing else of decode does: `border` keeps that line only;
+    `block`, at the same budget, keeps every chunk of decode (its body ranks at BLOCK_WEIGHT of the def),
+    and never ranks a chunk below `border`."""
+    from specq.engine.scoring.blocks import block_ids
+    from specq.engine.scoring.selection import BLOCK_MAX_CHUNKS, BLOCK_WEIGHT
+
+    chunk = 32  # decode: 11 of the 13 chunks (within BLOCK_MAX_CHUNKS)
+    pieces = line_pieces(CODE)
+    n = len(pieces)
+    scores = np.full(n, 0.1, dtype=np.float32)
+    a = CODE.index("def decode")
+    scores[a:a + 10] = 5.0
+    b = CODE.index("def first")
+    scores[b:b + 12] = 1.0
+    kw = dict(doc_start=0, n_prompt=n, protected=[], keep=0.85, chunk=chunk)
+    chunks = lambda kept: {i // chunk for i in kept}  # noqa: E731
+    body = set(range(chunk_of(CODE, "def decode", chunk), chunk_of(CODE, "pos += 1", chunk) + 1))
+    border = chunks(select_kept(scores, rule="border", **kw))
+    block = chunks(select_kept(scores, rule="block", pieces=pieces, **kw))
+    assert not body <= border and body <= block and len(block) == len(border)
+    ids = block_ids(pieces, chunk, BLOCK_MAX_CHUNKS)
+    ranks, base = rank_scores(scores, chunk, "block", ids), rank_scores(scores, chunk, "border")
+    assert np.all(ranks >= base)
+    assert all(ranks[i] >= BLOCK_WEIGHT * base[list(body)].max() - 1e-6 for i in body)
+    with pytest.raises(ValueError, match="block ids"):
+        rank_scores(scores, chunk, "block")
+    with pytest.raises(ValueError, match="block ids for 2 chunks"):
+        rank_scores(scores, chunk, "block", np.array([0, 0]))

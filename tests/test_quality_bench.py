@@ -167,7 +167,7 @@ def test_quality_runner_on_the_real_pair(real_engine, tmp_path):
     assert [r["kind"] for r in rec] == ["needle", "multikey"]
     assert all(r["windows"]["windowed"] == 2 and r["windows"]["full"] == 1 for r in rec)
     assert all(set(r["kept"]) == {"windowed", "full", "windowed-max", "windowed-z", "windowed-mean", "full-mean",
-                                      "windowed-scope", "full-scope"} for r in rec)
+                                      "windowed-scope", "full-scope", "windowed-block", "full-block"} for r in rec)
     assert all(0 < p < 1 for r in rec for p in r["random"].values())
     rep = build_report([path], real_engine, s)
     assert {r["scorer"] for r in rep["recall"]} >= {"windowed", "full"}
@@ -279,14 +279,16 @@ def test_recall_window_arm_pairs_with_the_default_window(tiny_models, tmp_path):
         assert len(recs) == 2
         assert all(r["windows"]["windowed"] == 2 and r["windows"]["windowed@300"] >= 4 for r in recs), recs
         assert all(set(r["kept"]) == {"windowed", "windowed-max", "windowed-z", "windowed@300", "windowed-mean",
-                                      "windowed@300-mean", "windowed-scope", "windowed@300-scope"} for r in recs)
+                                      "windowed@300-mean", "windowed-scope", "windowed@300-scope", "windowed-block",
+                                      "windowed@300-block"} for r in recs)
         arms = build_report([path])["recall_window_arms"]
         # each arm against its default: the window size against `windowed`, another chunk rule against its own scorer
         assert {(r["default"], r["arm"]) for r in arms} == {("windowed", "windowed@300"), ("windowed", "windowed-mean"),
                                                             ("windowed@300", "windowed@300-mean"), ("windowed", "windowed-scope"),
-                                                            ("windowed@300", "windowed@300-scope")}
+                                                            ("windowed@300", "windowed@300-scope"), ("windowed", "windowed-block"),
+                                                            ("windowed@300", "windowed@300-block")}
         assert all(r["n"] == 2 for r in arms)
-        assert sorted(r["keep"] for r in arms) == sorted(s.keeps * 5)
+        assert sorted(r["keep"] for r in arms) == sorted(s.keeps * 7)
         assert all(r["both"] + r["default_only"] + r["arm_only"] + r["neither"] == 2 for r in arms)
         bad = QualitySettings(lengths=[1200], n=1, scorers=["full@300"])
         with pytest.raises(ValueError, match="windowed@W"):

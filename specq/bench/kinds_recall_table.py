@@ -23,7 +23,7 @@ from .quality_report import CODE_KINDS, read_journal
 #: the journals the table reads (bench/results): `kinds-cpu-<date>[-<split>]-recall-<length>.jsonl`
 PATTERN = "kinds-cpu-*-recall-*.jsonl"
 #: the chunk rules shown, as the journal names them for the windowed scorer (border is the engine's default)
-RULES = {"windowed": "border", "windowed-mean": "mean", "windowed-scope": "scope"}
+RULES = {"windowed": "border", "windowed-mean": "mean", "windowed-scope": "scope", "windowed-block": "block"}
 
 
 def journal_rows(path: Path) -> list[dict[str, Any]]:

@@ -24,7 +24,7 @@ Positions = Literal["original", "compressed"]
 Scorer = Literal["windowed", "sliding", "full"]
 Draft = Literal["none", "ngram", "model", "mtp", "eagle3", "auto"]
 Selection = Literal["global", "per-window"]
-ChunkRule = Literal["border", "mean", "scope"]
+ChunkRule = Literal["border", "mean", "scope", "block"]
 #: a job's task kind (RunParams.task); "" = not declared
 TaskKind = Literal["", "lookup", "two-place", "aggregation", "review", "summary"]
 #: the chunk rules (selection.rank_scores) and the default one: named here once

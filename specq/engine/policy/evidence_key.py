@@ -106,7 +106,7 @@ class EvidenceKey:
                              "must be a 64-hex-digit sha256")
         for name, choices in (("backend", BACKENDS), ("prompt_shape", PROMPT_SHAPES), ("positions", ("original", "compressed")),
                               ("score_math", SCORE_MATHS), ("scorer", ("full", "windowed", "sliding")),
-                              ("chunk_rule", ("border", "mean", "scope")), ("selection", ("global", "per-window"))):
+                              ("chunk_rule", ("border", "mean", "scope", "block")), ("selection", ("global", "per-window"))):
             if getattr(self, name) not in choices:
                 raise ValueError(f"key.{name}: must be one of {', '.join(choices)}")
         if self.task is not None and self.task not in TASK_KINDS:

@@ -70,3 +70,54 @@ def header_pairs(pieces: Sequence[bytes], chunk: int) -> np.ndarray:
     pairs = np.concatenate(rows)
     pairs = pairs[pairs[:, 0] != pairs[:, 1]]
     return np.unique(pairs, axis=0)
+
+
+def block_ids(pieces: Sequence[bytes], chunk: int, max_chunks: int) -> np.ndarray:
+    """For each `chunk`-token chunk, the block it belongs to (-1: none), for the `block` chunk rule.
+
+    A block is a header line and every line after it indented deeper (blank lines inside it included): a
+    function, a class, an indented paragraph. A chunk belongs to the largest block that holds it and spans
+    at most `max_chunks` chunks (so a method, not its whole class); ids are the blocks' first chunks.
+    Blocks nest, so the largest first, each chunk keeping the first block that claims it."""
+    n = len(pieces)
+    n_chunks = -(-n // chunk) if n else 0
+    out = np.full(n_chunks, -1, dtype=np.int64)
+    if not n:
+        return out
+    data = b"".join(pieces)
+    starts = np.concatenate([[0], np.cumsum(np.fromiter((len(p) for p in pieces), dtype=np.int64, count=n))])
+    firsts: list[int] = []  # per non-blank line: its first non-blank byte and last byte
+    lasts: list[int] = []
+    ends: list[int] = []  # per non-blank line: the last line of the block it heads (itself: no block)
+    stack: list[tuple[int, int]] = []  # (indentation, line), indentation rising
+    pos = 0
+    for line in data.split(b"\n"):
+        a, b = pos, pos + len(line)
+        pos = b + 1
+        body = line.lstrip(b" \t")
+        if not body.strip():
+            continue
+        indent = len(line) - len(body)
+        i = len(firsts)
+        while stack and stack[-1][0] >= indent:
+            ends[stack.pop()[1]] = i - 1
+        stack.append((indent, i))
+        firsts.append(a + indent)
+        lasts.append(b - 1)
+        ends.append(i)
+    for _, i in stack:
+        ends[i] = len(firsts) - 1
+    if not firsts:
+        return out
+    head = np.asarray(firsts, dtype=np.int64)
+    tail = np.asarray(lasts, dtype=np.int64)[np.asarray(ends, dtype=np.int64)]
+    tok = np.searchsorted(starts, np.concatenate([head, tail]), side="right") - 1
+    chunks = np.minimum(tok, n - 1) // chunk
+    a_c, b_c = chunks[: len(firsts)], chunks[len(firsts):]
+    has_body = np.asarray(ends) > np.arange(len(firsts))
+    size = b_c - a_c + 1
+    for i in np.lexsort((a_c, -size)):  # largest first
+        if has_body[i] and size[i] <= max_chunks:
+            span = out[a_c[i]: b_c[i] + 1]
+            span[span < 0] = a_c[i]
+    return out
