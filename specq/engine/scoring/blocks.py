@@ -30,38 +30,56 @@ def header_chunks(pieces: Sequence[bytes], chunk: int) -> list[tuple[int, ...]]:
     return [tuple(sorted(p)) for p in parents]
 
 
-def header_pairs(pieces: Sequence[bytes], chunk: int) -> np.ndarray:
-    """header_chunks as (chunk, header chunk) rows (int64, shape (k, 2), unique): one pass over the
-    lines, one searchsorted for all their bytes (~50 ms for 128K tokens of code)."""
+def _lines(pieces: Sequence[bytes]):
+    """One pass over the non-blank lines of the tokens' bytes: (starts, first, last, head, end) with
+    starts the byte offset of each token (and the total), and per non-blank line its first non-blank byte,
+    its last byte, its header line (the nearest earlier line with less indentation; -1: none) and the last
+    line of the block it heads (itself when no later line is indented deeper), as int64 arrays."""
     n = len(pieces)
-    if not n:
-        return np.zeros((0, 2), dtype=np.int64)
-    data = b"".join(pieces)
     starts = np.concatenate([[0], np.cumsum(np.fromiter((len(p) for p in pieces), dtype=np.int64, count=n))])
-    firsts: list[int] = []  # per non-blank line: its first non-blank byte, its last byte, its header (index into these)
+    firsts: list[int] = []
     lasts: list[int] = []
     heads: list[int] = []
-    stack: list[tuple[int, int]] = []  # (indentation, line number in firsts), indentation rising
+    ends: list[int] = []
+    stack: list[tuple[int, int]] = []  # (indentation, line), indentation rising
     pos = 0
-    for line in data.split(b"\n"):
+    for line in b"".join(pieces).split(b"\n"):
         a, b = pos, pos + len(line)
         pos = b + 1
         body = line.lstrip(b" \t")
         if not body.strip():
             continue
         indent = len(line) - len(body)
+        i = len(firsts)
         while stack and stack[-1][0] >= indent:
-            stack.pop()
+            ends[stack.pop()[1]] = i - 1
         heads.append(stack[-1][1] if stack else -1)
-        stack.append((indent, len(firsts)))
+        stack.append((indent, i))
         firsts.append(a + indent)
         lasts.append(b - 1)
-    if not firsts:
+        ends.append(i)
+    for _, i in stack:
+        ends[i] = len(firsts) - 1
+    arr = lambda v: np.asarray(v, dtype=np.int64)  # noqa: E731
+    return starts, arr(firsts), arr(lasts), arr(heads), arr(ends)
+
+
+def _chunk_of_bytes(starts: np.ndarray, offsets: np.ndarray, chunk: int) -> np.ndarray:
+    """The chunk holding the token of each byte offset (one searchsorted)."""
+    tok = np.searchsorted(starts, offsets, side="right") - 1
+    return np.minimum(tok, len(starts) - 2) // chunk
+
+
+def header_pairs(pieces: Sequence[bytes], chunk: int) -> np.ndarray:
+    """header_chunks as (chunk, header chunk) rows (int64, shape (k, 2), unique): one pass over the
+    lines, one searchsorted for all their bytes (~50 ms for 128K tokens of code)."""
+    if not len(pieces):
         return np.zeros((0, 2), dtype=np.int64)
-    tok = np.searchsorted(starts, np.asarray(firsts + lasts, dtype=np.int64), side="right") - 1
-    chunks = np.minimum(tok, n - 1) // chunk
-    first, last = chunks[: len(firsts)], chunks[len(firsts):]
-    head_of = np.asarray(heads, dtype=np.int64)
+    starts, firsts, lasts, head_of, _ = _lines(pieces)
+    if not firsts.size:
+        return np.zeros((0, 2), dtype=np.int64)
+    chunks = _chunk_of_bytes(starts, np.concatenate([firsts, lasts]), chunk)
+    first, last = chunks[: firsts.size], chunks[firsts.size:]
     has = head_of >= 0
     rows = []
     for span in range(int((last - first).max()) + 1):  # a line over several chunks: each of them
@@ -80,41 +98,15 @@ def block_ids(pieces: Sequence[bytes], chunk: int, max_chunks: int) -> np.ndarra
     at most `max_chunks` chunks (so a method, not its whole class); ids are the blocks' first chunks.
     Blocks nest, so the largest first, each chunk keeping the first block that claims it."""
     n = len(pieces)
-    n_chunks = -(-n // chunk) if n else 0
-    out = np.full(n_chunks, -1, dtype=np.int64)
+    out = np.full(-(-n // chunk) if n else 0, -1, dtype=np.int64)
     if not n:
         return out
-    data = b"".join(pieces)
-    starts = np.concatenate([[0], np.cumsum(np.fromiter((len(p) for p in pieces), dtype=np.int64, count=n))])
-    firsts: list[int] = []  # per non-blank line: its first non-blank byte and last byte
-    lasts: list[int] = []
-    ends: list[int] = []  # per non-blank line: the last line of the block it heads (itself: no block)
-    stack: list[tuple[int, int]] = []  # (indentation, line), indentation rising
-    pos = 0
-    for line in data.split(b"\n"):
-        a, b = pos, pos + len(line)
-        pos = b + 1
-        body = line.lstrip(b" \t")
-        if not body.strip():
-            continue
-        indent = len(line) - len(body)
-        i = len(firsts)
-        while stack and stack[-1][0] >= indent:
-            ends[stack.pop()[1]] = i - 1
-        stack.append((indent, i))
-        firsts.append(a + indent)
-        lasts.append(b - 1)
-        ends.append(i)
-    for _, i in stack:
-        ends[i] = len(firsts) - 1
-    if not firsts:
+    starts, firsts, lasts, _, ends = _lines(pieces)
+    if not firsts.size:
         return out
-    head = np.asarray(firsts, dtype=np.int64)
-    tail = np.asarray(lasts, dtype=np.int64)[np.asarray(ends, dtype=np.int64)]
-    tok = np.searchsorted(starts, np.concatenate([head, tail]), side="right") - 1
-    chunks = np.minimum(tok, n - 1) // chunk
-    a_c, b_c = chunks[: len(firsts)], chunks[len(firsts):]
-    has_body = np.asarray(ends) > np.arange(len(firsts))
+    chunks = _chunk_of_bytes(starts, np.concatenate([firsts, lasts[ends]]), chunk)
+    a_c, b_c = chunks[: firsts.size], chunks[firsts.size:]
+    has_body = ends > np.arange(firsts.size)
     size = b_c - a_c + 1
     for i in np.lexsort((a_c, -size)):  # largest first
         if has_body[i] and size[i] <= max_chunks:
