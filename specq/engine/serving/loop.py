@@ -26,10 +26,11 @@ Each step of the loop:
    (or one lookahead + score math), not one window; the scoring job's progress callback runs per
    window group, and its cancel (`JobHandle.cancel`) lands at the next call. A full prefill restores
    the longest prefix the target's prompt cache holds into the job's own sequence and prefills only
-   the rest, and saves the whole prompt once its first token is out (prefix_cache.py, entries keyed by
-   the slots' layout "streams"); one whose prompt shares a longer prefix with a job prefilling now than
-   the cache holds sets up after that job's save (`_prefix_owner`: questions about one document arriving
-   together prefill the document once). Before the host cache, a full prefill looks at its own slot:
+   the rest, and leaves the whole prompt in its slot for the prompt cache to take when the slot is reused
+   ("Prompt saves" below; prefix_cache.py, entries keyed by the slots' layout "streams"); one whose prompt
+   shares a longer prefix with a job prefilling now than the cache holds sets up after that job's prefill
+   and copies its cells (`_prefix_owner`: questions about one document arriving together prefill the
+   document once). Before the host cache, a full prefill looks at its own slot:
    a slot keeps the prompt cells of the last full prefill it served (its "resident" prompt; the
    answer's cells are removed), admission gives a job the free slot whose resident shares the
    longest prefix with its prompt, and setup then removes only the cells past that prefix — a
@@ -538,7 +539,7 @@ class ServingEngine:
                 return
         # setup: the drafter, the kept tokens of the prefill, an empty sequence
         owner = self._prefix_owner(job)
-        if owner is not None:  # another job is prefilling this prompt's prefix: wait for its save
+        if owner is not None:  # another job is prefilling this prompt's prefix: wait for it
             job.wait_for = owner
             self.prefix_waits += 1
             job.ft["setup"] = job.ft.get("setup", 0.0) + _now() - t0
@@ -761,13 +762,13 @@ class ServingEngine:
         if job.wait_for is not None:
             if job.wait_for.stage == "prefill" and job.wait_for in self._active:
                 return False
-            job.wait_for = None  # its prompt is saved now (or it is gone): look again
+            job.wait_for = None  # its prompt is in its slot now (or it is gone): look again
         return True
 
     def _prefix_owner(self, job: _Job) -> _Job | None:
         """A job prefilling (now, through the prompt cache) a prompt that shares a longer prefix with
-        this full-prefill job's prompt than the cache holds: this one sets up after that one's prompt
-        is saved and then restores it, rather than computing the same cells a second time (several
+        this full-prefill job's prompt than the cache holds: this one sets up after that one's prefill
+        and then copies its cells from its slot, rather than computing the same cells a second time (several
         questions about one document arriving together). Prefill chunks run one job at a time anyway
         (`_batch`), so the wait costs the waiting job no time to first token."""
         cache = self.engine.prefix_cache()
