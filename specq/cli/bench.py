@@ -649,7 +649,7 @@ def bench_quality(
     scorer: str = typer.Option("windowed", help="answer: scorer of the specprefill runs."),
     window: int = typer.Option(0, help="Document tokens per scoring window (0 = the engine default: one window up to 8,192 tokens, else 4,096)."),
     chunk_rule: str = typer.Option(DEFAULT_CHUNK_RULE, help="How chunks are ranked: border (the engine's default), mean (the rule before "
-                                                  "2026-12-04) or scope (border + header lines). recall also records "
+                                                  "2026-12-04), scope (border + header lines) or block (border + whole indented blocks). recall also records "
                                                   "<scorer>-<rule> for the other rules from the same pass."),
     baseline_from: Path = typer.Option(None, help="answer: reuse the closed-book and baseline answers of this earlier answer journal "
                                                   "(same tasks and settings but the chunk rule, scorer, window or keep) instead of running them again."),
