@@ -228,8 +228,8 @@ class TorchSpeculator:
         self.lm_head = self.embd if cfg.tied else w("output.weight")
         half = cfg.n_rot // 2
         #: RoPE inverse frequencies base^(-2i/n_rot), i < n_rot/2 (float64, then the angles are cast)
-        self.inv_freq = torch.tensor([cfg.rope_base ** (-2.0 * i / cfg.n_rot) for i in range(half)], dtype=torch.float64)
-        self.inv_freq_dev = self.inv_freq.to(self.device)
+        self.inv_freq = torch.tensor([cfg.rope_base ** (-2.0 * i / cfg.n_rot) for i in range(half)], dtype=torch.float64,
+                                     device=self.device)
         del reader
 
     # -- the forward ---------------------------------------------------------------------------------
@@ -291,7 +291,7 @@ class TorchSpeculator:
         """cos, sin of RoPE angles for positions `pos` (any shape, long): shape pos.shape + (1, n_rot/2)."""
         import torch
 
-        ang = (pos.to(torch.float64)[..., None] * self.inv_freq_dev).to(torch.float32)
+        ang = (pos.to(torch.float64)[..., None] * self.inv_freq).to(torch.float32)
         return ang.cos()[..., None, :], ang.sin()[..., None, :]
 
     def _logits(self, x):
