@@ -381,6 +381,20 @@ def test_answer_half_reuses_an_earlier_runs_baselines(tiny_models, tmp_path):
             baselines_from(old, replace(s, max_tokens=8))
     finally:
         eng.close()
+    # the torch speculator's arm: its own journal key, the same baselines, its own report row
+    torch_s = replace(s, speculator_impl="torch")
+    assert torch_s.key("answer") != s.key("answer") and replace(s, speculator_impl="llama").key("answer") == s.key("answer")
+    assert set(baselines_from(old, torch_s)) == set(reuse)
+    eng = Engine(EngineOptions(target=str(tiny_models.target), speculator=str(tiny_models.speculator), n_gpu_layers=0,
+                               n_ctx=4096, n_threads=2, speculator_impl="torch"))
+    try:
+        run_answer(eng, torch_s, Journal(tmp_path / "torch.jsonl", torch_s), baselines=reuse, baselines_path=str(old))
+    finally:
+        eng.close()
+    spec = [r for r in read_journal(tmp_path / "torch.jsonl") if "specprefill" in r]
+    assert spec and all(r["key"]["score_math"] == "torch-speculator" for r in spec)
+    rows = build_report([new, tmp_path / "torch.jsonl"])["answer"]
+    assert sorted(r.get("speculator_impl", "llama") for r in rows) == ["llama", "torch"]
 
 
 def test_journals_hold_the_full_evidence_key(tiny_models, tmp_path):

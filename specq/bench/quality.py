@@ -88,6 +88,9 @@ class QualitySettings:
     catalogue: str = ""
     #: the non-lookup kinds generate at least quality_kinds.ANSWER_TOKENS (off: max_tokens alone; tests)
     answer_floor: bool = True
+    #: who runs the speculator's windows (EngineOptions.speculator_impl): llama or torch. Part of the settings
+    #: key when torch (a journal of one never resumes as the other); baselines_from reuses either's answers
+    speculator_impl: str = "llama"
 
     @property
     def code_kinds(self) -> bool:
@@ -104,6 +107,8 @@ class QualitySettings:
             raise ValueError("shape must be native or chat")
         if self.per_kind < 1:
             raise ValueError("per_kind must be >= 1")
+        if self.speculator_impl not in ("llama", "torch"):
+            raise ValueError("speculator_impl must be llama or torch")
 
     def key(self, half: str) -> str:
         """What a journal record must match to count as done (not n/start/lengths: they pick tasks)."""
@@ -122,6 +127,8 @@ class QualitySettings:
                      **({} if self.answer_floor else {"answer_floor": False}))
         if self.shape != "native" and half != "recall":
             d["shape"] = self.shape
+        if self.speculator_impl != "llama":  # (journals written before the option keep their key)
+            d["speculator_impl"] = self.speculator_impl
         return hashlib.sha1(json.dumps(d, sort_keys=True).encode()).hexdigest()[:10]
 
 
@@ -459,14 +466,16 @@ def evidence_fields(engine, task: qt.Task, prompt, params: RunParams, positions:
 
 def baselines_from(path: Path, settings: QualitySettings) -> dict[str, dict]:
     """Task id -> answer record of an earlier answer journal that ran these settings except how
-    specprefill scores, ranks and keeps chunks (chunk rule, scorer, window, keep; so the same tasks, model
+    specprefill scores, ranks and keeps chunks (chunk rule, scorer, window, keep, speculator; so the same tasks, model
     settings and max_tokens): its closed-book and baseline answers do not depend on those, and
     `run_answer(baselines=...)` reuses them (a keep-0.1 arm beside a keep-0.3 run runs specprefill only)."""
     records = read_journal(path)
     windows = {0, settings.window} | {r.get("settings", {}).get("window", 0) for r in records}  # (records keep a set window)
     keeps = {settings.keep} | {r.get("settings", {}).get("keep", settings.keep) for r in records}
-    want = {QualitySettings(**{**asdict(settings), "chunk_rule": rule, "scorer": scorer, "window": window, "keep": keep}).key("answer")
-            for rule in CHUNK_RULES for scorer in typing.get_args(Scorer) for window in windows for keep in keeps}
+    want = {QualitySettings(**{**asdict(settings), "chunk_rule": rule, "scorer": scorer, "window": window, "keep": keep,
+                               "speculator_impl": impl}).key("answer")
+            for rule in CHUNK_RULES for scorer in typing.get_args(Scorer) for window in windows for keep in keeps
+            for impl in ("llama", "torch")}
     out = {r["task"]: r for r in records
            if r.get("half") == "answer" and r.get("settings_key") in want and "closed_book" in r}
     if not out:

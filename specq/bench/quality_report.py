@@ -23,6 +23,7 @@ from typing import Any, Iterable
 
 from ..engine.policy.evidence import PASS_BARS
 from ..engine.policy.evidence_bound import cp_lower, row_lower  # (the exact bound lives beside evidence rows' bounds)
+from ..engine.policy.evidence_key import TORCH_SPECULATOR_KEY
 from ..engine.options import CHUNK_RULES
 
 
@@ -148,12 +149,12 @@ def aggregate(records: list[dict], conf: float = 0.9) -> dict[str, Any]:
                 arm_rows.append({"length": L, "keep": float(keep), "arm": arm, "default": base, "n": p["n"], "default_only": p["baseline_only"],
                                  "arm_only": p["specprefill_only"], "both": p["both_right"], "neither": p["both_wrong"]})
     answer_rows = []
-    groups: dict[tuple[int, str, int, str], list] = defaultdict(list)  # (length, scorer, window, rule): journals of
-    for r in records:                                                    # other scorers keep their own rows
+    groups: dict[tuple[int, str, int, str, str], list] = defaultdict(list)  # (length, scorer, window, rule, speculator):
+    for r in records:                                                         # other scorers keep their own rows
         if r.get("half") == "answer" and r.get("kind") not in CODE_KINDS:
             st = r.get("settings", {})
-            groups[(r["length"], st.get("scorer", "windowed"), st.get("window", 0), answer_rule(r))].append(r)
-    for (L, _scorer, window, rule), rs in sorted(groups.items()):
+            groups[(r["length"], st.get("scorer", "windowed"), st.get("window", 0), answer_rule(r), speculator_of(r))].append(r)
+    for (L, _scorer, window, rule, impl), rs in sorted(groups.items()):
         closed = [r for r in rs if r["closed_book"]["correct"]]
         open_ = [r for r in rs if not r["closed_book"]["correct"] and "baseline" in r and "specprefill" in r]
         p = paired([(r["baseline"]["correct"], r["specprefill"]["correct"]) for r in open_], conf)
@@ -161,7 +162,7 @@ def aggregate(records: list[dict], conf: float = 0.9) -> dict[str, Any]:
         med = lambda xs: statistics.median(xs) if xs else None  # noqa: E731
         answer_rows.append({
             "length": L, "keep": rs[0]["settings"]["keep"], "scorer": rs[0]["settings"]["scorer"], **({"window": window} if window else {}),
-            "chunk_rule": rule, "tasks": len(rs),
+            "chunk_rule": rule, **({"speculator_impl": impl} if impl != "llama" else {}), "tasks": len(rs),
             "closed_book_right": len(closed), "documents": len({r.get("family") or r["task"] for r in open_}), **p,
             "evidence_kept": (sum(ev) / len(ev)) if ev else None,
             "baseline_ttft_ms_median": med([r["baseline"]["ttft_ms"] for r in open_]),
@@ -219,6 +220,11 @@ def kind_rows(records: list[dict]) -> list[dict]:
                    ratio=a / b if b else None, lower=row_lower(docs) if docs else None, inconclusive=b < MIN_BASELINE_RIGHT)
         out.append(row)
     return out
+
+
+def speculator_of(record: dict) -> str:
+    """Who ran an answer record's speculator: torch where its key's score math is the PyTorch forward's, else llama."""
+    return "torch" if record.get("key", {}).get("score_math") == TORCH_SPECULATOR_KEY else "llama"
 
 
 def answer_rule(record: dict) -> str:
@@ -307,7 +313,7 @@ def table_markdown(agg: dict[str, Any]) -> str:
         for r in agg["answer"]:
             tt = (f"{r['baseline_ttft_ms_median'] / 1000:.1f} / {r['specprefill_ttft_ms_median'] / 1000:.1f}"
                   if r["baseline_ttft_ms_median"] else "–")
-            lines.append(f"| {r['length']:,} | {r['scorer']}{'@' + str(r['window']) if r.get('window') else ''} {r['keep']} {r.get('chunk_rule', 'mean')} | {r['tasks']} | {r['closed_book_right']} | {r['n']} ({r.get('documents', r['n'])}) | "
+            lines.append(f"| {r['length']:,} | {r['scorer']}{'@' + str(r['window']) if r.get('window') else ''} {r['keep']} {r.get('chunk_rule', 'mean')}{' (torch speculator)' if r.get('speculator_impl') else ''} | {r['tasks']} | {r['closed_book_right']} | {r['n']} ({r.get('documents', r['n'])}) | "
                          f"{_f(r['baseline_acc'])} | {_f(r['specprefill_acc'])} | {_f(r['ratio'])} | {_f(r['ratio_lower'])} | "
                          f"{r['baseline_only']} | {r['specprefill_only']} | {_f(r['evidence_kept'])} | {tt} |")
         lines.append("")

@@ -667,6 +667,8 @@ def bench_quality(
     n_gpu_layers: int = typer.Option(0, help="Layers offloaded to the GPU."),
     target: str = typer.Option(None, help="Target model: registry name or GGUF path."),
     speculator: str = typer.Option(None, help="Speculator model: registry name or GGUF path."),
+    speculator_impl: str = typer.Option("llama", help="Who runs the speculator's scoring windows: llama (llama.cpp) or torch "
+                                                      "(the PyTorch forward; its records carry score_math torch-speculator)."),
     out: Path = typer.Option(None, help="Write the aggregated report (JSON, with provenance) here."),
     table: Path = typer.Option(None, help="Write the table (Markdown) here."),
     plot: Path = typer.Option(None, help="Write a PNG plot here (needs matplotlib)."),
@@ -701,18 +703,20 @@ def bench_quality(
     settings = q.QualitySettings(lengths=sizes, n=n, start=start, seed=seed, kinds=kind_list,
                                  scorers=[s.strip() for s in scorers.split(",") if s.strip()], keeps=keep_list, keep=keep,
                                  scorer=scorer, window=window, max_tokens=max_tokens, family=family, chunk_rule=chunk_rule,
-                                 scores_dir=scores_dir, scores_from=scores_from, split=split, shape=shape, per_kind=per_kind)
+                                 scores_dir=scores_dir, scores_from=scores_from, split=split, shape=shape, per_kind=per_kind,
+                                 speculator_impl=speculator_impl)
     try:
         settings.check()
     except ValueError as e:
-        raise fail(f"--kinds/--split/--shape/--per-kind: {e}") from None
+        raise fail(f"--kinds/--split/--shape/--per-kind/--speculator-impl: {e}") from None
     engine = None
     if half != "report":
         if len(journal) != 1:
             raise fail("recall, answer and group write one --journal")
         opts = with_models(EngineOptions(n_gpu_layers=n_gpu_layers, n_threads=threads, n_ctx=max(sizes) + 1024,
                                          cache_bytes=cache_bytes if family or settings.code_kinds else 0,
-                                         cache_dir=cache_dir if family or settings.code_kinds else ""),
+                                         cache_dir=cache_dir if family or settings.code_kinds else "",
+                                         speculator_impl=settings.speculator_impl),
                            target=target, speculator=speculator)
         try:
             from ..engine.pipeline import Engine
