@@ -73,6 +73,13 @@ def test_speculator_swap_table_pairs_a_journal_with_the_one_it_reused(tmp_path):
     assert row[1] == "qwen2.5-coder-0.5b-instruct-q4_0" and row[3] == "border"
     assert row[4:] == ["3", "3", "2", "**2**", "1 / 1"]
     assert row[0] == "[cand-answer.jsonl](../bench/results/cand-answer.jsonl)"
+    # the default speculator's file run by the PyTorch forward is a candidate too; run by llama.cpp it is the reference
+    default = models.REGISTRY[models.DEFAULT_SPECULATOR].sha256
+    for name, math in (("torch-answer.jsonl", "torch-speculator"), ("same-answer.jsonl", "numpy")):
+        (root / name).write_text("".join(json.dumps({**r, "key": {"speculator_sha256": default, "score_math": math}}) + "\n"
+                                         for r in new))
+    labels = sorted(r[1] for r in speculator_swap.answer_rows(root, tmp_path / "docs", tmp_path))
+    assert labels == sorted([f"{models.DEFAULT_SPECULATOR} (torch speculator)", "qwen2.5-coder-0.5b-instruct-q4_0"])
     overlap = speculator_swap.overlap_rows(root, tmp_path / "docs")
     assert overlap == [["[quality-x-overlap-4000.json](../bench/results/quality-x-overlap-4000.json)", "p → q", "border",
                         "0.3", "3", "**0.800**", "0.850", "0.950", "0.930", "67%", "1.000 → 0.500"]]

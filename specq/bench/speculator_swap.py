@@ -1,8 +1,9 @@
 """Another speculator file for the same pair, judged against today's (issue 50 item 2): the tables of
 docs/quality.md, "A Q4_0 speculator for the CPU", rendered from bench/results.
 
-Two questions decide whether a faster speculator (the Q4_0 requantization of the 0.5B model) may replace
-the default: does the target get (nearly) the same kept sets, and does it answer as often right from them?
+Two questions decide whether a faster speculator (the Q4_0 requantization of the 0.5B model, or the same
+file run by the PyTorch forward, `speculator_impl` torch) may replace the default: does the target get
+(nearly) the same kept sets, and does it answer as often right from them?
 
 - Kept-set overlap: every ``quality-*-overlap-*.json`` that scripts/kept_overlap.py wrote (per-job Jaccard
   of the two speculators' kept chunks at keep 0.3 under the engine's selection, and each one's evidence
@@ -21,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from ..engine import models
+from ..engine.policy.evidence_key import TORCH_SPECULATOR_KEY
 from .quality_report import read_journal
 
 HEADER_OVERLAP = ["result", "speculators (reference → candidate)", "chunk rule", "keep", "tasks", "Jaccard min",
@@ -28,6 +30,11 @@ HEADER_OVERLAP = ["result", "speculators (reference → candidate)", "chunk rule
 HEADER_ANSWER = ["journal", "speculator", "reused baselines of", "chunk rule", "questions (not closed-book)",
                  "baseline right", "specprefill right, reference", "specprefill right, this speculator",
                  "reference only / this only"]
+
+
+#: a journal whose speculator ran as the PyTorch forward (EngineOptions.speculator_impl torch) is a candidate
+#: too, with the default speculator's file: its name carries this
+TORCH_LABEL = " (torch speculator)"
 
 
 def _name(sha256: str) -> str:
@@ -65,7 +72,8 @@ def answer_rows(root: Path, base: Path, repo: Path) -> list[list[str]]:
         if not recs:
             continue
         refs = {r["baseline"]["reused_from"] for r in recs}
-        specs = {_name(r["key"]["speculator_sha256"]) for r in recs}
+        specs = {_name(r["key"]["speculator_sha256"]) + (TORCH_LABEL if r["key"].get("score_math") == TORCH_SPECULATOR_KEY else "")
+                 for r in recs}
         if len(refs) != 1 or len(specs) != 1 or specs == {models.DEFAULT_SPECULATOR}:
             continue
         ref_path = repo / next(iter(refs))
