@@ -59,6 +59,10 @@ SOURCES: tuple[dict[str, Any], ...] = (
          where="docs/history.md, Group-sparse at 30K", one_pass=True),
     dict(journal="bench/results/quality-cpu-scope-answer-4000.jsonl", length=4000, commit="62b3411",
          where="docs/history.md, Header lines: answer right at 4K", one_pass=False),
+    # issue 50 item 2: the torch speculator (its own score_math), the same 40 questions, baselines reused
+    dict(journal="bench/results/quality-cpu-border-torchspec-answer-4000.jsonl", length=4000, commit="894688d",
+         where="docs/quality.md, A Q4_0 speculator for the CPU (the speculator-swap table)", one_pass=True,
+         in_sample="the 4K families' 40 questions are the set the border rule was chosen on"),
     # issue 49: the task kinds at 4K, reported split (a run in progress: its rows are too few until it is done)
     dict(journal="bench/results/kinds-cpu-2026-12-07-answer-4000.jsonl", length=4000, kinds=True,
          commit="854ddc8 (main when the run started, 2026-12-07 02:47 UTC)",
