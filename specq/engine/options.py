@@ -111,7 +111,8 @@ class EngineOptions:
     #: auto = torch when the models are on a GPU and PyTorch with CUDA is importable, else numpy
     score_math: Literal["auto", "numpy", "torch"] = "auto"
     #: who runs the speculator's scoring windows: llama (llama.cpp) or torch (a PyTorch forward of the same
-    #: GGUF, dequantized: scoring/torch_speculator.py; one window at a time, no speculator cache; its score
+    #: GGUF, dequantized: scoring/torch_speculator.py; a document's windows together on a GPU, one at a time
+    #: on the CPU; no speculator cache, so a document's next question scores its windows again; its score
     #: math is numpy on the CPU and on the device on a GPU, whatever score_math says). Opt-in: part of the
     #: evidence key (score_math "torch-speculator")
     speculator_impl: Literal["llama", "torch"] = "llama"
