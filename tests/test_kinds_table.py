@@ -73,7 +73,7 @@ def test_a_summary_line_shows_ids_named_and_never_passes(tmp_path):
     assert line["metric"] == "ids_named" and line["baseline"] == 0.75 and line["status"] == "no pass bar"
     assert kinds_table.status({**line, "n": 3}) == "too few"
     text = kinds_table.table_markdown([line], tmp_path)
-    assert "| summary | 4,000 | native | 0.3 | 48 | 0 | 8 | ids_named 0.750 | ids_named 0.750 | 1.000 | – | **no pass bar** |" in text
+    assert f"| summary | 4,000 | native | 0.3 | {KEY['chunk_rule']} | 48 | 0 | 8 | ids_named 0.750 | ids_named 0.750 | 1.000 | – | **no pass bar** |" in text
 
 
 def test_hours_are_the_gaps_between_stamps_and_a_resumed_run_counts_ttfts(tmp_path):

@@ -1,6 +1,6 @@
 """The kind x length table of docs/quality.md (`report:quality-kinds`, issue 49 item 2), from the kinds' answer journals.
 
-One line per journal and (kind, length, shape, keep): quality_report.kind_rows' counts (answered questions with the
+One line per journal and (kind, length, shape, keep), with the journal's chunk rule: quality_report.kind_rows' counts (answered questions with the
 closed-book-right ones left out and counted apart, documents, baseline and specprefill right, the ratio and its
 document-clustered lower bound, the share of questions whose evidence chunks were all kept), and what the issue
 asks besides: a `status` against the evidence rows' own pass bar (evidence.PASS_BARS, so the table and
@@ -81,6 +81,15 @@ def status(row: dict) -> str:
     return "passes" if (row["lower"] or 0.0) >= bar.min_bound else "fails"
 
 
+def chunk_rule(records: Sequence[dict]) -> str:
+    """The chunk rule a journal's specprefill runs ranked by (one a journal: the rule is in its settings key)."""
+    for rec in records:
+        rule = rec.get("settings", {}).get("chunk_rule") or rec.get("key", {}).get("chunk_rule")
+        if rule:
+            return rule
+    return "–"
+
+
 def journal_rows(path: Path) -> list[dict[str, Any]]:
     """The lines of one kinds answer journal: kind_rows' rows with `status`, `hours`, `estimated` (questions
     counted by their TTFTs only), `load1` [min, max] and `journal`."""
@@ -93,7 +102,7 @@ def journal_rows(path: Path) -> list[dict[str, Any]]:
     for row in kind_rows(records):
         got = per[(row["kind"], row["length"], row["shape"], row["keep"])]
         loads = [r["load1"] for r, _, _ in got if "load1" in r]
-        out.append({**row, "status": status(row), "hours": sum(s for _, s, _ in got) / 3600,
+        out.append({**row, "chunk_rule": chunk_rule(records), "status": status(row), "hours": sum(s for _, s, _ in got) / 3600,
                     "estimated": sum(not m for _, _, m in got), "load1": [min(loads), max(loads)] if loads else None,
                     "journal": path})
     return out
@@ -131,18 +140,18 @@ def table_markdown(lines: list[dict[str, Any]], base: Path) -> str:
         rel = os.path.relpath(r["journal"], base).replace(os.sep, "/")
         hours = f"{r['hours']:.2f}" + (f" ({r['estimated']} by TTFT)" if r["estimated"] else "")
         load = "–" if r["load1"] is None else f"{r['load1'][0]:.1f}–{r['load1'][1]:.1f}"
-        body.append([r["kind"], f"{r['length']:,}", r["shape"], _f(r["keep"], "{:g}"), str(r["n"]), str(r["closed_book_right"]),
+        body.append([r["kind"], f"{r['length']:,}", r["shape"], _f(r["keep"], "{:g}"), r.get("chunk_rule", "–"), str(r["n"]), str(r["closed_book_right"]),
                      str(r["documents"]),
                      f"ids_named {_f(r['baseline'])}" if summ else str(r["baseline_right"]),
                      f"ids_named {_f(r['specprefill'])}" if summ else str(r["specprefill_right"]),
                      _f(r["ratio"]), "–" if summ else _f(r.get("lower")), f"**{r['status']}**", _f(r["evidence_kept"]),
                      hours, load, f"[{Path(r['journal']).name}]({rel})"])
-    header = ["kind", "doc tokens", "shape", "keep", "questions", "closed-book right", "documents", "baseline right",
+    header = ["kind", "doc tokens", "shape", "keep", "chunk rule", "questions", "closed-book right", "documents", "baseline right",
               "specprefill right", "ratio", "90% lower (clustered)", "status", "evidence kept", "hours", "load1", "journal"]
-    align = "lrllrrrrrrrlrrrl"
+    align = "lrlllrrrrrrrlrrrl"
     table = ["| " + " | ".join(header) + " |", "|" + "|".join("---:" if a == "r" else "---" for a in align) + "|"]
     table += ["| " + " | ".join(row) + " |" for row in body]
     return head + "\n\n" + "\n".join(table)
 
 
-__all__ = ["PATTERN", "RESUME_SLACK_S", "STATUSES", "question_seconds", "status", "journal_rows", "rows", "table_markdown"]
+__all__ = ["PATTERN", "RESUME_SLACK_S", "STATUSES", "question_seconds", "status", "chunk_rule", "journal_rows", "rows", "table_markdown"]
