@@ -67,6 +67,10 @@ SOURCES: tuple[dict[str, Any], ...] = (
     dict(journal="bench/results/kinds-cpu-2026-12-07-answer-4000.jsonl", length=4000, kinds=True,
          commit="854ddc8 (main when the run started, 2026-12-07 02:47 UTC)",
          where="docs/quality.md, Task kinds beyond lookups (the kind x length table)", one_pass=True),
+    # issue 49 item 4: the block chunk rule on the same questions (its first 119), baselines reused
+    dict(journal="bench/results/kinds-cpu-2026-12-07-block-answer-4000.jsonl", length=4000, kinds=True,
+         commit="55dff52", where="docs/quality.md, A block rule for review (the kind x length table's block lines)",
+         one_pass=True),
 )
 #: kinds whose questions have no answer-right (quality_grade.py): no answer_right row
 NO_ANSWER_RIGHT = ("summary",)
