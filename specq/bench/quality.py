@@ -38,7 +38,7 @@ from typing import Any, Callable, Iterator, NamedTuple
 import numpy as np
 
 from ..engine.scoring.kept_spans import token_char_bounds
-from ..engine.options import RunParams, Scorer
+from ..engine.options import SPECULATOR_IMPLS, RunParams, Scorer
 from ..engine.scoring.scorer import plan_windows
 from ..engine.scoring.selection import CHUNK_RULES, DEFAULT_CHUNK_RULE, chunk_order, window_budget
 from . import quality_grade as qg
@@ -107,8 +107,8 @@ class QualitySettings:
             raise ValueError("shape must be native or chat")
         if self.per_kind < 1:
             raise ValueError("per_kind must be >= 1")
-        if self.speculator_impl not in ("llama", "torch"):
-            raise ValueError("speculator_impl must be llama or torch")
+        if self.speculator_impl not in SPECULATOR_IMPLS:
+            raise ValueError(f"speculator_impl must be one of {', '.join(SPECULATOR_IMPLS)}")
 
     def key(self, half: str) -> str:
         """What a journal record must match to count as done (not n/start/lengths: they pick tasks)."""
@@ -475,7 +475,7 @@ def baselines_from(path: Path, settings: QualitySettings) -> dict[str, dict]:
     want = {QualitySettings(**{**asdict(settings), "chunk_rule": rule, "scorer": scorer, "window": window, "keep": keep,
                                "speculator_impl": impl}).key("answer")
             for rule in CHUNK_RULES for scorer in typing.get_args(Scorer) for window in windows for keep in keeps
-            for impl in ("llama", "torch")}
+            for impl in SPECULATOR_IMPLS}
     out = {r["task"]: r for r in records
            if r.get("half") == "answer" and r.get("settings_key") in want and "closed_book" in r}
     if not out:

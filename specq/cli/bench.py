@@ -166,7 +166,7 @@ def bench_ttft(
     """TTFT of baseline vs specprefill, alternating in one run, in the same numerics, with the phase split
     and ratio; by default in both batch-invariant modes, quoting the fastest baseline."""
     from ..contracts import EngineError
-    from ..engine.options import EngineOptions
+    from ..engine.options import SPECULATOR_IMPLS, EngineOptions
 
     try:
         sizes = [int(x.replace("_", "")) for x in lengths.split(",") if x.strip()]
@@ -178,8 +178,8 @@ def bench_ttft(
         raise fail(f"--score-math must be auto, numpy or torch (got {score_math!r})")
     if batch_invariant not in ("both", "auto", "on", "off"):
         raise fail(f"--batch-invariant must be both, auto, on or off, not {batch_invariant!r}")
-    if speculator_impl not in ("llama", "torch"):
-        raise fail(f"--speculator-impl must be llama or torch, not {speculator_impl!r}")
+    if speculator_impl not in SPECULATOR_IMPLS:
+        raise fail(f"--speculator-impl must be {' or '.join(SPECULATOR_IMPLS)}, not {speculator_impl!r}")
     opts = EngineOptions(n_gpu_layers=n_gpu_layers, n_ctx=n_ctx or max(sizes) + 1024, n_batch=n_batch, n_ubatch=n_ubatch,
                          n_threads=threads, n_parallel=n_parallel, score_math=score_math, batch_invariant=batch_invariant,
                          speculator_impl=speculator_impl)

@@ -27,6 +27,7 @@ Selection = Literal["global", "per-window"]
 ChunkRule = Literal["border", "mean", "scope", "block"]
 #: a job's task kind (RunParams.task); "" = not declared
 TaskKind = Literal["", "lookup", "two-place", "aggregation", "review", "summary"]
+SpeculatorImpl = Literal["llama", "torch"]
 #: the chunk rules (selection.rank_scores) and the default one: named here once
 CHUNK_RULES: tuple[str, ...] = typing.get_args(ChunkRule)
 DEFAULT_CHUNK_RULE: ChunkRule = "border"
@@ -115,7 +116,7 @@ class EngineOptions:
     #: on the CPU; no speculator cache, so a document's next question scores its windows again; its score
     #: math is numpy on the CPU and on the device on a GPU, whatever score_math says). Opt-in: part of the
     #: evidence key (score_math "torch-speculator")
-    speculator_impl: Literal["llama", "torch"] = "llama"
+    speculator_impl: SpeculatorImpl = "llama"
     #: bytes of host memory for saved KV states: the speculator's document windows (spec_cache.py)
     #: and the target's prompt prefixes (prefix_cache.py), one LRU budget; 0 = no caches (the
     #: default for the CLI and benchmarks; the worker's SPECQ_CACHE_BYTES defaults to 2 GiB)
@@ -170,6 +171,8 @@ class EngineOptions:
 
 #: the kinds of question a job may declare (RunParams.task); evidence rows are per kind (docs/quality.md "Task kinds")
 TASK_KINDS: tuple[str, ...] = typing.get_args(TaskKind)[1:]
+#: who may run the speculator's scoring windows (EngineOptions.speculator_impl)
+SPECULATOR_IMPLS: tuple[str, ...] = typing.get_args(SpeculatorImpl)
 
 
 #: the keep a specprefill run uses where the job sets none and no certified keep applies (RunParams.keep)
@@ -507,6 +510,6 @@ def _coerce(name: str, type_name: Any, value: Any) -> Any:
 ENGINE_OPTION_NAMES = tuple(f.name for f in dataclasses.fields(EngineOptions))
 RUN_PARAM_NAMES = tuple(f.name for f in dataclasses.fields(RunParams))
 
-__all__ = ["EngineOptions", "RunParams", "json_strings", "DEFAULT_KEEP", "OPTIONAL_PARAMS", "TASK_KINDS", "ENGINE_OPTION_NAMES", "RUN_PARAM_NAMES", "PARAM_BOUNDS", "PARAM_CHOICES",
+__all__ = ["EngineOptions", "RunParams", "json_strings", "DEFAULT_KEEP", "OPTIONAL_PARAMS", "TASK_KINDS", "SPECULATOR_IMPLS", "ENGINE_OPTION_NAMES", "RUN_PARAM_NAMES", "PARAM_BOUNDS", "PARAM_CHOICES",
            "MAX_PROMPT_TEXT_BYTES", "Bound", "MAX_STOP_STRINGS",
            "MAX_STOP_BYTES", "DEFAULT_PROTECT_TAIL"]
