@@ -18,7 +18,7 @@ KEY = shipped_rows()[0].key.as_dict()
 def _rec(i: int, kind: str, doc: int, base, spec, *, cb=False, minutes: float = 5.0, length=4000, shape=None, **extra) -> dict:
     """The i-th record of a journal, stamped `minutes` after the previous one (stamps are cumulative: see _journal)."""
     rec = {"half": "answer", "task": f"kinds-reported-L{length}-s0-{doc:03d}-q{i:02d}", "kind": kind, "length": length,
-           "family": f"kinds-reported-L{length}-s0-{doc:03d}", "settings": {"keep": 0.3, **({"shape": shape} if shape else {})},
+           "family": f"kinds-reported-L{length}-s0-{doc:03d}", "settings": {"keep": 0.3, "chunk_rule": "border", **({"shape": shape} if shape else {})},
            "closed_book": {"correct": cb}, "load1": 2.0 + (i % 3), "minutes": minutes}
     if not cb:
         rec.update(doc_sha256=f"{doc:064x}", doc_tokens=3900, key={**KEY, "task": kind},
@@ -73,7 +73,7 @@ def test_a_summary_line_shows_ids_named_and_never_passes(tmp_path):
     assert line["metric"] == "ids_named" and line["baseline"] == 0.75 and line["status"] == "no pass bar"
     assert kinds_table.status({**line, "n": 3}) == "too few"
     text = kinds_table.table_markdown([line], tmp_path)
-    assert f"| summary | 4,000 | native | 0.3 | {KEY['chunk_rule']} | 48 | 0 | 8 | ids_named 0.750 | ids_named 0.750 | 1.000 | – | **no pass bar** |" in text
+    assert "| summary | 4,000 | native | 0.3 | border | 48 | 0 | 8 | ids_named 0.750 | ids_named 0.750 | 1.000 | – | **no pass bar** |" in text
 
 
 def test_hours_are_the_gaps_between_stamps_and_a_resumed_run_counts_ttfts(tmp_path):

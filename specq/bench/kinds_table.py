@@ -1,6 +1,7 @@
 """The kind x length table of docs/quality.md (`report:quality-kinds`, issue 49 item 2), from the kinds' answer journals.
 
-One line per journal and (kind, length, shape, keep), with the journal's chunk rule: quality_report.kind_rows' counts (answered questions with the
+One line per journal and (kind, length, shape, keep), with the journal's chunk rule (one a journal: it is in the
+settings key): quality_report.kind_rows' counts (answered questions with the
 closed-book-right ones left out and counted apart, documents, baseline and specprefill right, the ratio and its
 document-clustered lower bound, the share of questions whose evidence chunks were all kept), and what the issue
 asks besides: a `status` against the evidence rows' own pass bar (evidence.PASS_BARS, so the table and
@@ -22,7 +23,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from ..engine.policy.evidence import PASS_BARS
-from .quality_report import CODE_KINDS, kind_rows, read_journal
+from .quality_report import CODE_KINDS, answer_rule, kind_rows, read_journal
 
 #: the journals the table reads (bench/results): `kinds-cpu-<date>-answer-<length>.jsonl` and
 #: `kinds-cpu-<date>-chat-answer-<length>.jsonl`
@@ -81,15 +82,6 @@ def status(row: dict) -> str:
     return "passes" if (row["lower"] or 0.0) >= bar.min_bound else "fails"
 
 
-def chunk_rule(records: Sequence[dict]) -> str:
-    """The chunk rule a journal's specprefill runs ranked by (one a journal: the rule is in its settings key)."""
-    for rec in records:
-        rule = rec.get("settings", {}).get("chunk_rule") or rec.get("key", {}).get("chunk_rule")
-        if rule:
-            return rule
-    return "–"
-
-
 def journal_rows(path: Path) -> list[dict[str, Any]]:
     """The lines of one kinds answer journal: kind_rows' rows with `status`, `hours`, `estimated` (questions
     counted by their TTFTs only), `load1` [min, max] and `journal`."""
@@ -102,7 +94,7 @@ def journal_rows(path: Path) -> list[dict[str, Any]]:
     for row in kind_rows(records):
         got = per[(row["kind"], row["length"], row["shape"], row["keep"])]
         loads = [r["load1"] for r, _, _ in got if "load1" in r]
-        out.append({**row, "chunk_rule": chunk_rule(records), "status": status(row), "hours": sum(s for _, s, _ in got) / 3600,
+        out.append({**row, "chunk_rule": answer_rule(records[0]), "status": status(row), "hours": sum(s for _, s, _ in got) / 3600,
                     "estimated": sum(not m for _, _, m in got), "load1": [min(loads), max(loads)] if loads else None,
                     "journal": path})
     return out
@@ -154,4 +146,4 @@ def table_markdown(lines: list[dict[str, Any]], base: Path) -> str:
     return head + "\n\n" + "\n".join(table)
 
 
-__all__ = ["PATTERN", "RESUME_SLACK_S", "STATUSES", "question_seconds", "status", "chunk_rule", "journal_rows", "rows", "table_markdown"]
+__all__ = ["PATTERN", "RESUME_SLACK_S", "STATUSES", "question_seconds", "status", "journal_rows", "rows", "table_markdown"]

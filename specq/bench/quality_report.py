@@ -222,6 +222,10 @@ def kind_rows(records: list[dict]) -> list[dict]:
     return out
 
 
+#: how tables name a run whose speculator was the PyTorch forward (EngineOptions.speculator_impl torch)
+TORCH_LABEL = " (torch speculator)"
+
+
 def speculator_of(record: dict) -> str:
     """Who ran an answer record's speculator: torch where its key's score math is the PyTorch forward's, else llama."""
     return "torch" if record.get("key", {}).get("score_math") == TORCH_SPECULATOR_KEY else "llama"
@@ -313,7 +317,7 @@ def table_markdown(agg: dict[str, Any]) -> str:
         for r in agg["answer"]:
             tt = (f"{r['baseline_ttft_ms_median'] / 1000:.1f} / {r['specprefill_ttft_ms_median'] / 1000:.1f}"
                   if r["baseline_ttft_ms_median"] else "–")
-            lines.append(f"| {r['length']:,} | {r['scorer']}{'@' + str(r['window']) if r.get('window') else ''} {r['keep']} {r.get('chunk_rule', 'mean')}{' (torch speculator)' if r.get('speculator_impl') else ''} | {r['tasks']} | {r['closed_book_right']} | {r['n']} ({r.get('documents', r['n'])}) | "
+            lines.append(f"| {r['length']:,} | {r['scorer']}{'@' + str(r['window']) if r.get('window') else ''} {r['keep']} {r.get('chunk_rule', 'mean')}{TORCH_LABEL if r.get('speculator_impl') else ''} | {r['tasks']} | {r['closed_book_right']} | {r['n']} ({r.get('documents', r['n'])}) | "
                          f"{_f(r['baseline_acc'])} | {_f(r['specprefill_acc'])} | {_f(r['ratio'])} | {_f(r['ratio_lower'])} | "
                          f"{r['baseline_only']} | {r['specprefill_only']} | {_f(r['evidence_kept'])} | {tt} |")
         lines.append("")

@@ -30,7 +30,7 @@ from typing import Any, Callable
 
 from ..settings_reference import settings_markdown
 from .provenance import REPO
-from .quality_report import table_markdown
+from .quality_report import TORCH_LABEL, table_markdown
 from .calibrate import table_markdown as calibrate_markdown
 from .labelfree import table_markdown as labelfree_markdown
 from .structured import table_markdown as structured_markdown
@@ -177,7 +177,7 @@ def ttft_table(results: list[Result], base: Path) -> str:
             if st.get("scorer", "windowed") != "windowed":
                 shape = f"{st['scorer']}: {shape}"
             rows.append([_link(r, base), r.device, f"`{r.code}`", f"{_model(e.get('target'))} / {_model(e.get('speculator'))}"
-                         + (" (torch speculator)" if e.get("speculator_impl") == "torch" else ""),
+                         + (TORCH_LABEL if e.get("speculator_impl") == "torch" else ""),
                          f"{row.get('prompt_tokens', row.get('length')):,}", f"{st.get('keep', '–')}", shape,
                          _ms(row.get("fastest_baseline_ms", row["baseline_ttft_ms"])), _ms(row["specprefill_ttft_ms"]),
                          f"**{row['ratio']:.2f}×**" if row.get("ratio") else "–",

@@ -22,19 +22,13 @@ from pathlib import Path
 from typing import Any
 
 from ..engine import models
-from ..engine.policy.evidence_key import TORCH_SPECULATOR_KEY
-from .quality_report import read_journal
+from .quality_report import TORCH_LABEL, read_journal, speculator_of
 
 HEADER_OVERLAP = ["result", "speculators (reference → candidate)", "chunk rule", "keep", "tasks", "Jaccard min",
                   "p10", "median", "mean", "jobs ≥ 0.9", "evidence recall reference → candidate"]
 HEADER_ANSWER = ["journal", "speculator", "reused baselines of", "chunk rule", "questions (not closed-book)",
                  "baseline right", "specprefill right, reference", "specprefill right, this speculator",
                  "reference only / this only"]
-
-
-#: a journal whose speculator ran as the PyTorch forward (EngineOptions.speculator_impl torch) is a candidate
-#: too, with the default speculator's file: its name carries this
-TORCH_LABEL = " (torch speculator)"
 
 
 def _name(sha256: str) -> str:
@@ -72,8 +66,7 @@ def answer_rows(root: Path, base: Path, repo: Path) -> list[list[str]]:
         if not recs:
             continue
         refs = {r["baseline"]["reused_from"] for r in recs}
-        specs = {_name(r["key"]["speculator_sha256"]) + (TORCH_LABEL if r["key"].get("score_math") == TORCH_SPECULATOR_KEY else "")
-                 for r in recs}
+        specs = {_name(r["key"]["speculator_sha256"]) + (TORCH_LABEL if speculator_of(r) == "torch" else "") for r in recs}
         if len(refs) != 1 or len(specs) != 1 or specs == {models.DEFAULT_SPECULATOR}:
             continue
         ref_path = repo / next(iter(refs))
