@@ -16,6 +16,12 @@ from .output import print_json, safe
 STDIN = "-"
 #: the name a document read from stdin gets (job input filename, batch custom_id, messages)
 STDIN_NAME = "stdin"
+#: `--chunk-rule` of run and submit (RunParams.chunk_rule; docs/quality.md measures each rule)
+CHUNK_RULE_HELP = ("How chunks are ranked: border (the default: a chunk also scores the spans over its borders, so a line "
+                   "the chunk grid cuts is kept whole), mean (its mean score), scope (border, and a line's header, the nearest "
+                   "less-indented line above it, ranks nearly as high as the line: a raise keeps its def; better recall, worse "
+                   "answers at 4K) or block (border, and every chunk of a function or indented block ranks nearly as high as "
+                   "its best chunk; more code-review questions answered right at 4K than border, still below the pass bar).")
 
 
 def fail(message: str) -> typer.Exit:

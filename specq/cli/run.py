@@ -7,7 +7,7 @@ from pathlib import Path
 import typer
 
 from .app import app
-from .common import fail, read_document, with_models
+from .common import CHUNK_RULE_HELP, fail, read_document, with_models
 from ..engine.options import DEFAULT_CHUNK_RULE
 from .output import print_json
 
@@ -27,7 +27,7 @@ def run_cmd(
     pool: int = typer.Option(13, help="Average-pool kernel over scores (odd)."),
     window: int = typer.Option(0, help="Document tokens per scoring window (0 = auto: one window up to 8,192 tokens, else 4,096)."),
     selection: str = typer.Option("global", help="How specprefill spends the keep budget: global (whole document) or per-window (each scoring window)."),
-    chunk_rule: str = typer.Option(DEFAULT_CHUNK_RULE, help="How chunks are ranked: border (the default: a chunk also scores the spans over its borders, so a line the chunk grid cuts is kept whole), mean (its mean score) or scope (border, and a line's header, the nearest less-indented line above it, ranks nearly as high as the line: a raise keeps its def; better recall, worse answers at 4K) or block (border, and every chunk of a function or indented block ranks nearly as high as its best chunk; for code review, not yet measured on answers)."),
+    chunk_rule: str = typer.Option(DEFAULT_CHUNK_RULE, help=CHUNK_RULE_HELP),
     task: str = typer.Option("", help="What kind of question this is (lookup, two-place, aggregation, review, summary): mode auto reads that kind's quality evidence; not given, auto needs every kind's (docs/quality.md)."),
     pipelined: bool = typer.Option(False, "--pipelined/--no-pipelined", help="Prefill each window's kept chunks while the next window is scored (needs --selection per-window)."),
     max_tokens: int = typer.Option(256, help="Tokens to generate at most."),

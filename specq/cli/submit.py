@@ -7,7 +7,7 @@ from pathlib import Path
 import typer
 
 from .app import app
-from .common import (STDIN_NAME, api_call, fail, finish_job, is_stdin, load_document, read_input, shown_name,
+from .common import (CHUNK_RULE_HELP, STDIN_NAME, api_call, fail, finish_job, is_stdin, load_document, read_input, shown_name,
                      stream_answer, wait_batch_with_progress, wait_with_progress)
 from .output import print_json, safe, stdout_is_terminal
 from .render import print_results_table
@@ -33,7 +33,7 @@ def submit_cmd(
     pool: int = typer.Option(None, help="Average-pool kernel over scores (odd)."),
     window: int = typer.Option(None, help="Document tokens per scoring window (0 = auto: one window up to 8,192 tokens, else 4,096)."),
     selection: str = typer.Option(None, help="How specprefill spends the keep budget: global (whole document) or per-window (each scoring window)."),
-    chunk_rule: str = typer.Option(None, help="How chunks are ranked: border (the default: a chunk also scores the spans over its borders, so a line the chunk grid cuts is kept whole), mean (its mean score) or scope (border, and a line's header, the nearest less-indented line above it, ranks nearly as high as the line: a raise keeps its def; better recall, worse answers at 4K) or block (border, and every chunk of a function or indented block ranks nearly as high as its best chunk; for code review, not yet measured on answers)."),
+    chunk_rule: str = typer.Option(None, help=CHUNK_RULE_HELP),
     task: str = typer.Option(None, help="What kind of question this is (lookup, two-place, aggregation, review, summary): mode auto reads that kind's quality evidence; not given, auto needs every kind's (docs/quality.md)."),
     pipelined: bool = typer.Option(None, "--pipelined/--no-pipelined", help="Prefill each window's kept chunks while the next window is scored (needs --selection per-window)."),
     max_tokens: int = typer.Option(None, help="Tokens to generate at most."),
