@@ -34,7 +34,7 @@ from .quality_report import TORCH_LABEL, table_markdown
 from .calibrate import table_markdown as calibrate_markdown
 from .labelfree import table_markdown as labelfree_markdown
 from .structured import table_markdown as structured_markdown
-from . import kinds_recall_table, kinds_table, speculator_swap
+from . import goals_table, kinds_recall_table, kinds_table, speculator_swap
 
 RESULTS = REPO / "bench" / "results"
 #: the files whose marker blocks `specq bench report` renders
@@ -517,6 +517,16 @@ def followup_table(results: list[Result], base: Path) -> str:
                    "claimed → engine start", "engine start → first token"], "llllllrrrrrr", rows)
 
 
+def goals_50_table(results: list[Result], base: Path) -> str:
+    """Issue 50's speed goals, each from the run specq/bench/goals_table.py names: ratio, bar, what stops it."""
+
+    def get(rel: str, text: str) -> tuple[dict, str, str, str]:
+        r = _find(results, rel)
+        return r.data, r.device, r.code, _link(r, base, text)
+
+    return _table(goals_table.HEADER, "lllllll", goals_table.table_rows(goals_table.GOALS, get))
+
+
 def calibrate_real_table(results: list[Result], base: Path) -> str:
     """`specq calibrate` on the real pair (bench/calibrate/collect.py's reports): the per-length table, the
     seconds a question took and the load during the run, whether `specq evidence --json` listed the rows, and
@@ -673,6 +683,7 @@ RENDERERS: dict[str, Renderer] = {
     "ttft": ttft_table,
     "serve": serve_table,
     "followup": followup_table,
+    "goals-50": goals_50_table,
     "speculator-throughput": speculator_throughput_table,
     "other": other_table,
     "history": history_table,
