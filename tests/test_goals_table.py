@@ -33,15 +33,18 @@ def test_followup_goal_splits_the_first_questions_from_the_follow_ups():
     assert "done at 21.0 s against 19.4 s" in row[4] and "18.5 s against 19.0 s" in row[4]
 
 
-def test_distinct_goal_takes_the_job_the_engine_started_first():
+def test_distinct_goal_takes_the_job_the_engine_started_first_in_the_one_slot_run():
     jobs = [{"index": i, "engine": {"ttft": t}, "trace": {"engine_start": s}}
             for i, (t, s) in enumerate([(900.0, 5.0), (4000.0, 1.0), (1000.0, 6.0)])]
-    a = {"summary": {"jobs_per_min": 60.0, "makespan_s": 64.0}, "workload": {"docs": 3, "doc_tokens": 100}, "jobs": jobs}
+    one = {"summary": {"jobs_per_min": 20.0}, "jobs": jobs}
+    a = {"summary": {"jobs_per_min": 60.0, "makespan_s": 64.0}, "workload": {"docs": 3, "doc_tokens": 100}, "jobs": []}
     b = {"summary": {"jobs_per_min": 15.0, "makespan_s": 256.0}, "jobs": []}
-    row = gt.DistinctGoal("a", "b").row(_get({"a": a, "b": b}))
+    row = gt.DistinctGoal("a", "b", "one").row(_get({"a": a, "b": b, "one": one}))
     # job 1 started first; its 4000 ms against the median 1000 ms
     assert "**4.00×**" in row[2] and "**4.00**" in row[2]
     assert row[3] == "jobs/min **met**, first job not met" and "4,000 ms" in row[4]
+    alone = gt.DistinctGoal("a", "b").row(_get({"a": a, "b": b}))
+    assert alone[3] == "jobs/min **met**, first job not measured (no 1-slot run)" and alone[4] == "–"
 
 
 def test_every_shipped_goal_renders_from_its_result():

@@ -108,10 +108,13 @@ def _first_started(jobs: list[dict]) -> dict:
 
 @dataclass(frozen=True)
 class DistinctGoal:
-    """All documents distinct and sent at t=0: jobs/min against llama-server's, first job's TTFT against the median."""
+    """All documents distinct and sent at t=0: jobs/min against llama-server's; and, from a run with one slot
+    (`single`, serve.sh's second specq run), the first job's engine TTFT against the median job's. With several
+    slots the first jobs start together and share the card, so only a one-slot run shows a cold start."""
 
     specq: str
     llama: str
+    single: str = ""
     bar: float = 3.0
     first_bar: float = 1.3
 
@@ -119,20 +122,26 @@ class DistinctGoal:
         a, device, code, la = get(self.specq, "specq")
         b, _, _, lb = get(self.llama, "llama-server")
         ratio = a["summary"]["jobs_per_min"] / b["summary"]["jobs_per_min"]
-        ttfts = [j["engine"]["ttft"] for j in a["jobs"] if (j.get("engine") or {}).get("ttft") is not None]
-        first_ms, median_ms = _first_started(a["jobs"])["engine"]["ttft"], statistics.median(ttfts)
-        first = first_ms / median_ms
+        ok_jobs = ratio >= self.bar
         w = a["workload"]
-        measured = (f"jobs/min {a['summary']['jobs_per_min']:.1f} / {b['summary']['jobs_per_min']:.1f}: **{ratio:.2f}×**; "
-                    f"first job's engine TTFT / median: **{first:.2f}**")
-        ok_jobs, ok_first = ratio >= self.bar, first <= self.first_bar
-        stops = [] if ok_first else [f"the first job's engine TTFT {first_ms:,.0f} ms against the median's {median_ms:,.0f}"]
-        if not ok_jobs:
-            stops.append(f"makespan {a['summary']['makespan_s']:.1f} s against {b['summary']['makespan_s']:.1f} s")
-        status = _met(True) if ok_jobs and ok_first else f"jobs/min {_met(ok_jobs)}, first job {_met(ok_first)}"
+        measured = f"jobs/min {a['summary']['jobs_per_min']:.1f} / {b['summary']['jobs_per_min']:.1f}: **{ratio:.2f}×**"
+        stops = [] if ok_jobs else [f"makespan {a['summary']['makespan_s']:.1f} s against {b['summary']['makespan_s']:.1f} s"]
+        links = [la, lb]
+        if self.single:
+            one, _, _, l1 = get(self.single, "specq, 1 slot")
+            links.append(l1)
+            ttfts = [j["engine"]["ttft"] for j in one["jobs"] if (j.get("engine") or {}).get("ttft") is not None]
+            first_ms, median_ms = _first_started(one["jobs"])["engine"]["ttft"], statistics.median(ttfts)
+            ok_first = first_ms / median_ms <= self.first_bar
+            measured += f"; 1 slot: first job's engine TTFT / median **{first_ms / median_ms:.2f}**"
+            if not ok_first:
+                stops.append(f"the first job's engine TTFT {first_ms:,.0f} ms against the median's {median_ms:,.0f}")
+            status = _met(True) if ok_jobs and ok_first else f"jobs/min {_met(ok_jobs)}, first job {_met(ok_first)}"
+        else:
+            status = f"jobs/min {_met(ok_jobs)}, first job not measured (no 1-slot run)"
         return [f"{w.get('docs')} distinct documents at t=0, {w.get('doc_tokens', 0):,} tokens",
                 f"≥ {self.bar:g}×, first ≤ {self.first_bar:g}× median", measured, status, "; ".join(stops) or "–",
-                f"{la} · {lb}", f"{device}, `{code}`"]
+                " · ".join(links), f"{device}, `{code}`"]
 
 
 @dataclass(frozen=True)
