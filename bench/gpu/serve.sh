@@ -158,8 +158,9 @@ specq)
   # mode auto's thresholds (SPECQ_AUTO_GROUP_MIN_TOKENS: rule 1a's length, -1 = off; SPECQ_AUTO_QUALITY_MIN_TOKENS:
   # the random-weight shapes have no quality row, so rule 1a runs only with it set) name them too
   autotag=${SPECQ_AUTO_GROUP_MIN_TOKENS:+-agroup$SPECQ_AUTO_GROUP_MIN_TOKENS}${SPECQ_AUTO_QUALITY_MIN_TOKENS:+-aquality$SPECQ_AUTO_QUALITY_MIN_TOKENS}
-  # SPECQ_PREFILL_CHUNK (kept prompt tokens per step beside the decode rows; default n_ubatch) names them too
-  tag=${SPECQ_SPEC_CACHE_SAVE:+-save-$SPECQ_SPEC_CACHE_SAVE}${SPECQ_PREFILL_CHUNK:+-chunk$SPECQ_PREFILL_CHUNK}$htag$autotag${SPECQ_SCORE_THREAD:+-score-$SPECQ_SCORE_THREAD}${SPECQ_GROUP_SPARSE:+-group-$SPECQ_GROUP_SPARSE}$utag$ctag$qtag${docflag:+-docs}$atag
+  # SPECQ_PREFILL_CHUNK (kept prompt tokens per step beside the decode rows; default on a GPU: the batch's room)
+  # and SPECQ_SPECULATOR_IMPL (default auto: torch on a GPU) name them too ("-chunkN", "-specllama")
+  tag=${SPECQ_SPEC_CACHE_SAVE:+-save-$SPECQ_SPEC_CACHE_SAVE}${SPECQ_PREFILL_CHUNK:+-chunk$SPECQ_PREFILL_CHUNK}${SPECQ_SPECULATOR_IMPL:+-spec$SPECQ_SPECULATOR_IMPL}$htag$autotag${SPECQ_SCORE_THREAD:+-score-$SPECQ_SCORE_THREAD}${SPECQ_GROUP_SPARSE:+-group-$SPECQ_GROUP_SPARSE}$utag$ctag$qtag${docflag:+-docs}$atag
   for slots in ${SLOTS_LIST:-8 1}; do
     log="$out/specq-$slots$tag-$len.log"
     svc_start "$slots" "$log"

@@ -487,18 +487,18 @@ def speculator_throughput_table(results: list[Result], base: Path) -> str:
 def followup_table(results: list[Result], base: Path) -> str:
     """Per-doc arrival (each document's next question sent when its last one ended): specq beside llama-server from
     the same folder (one machine start), with specq's server-side breakdown (p50, ms) of where a job's time went."""
-    by_dir: dict[str, dict[str, Result]] = {}
+    by_dir: dict[str, dict[str, list[Result]]] = {}
     for r in results:
         w = r.data.get("workload", {})
         if r.kind != "serve" or r.provenance is None or w.get("arrival") != "per-doc":
             continue
         side = "llama" if str(r.data.get("label", "")).startswith("llama-server") else "specq"
-        by_dir.setdefault(str(r.path.parent), {})[side] = r
+        by_dir.setdefault(str(r.path.parent), {}).setdefault(side, []).append(r)
     rows = []
-    for d in sorted(by_dir):
-        pair = by_dir[d]
-        if set(pair) != {"specq", "llama"}:
-            continue
+    # each specq run of a folder (one machine start) against its llama-server run
+    pairs = [{"specq": s, "llama": sides["llama"][-1]} for d, sides in sorted(by_dir.items()) if "llama" in sides
+             for s in sides.get("specq", [])]
+    for pair in pairs:
         a, b = pair["specq"].data["summary"], pair["llama"].data["summary"]
         bd = a.get("breakdown_ms") or {}
 
@@ -506,7 +506,8 @@ def followup_table(results: list[Result], base: Path) -> str:
             return _ms((bd.get(name) or {}).get("p50"))
 
         later = (a.get("client_ttft_ms_later_questions_p50"), b.get("client_ttft_ms_later_questions_p50"))
-        rows.append([_link(pair["specq"], base, "specq"), _link(pair["llama"], base, "llama-server"), pair["specq"].device,
+        rows.append([_link(pair["specq"], base, str(pair["specq"].data.get("label") or "specq")),
+                     _link(pair["llama"], base, "llama-server"), pair["specq"].device,
                      f"`{pair['specq'].code}`", _workload(pair["specq"].data["workload"]),
                      f"{a['jobs_per_min']:.1f} / {b['jobs_per_min']:.1f}", f"**{a['jobs_per_min'] / b['jobs_per_min']:.2f}×**",
                      f"{_ms(later[0])} / {_ms(later[1])}",
