@@ -101,7 +101,8 @@ class ServiceSettings:
     #: with several slots, one unified KV cache instead of one stream per slot (EngineOptions.kv_unified)
     kv_unified: bool = False
     #: most kept prompt tokens of one job prefilled per engine step next to the running jobs'
-    #: decode tokens (bounds the other jobs' inter-token gap); 0 = n_ubatch
+    #: decode tokens (bounds the other jobs' inter-token gap); 0 = on a GPU what the decode rows leave of
+    #: n_batch (fewer calls per prefill, as llama-server), on the CPU n_ubatch
     prefill_chunk: int = 0
     #: with several slots, the speculator's scoring runs on a thread of its own beside the target's
     #: decode and prefill batches (engine/serving/score_thread.py): auto (on when the target is on a GPU),
@@ -176,8 +177,8 @@ class ServiceSettings:
     n_parallel: int | None = None
     #: where the scoring math runs: auto, numpy or torch (EngineOptions.score_math)
     score_math: str = ""
-    #: who runs the speculator's scoring windows: llama or torch (EngineOptions.speculator_impl; "" = llama).
-    #: torch keeps the same chunks; faster than llama.cpp on the CPU; on a GPU slower when last measured
+    #: who runs the speculator's scoring windows: auto, llama or torch (EngineOptions.speculator_impl; "" = auto:
+    #: torch with the models on a GPU where PyTorch runs there, else llama). torch keeps the same chunks
     #: (specq/engine/scoring/scorer.py says where it stands)
     speculator_impl: str = ""
     #: batch-invariant target numerics: auto, on or off (EngineOptions.batch_invariant)
@@ -298,7 +299,7 @@ class ServiceSettings:
             (self.retry_backoff >= 0 and self.retry_backoff_max >= 0, "SPECQ_RETRY_BACKOFF(_MAX) must be >= 0"),
             (self.concurrency >= 1, "SPECQ_CONCURRENCY must be >= 1"),
             (self.slots is None or 1 <= self.slots <= 256, "SPECQ_SLOTS must be in [1, 256]"),
-            (self.prefill_chunk >= 0, "SPECQ_PREFILL_CHUNK must be >= 0 (0 = n_ubatch)"),
+            (self.prefill_chunk >= 0, "SPECQ_PREFILL_CHUNK must be >= 0 (0 = the default: the batch's room on a GPU, n_ubatch on the CPU)"),
             (self.score_thread in ("auto", "on", "off"), f"SPECQ_SCORE_THREAD must be auto, on or off, not {self.score_thread!r}"),
             (self.drain_grace >= 0, "SPECQ_DRAIN_GRACE must be >= 0 seconds"),
             (0 <= self.group_hold <= 60, "SPECQ_GROUP_HOLD must be in [0, 60] seconds (0 = claim at once)"),
@@ -320,8 +321,8 @@ class ServiceSettings:
             (self.max_file_storage_bytes > 0, "SPECQ_MAX_FILE_STORAGE_BYTES must be > 0"),
             (self.auth in ("none", "keys"), f"SPECQ_AUTH must be none or keys, not {self.auth!r}"),
             (self.score_math in ("", "auto", "numpy", "torch"), f"SPECQ_SCORE_MATH must be auto, numpy or torch, not {self.score_math!r}"),
-            (self.speculator_impl in ("", "llama", "torch"),
-             f"SPECQ_SPECULATOR_IMPL must be llama or torch, not {self.speculator_impl!r}"),
+            (self.speculator_impl in ("", "auto", "llama", "torch"),
+             f"SPECQ_SPECULATOR_IMPL must be auto, llama or torch, not {self.speculator_impl!r}"),
             (self.batch_invariant in ("", "auto", "on", "off"),
              f"SPECQ_BATCH_INVARIANT must be auto, on or off, not {self.batch_invariant!r}"),
             (self.max_queued_jobs >= 0, "SPECQ_MAX_QUEUED_JOBS must be >= 0 (0 = no limit)"),

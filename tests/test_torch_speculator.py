@@ -182,6 +182,10 @@ def test_unsupported_architecture_is_refused(tmp_path):
     with pytest.raises(UnsupportedSpeculator, match="architecture is 'gpt2'") as err:
         TorchSpeculator(path)
     assert isinstance(err.value, ModelError)
+    # what speculator_impl auto asks before choosing the forward (no weights read)
+    from specq.engine.scoring.torch_speculator import unsupported
+
+    assert "architecture is 'gpt2'" in unsupported(path) and "missing.gguf" in unsupported(tmp_path / "missing.gguf")
     with pytest.raises(ModelError, match="not found"):
         TorchSpeculator(tmp_path / "missing.gguf")
 
@@ -200,8 +204,9 @@ def test_unknown_speculator_impl_is_refused(tiny_models):
         eng.close()
 
 
-def test_engine_speculator_impl_is_opt_in_and_in_the_evidence_key(tiny_models):
-    """EngineOptions.speculator_impl: llama by default; torch runs the PyTorch forward (EngineInfo says so),
+def test_engine_speculator_impl_is_llama_on_the_cpu_and_in_the_evidence_key(tiny_models):
+    """EngineOptions.speculator_impl: auto by default, which is llama with the models on the CPU; torch runs the
+    PyTorch forward (EngineInfo says so),
     keeps the same chunks here, and its evidence key names it (score_math "torch-speculator"), so a row of
     llama.cpp's speculator is no evidence for it while the default's key is unchanged."""
     from specq.engine.options import EngineOptions, RunParams
@@ -228,6 +233,36 @@ def test_engine_speculator_impl_is_opt_in_and_in_the_evidence_key(tiny_models):
     assert EvidenceKey.from_dict(keys["torch"].as_dict()) == keys["torch"]  # a valid key, stored and read back
 
 
+def test_auto_speculator_impl_says_why_it_chose_llama(tiny_models, monkeypatch):
+    """auto: llama with the models on the CPU; with them on a GPU, torch only where PyTorch runs there. This
+    machine's PyTorch has no CUDA device, so the GPU branch (the target's placement read as a GPU's) chooses
+    llama and names PyTorch's reason; the evidence key follows the choice."""
+    from specq.engine.llama import invariance
+    from specq.engine.options import EngineOptions, RunParams
+    from specq.engine.pipeline import Engine
+
+    kw = dict(target=str(tiny_models.target), speculator=str(tiny_models.speculator), n_gpu_layers=0, n_ctx=4096)
+    eng = Engine(EngineOptions(**kw))
+    try:
+        assert eng.options.speculator_impl == "auto"
+        assert eng.speculator_impl() == "llama" and eng.speculator_impl_reason == "auto: the models are on the CPU"
+    finally:
+        eng.close()
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine's PyTorch has a CUDA device: auto would choose torch")
+    monkeypatch.setattr(invariance, "on_cpu", lambda options, backend: False)
+    eng = Engine(EngineOptions(**kw))
+    try:
+        assert eng.speculator_impl() == "llama" and eng.speculator_impl_reason == "auto: PyTorch has no CUDA device"
+        params = RunParams(question="Who?", mode="specprefill", window=1024, keep=0.3, min_tokens=0, max_tokens=4)
+        key = eng.evidence_key(eng.tokenize_prompt(TEXT[:2000], params), params, "original")
+        assert key.score_math != "torch-speculator"
+    finally:
+        eng.close()
+
+
 def test_speculator_impl_setting(monkeypatch):
     """SPECQ_SPECULATOR_IMPL reaches the worker's EngineOptions; a bad value stops the process with a message."""
     from specq.settings import ServiceSettings, SettingsError
@@ -235,9 +270,9 @@ def test_speculator_impl_setting(monkeypatch):
     monkeypatch.setenv("SPECQ_SPECULATOR_IMPL", "torch")
     assert ServiceSettings.from_env().engine_options().speculator_impl == "torch"
     monkeypatch.delenv("SPECQ_SPECULATOR_IMPL")
-    assert ServiceSettings.from_env().engine_options().speculator_impl == "llama"
+    assert ServiceSettings.from_env().engine_options().speculator_impl == "auto"
     monkeypatch.setenv("SPECQ_SPECULATOR_IMPL", "onnx")
-    with pytest.raises(SettingsError, match="SPECQ_SPECULATOR_IMPL must be llama or torch"):
+    with pytest.raises(SettingsError, match="SPECQ_SPECULATOR_IMPL must be auto, llama or torch"):
         ServiceSettings.from_env()
 
 
@@ -258,7 +293,7 @@ def test_bench_ttft_runs_the_speculator_implementation_it_is_given(tiny_models, 
     report = json.loads(out.read_text())
     assert report["engine"]["speculator_impl"] == "torch" and report["rows"][0]["length"] == 300 and report["rows"][0]["specprefill_ttft_ms"] > 0
     bad = CliRunner().invoke(app, [*args, "--speculator-impl", "cuda"])
-    assert bad.exit_code != 0 and "--speculator-impl must be llama or torch" in bad.output
+    assert bad.exit_code != 0 and "--speculator-impl must be auto, llama or torch" in bad.output
 
 
 @pytest.mark.parametrize("eog", ["none", "odd", "all"])

@@ -156,8 +156,9 @@ def bench_ttft(
     threads: int = typer.Option(0, help="CPU threads (0 = all cores)."),
     n_parallel: int = typer.Option(0, help="Scoring windows run together (0 = 8 on GPU, 1 on CPU)."),
     score_math: str = typer.Option("auto", help="Where score math runs: auto, numpy (host) or torch (on the speculator's device)."),
-    speculator_impl: str = typer.Option("llama", help="Who runs the speculator's scoring windows: llama (llama.cpp) or torch "
-                                        "(the PyTorch forward; SPECQ_SPECULATOR_IMPL in the service)."),
+    speculator_impl: str = typer.Option("auto", help="Who runs the speculator's scoring windows: auto (as the service: torch "
+                                        "with the models on a GPU where PyTorch runs there, else llama), llama (llama.cpp) "
+                                        "or torch (the PyTorch forward; SPECQ_SPECULATOR_IMPL in the service)."),
     batch_invariant: str = typer.Option("both", help="Batch-invariant target numerics: both (on, then off: the headline "
                                         "compares with the fastest baseline), auto (= off), on, off."),
     out: Path = typer.Option(None, help="Write the report as JSON here."),
@@ -178,8 +179,8 @@ def bench_ttft(
         raise fail(f"--score-math must be auto, numpy or torch (got {score_math!r})")
     if batch_invariant not in ("both", "auto", "on", "off"):
         raise fail(f"--batch-invariant must be both, auto, on or off, not {batch_invariant!r}")
-    if speculator_impl not in SPECULATOR_IMPLS:
-        raise fail(f"--speculator-impl must be {' or '.join(SPECULATOR_IMPLS)}, not {speculator_impl!r}")
+    if speculator_impl not in ("auto", *SPECULATOR_IMPLS):
+        raise fail(f"--speculator-impl must be auto, {' or '.join(SPECULATOR_IMPLS)}, not {speculator_impl!r}")
     opts = EngineOptions(n_gpu_layers=n_gpu_layers, n_ctx=n_ctx or max(sizes) + 1024, n_batch=n_batch, n_ubatch=n_ubatch,
                          n_threads=threads, n_parallel=n_parallel, score_math=score_math, batch_invariant=batch_invariant,
                          speculator_impl=speculator_impl)

@@ -147,6 +147,9 @@ class Engine:
         )
         self._speculator: Model | None = None
         self._scorer = None
+        #: EngineOptions.speculator_impl resolved (speculator_impl()), and why auto chose llama.cpp
+        self._impl: str | None = None
+        self.speculator_impl_reason = ""
         #: serving slot -> its model drafter's speculator context (draft_cache; slots > 1 only)
         self._draft_caches: dict[int, Any] = {}
         self._mtp_ctx: Context | None = None
@@ -380,7 +383,7 @@ class Engine:
             score_math = self.info.score_math or self._score_math()
         except ModelError:
             score_math = self.options.score_math
-        if self.options.speculator_impl == "torch":
+        if self.speculator_impl() == "torch":
             score_math = TORCH_SPECULATOR_KEY  # another forward: its own evidence (evidence_key.py)
         return EvidenceKey(
             target_sha256=target_sha, speculator_sha256=spec_sha,
@@ -572,19 +575,19 @@ class Engine:
             opts = self.options
             n_ctx = min(spec.n_ctx_train or self.n_ctx, max(self.n_ctx, 4096))
             self.info.score_math = self._score_math()
-            impl = self.options.speculator_impl
+            impl = self.speculator_impl()
             forward = None
             if impl == "torch":
                 from .scoring import score_torch
                 from .scoring.torch_speculator import TorchSpeculator
 
                 on_gpu = not invariance.on_cpu(self.options, self.info.backend)
-                why = score_torch.available(gpu=on_gpu)
-                if why:
+                why = score_torch.available(gpu=on_gpu) if self.options.speculator_impl == "torch" else None
+                if why:  # (auto probed it already)
                     raise ModelError(f"speculator_impl torch: {why}")
                 forward = TorchSpeculator(spec.path, device=f"cuda:{max(0, spec.main_gpu)}" if on_gpu else "cpu")
             elif impl != "llama":
-                raise ModelError(f"unknown speculator_impl {impl!r} (llama or torch)")
+                raise ModelError(f"unknown speculator_impl {impl!r} (auto, llama or torch)")
             self.info.speculator_impl = impl
             self._scorer = SpecPrefillScorer(
                 spec, n_ctx=n_ctx, n_batch=opts.n_batch, n_ubatch=self.n_ubatch,
@@ -594,6 +597,29 @@ class Engine:
                 torch_speculator=forward,
             )
         return self._scorer
+
+    def speculator_impl(self) -> str:
+        """EngineOptions.speculator_impl resolved once: auto is torch where the target is on a GPU, PyTorch runs
+        there and the torch forward implements the speculator's GGUF; llama otherwise, and on the CPU always (its
+        evidence rows were measured with llama.cpp's, and the torch forward keeps no speculator cache);
+        `speculator_impl_reason` says why auto chose llama."""
+        if self._impl is None:
+            impl = self.options.speculator_impl
+            if impl == "auto":
+                from .models import resolve_model
+                from .scoring import score_torch
+                from .scoring.torch_speculator import unsupported
+
+                if invariance.on_cpu(self.options, self.info.backend):
+                    why = "the models are on the CPU"
+                else:
+                    spath = (self._speculator.path if self._speculator is not None
+                             else resolve_model(self.options.speculator, progress=self._pull_progress))
+                    why = score_torch.available(gpu=True) or unsupported(spath)
+                impl = "llama" if why else "torch"
+                self.speculator_impl_reason = f"auto: {why}" if why else ""
+            self._impl = impl
+        return self._impl
 
     def _score_math(self) -> str:
         """EngineOptions.score_math resolved: auto picks torch on a GPU when PyTorch can run there."""

@@ -43,7 +43,8 @@ other call (another document or tenant, an uncached call, an error) forgets them
 call's windows stay (a document of more windows than `n_parallel` restores as before).
 `WindowCacheUse.resident` counts these hits.
 
-Speculator implementation (EngineOptions.speculator_impl): `llama` (default) runs the windows above through
+Speculator implementation (EngineOptions.speculator_impl; `auto`, the default, is `torch` where the models are
+on a GPU and the forward can run there, `llama` otherwise): `llama` runs the windows above through
 llama.cpp; `torch` (a TorchSpeculator given to the scorer) runs them through torch_speculator.py's PyTorch
 forward of the same GGUF (dequantized) with the same positions, lookahead steps and score formula. With
 `torch` a document's windows are scored together on a GPU (one at a time on the CPU): prefilled in one padded
@@ -54,8 +55,9 @@ on the real 0.5B (CPU): bench/results/cpu-torch-speculator-2026-12-07.json. On a
 tokens in 8 windows, bench/results/h100-2026-12-07b/): kept sets equal llama.cpp's (Jaccard 1.0, Pearson
 >= 0.99997); the look-ahead takes 27 ms and a prefill in one call 106 ms (llama.cpp: 48 and 225 ms), but
 in token chunks of 2,048 (as the calls were then) the prefill took 277-331 ms, and the 7B's TTFT ratio was
-2.65x against llama's 2.92x. The layer-group calls that replaced the token chunks are not yet measured on
-a GPU: until they are, on a GPU keep `llama`.
+2.65x against llama's 2.92x. With layer-group calls (bench/results/h100-2026-12-07c/, one machine start):
+speculator prefill 112 ms against llama.cpp's 266 (34% of the card's F16 peak against 14%), 7B TTFT at 32K
+3.54x against 2.66x; 14B at 32K 5.08x, 7B at 128K 6.67x. Hence `auto`.
 
 Normalisation: a window's scores are multiplied by the number of keys its softmax ran over, so that
 uniform attention scores 1.0 in every window; a short window (whose softmax mass is spread over

@@ -172,6 +172,19 @@ class _LookaheadGraph:
         self.graph.replay()
 
 
+def unsupported(path: str | Path) -> str | None:
+    """None if this forward implements the GGUF at `path` (its metadata read, no weights loaded), else why not."""
+    try:
+        import gguf
+
+        read_config(gguf.GGUFReader(str(path)))
+    except UnsupportedSpeculator as e:
+        return str(e)
+    except (ImportError, OSError, ValueError, StopIteration) as e:
+        return f"could not read {Path(path).name} for the torch forward ({type(e).__name__}: {e})"
+    return None
+
+
 class TorchSpeculator:
     """A GGUF speculator as torch tensors, with the forward and the scorer's window procedure (module doc)."""
 
