@@ -324,3 +324,19 @@ def test_windows_scored_together_equal_one_at_a_time(tiny_models, eog):
     if eog == "none":
         cut = spec.score_windows(windows, 6, 13, is_eog=lambda t: True, batch=3)
         assert max(np.abs(c - a).max() for c, a in zip(cut, one)) > 1e-2
+
+
+def test_the_worker_says_who_runs_the_speculator(tmp_path, tiny_models):
+    """`specq up` with its warm-up (a specprefill job) logs, when ready, which implementation scored and why auto
+    chose it: llama.cpp on this CPU machine."""
+    import time
+
+    from service_helpers import embedded_up
+
+    with embedded_up(tmp_path, tiny_models) as st:
+        deadline = time.monotonic() + 120
+        while "ready: target" not in st.log("up") and time.monotonic() < deadline:
+            time.sleep(0.5)
+        log = st.log("up")
+    ready = next((line for line in log.splitlines() if "ready: target" in line), log[-3000:])
+    assert "run by llama.cpp (auto: the models are on the CPU)" in ready, ready

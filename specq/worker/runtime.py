@@ -296,8 +296,11 @@ class WorkerRuntime:
                                            f"group-sparse prefill {'on' if self.serving.group_sparse else 'off'}, scoring on "
                                            + ("its own thread" if self.serving.scoring is not None else "the engine thread"))
         log.warning(
-            "specq worker %s ready: target %s, speculator %s, backend %s, n_gpu_layers %s, n_ctx %s, %d slot%s%s (%.1fs)",
-            self.name, info.target, info.speculator or "(on first use)", info.backend, info.n_gpu_layers,
+            "specq worker %s ready: target %s, speculator %s%s, backend %s, n_gpu_layers %s, n_ctx %s, %d slot%s%s (%.1fs)",
+            self.name, info.target, info.speculator or "(on first use)",
+            f" run by {'its PyTorch forward' if info.speculator_impl == 'torch' else 'llama.cpp'}"
+            + (f" ({self.engine.speculator_impl_reason})" if self.engine.speculator_impl_reason else "")
+            if info.speculator_impl else "", info.backend, info.n_gpu_layers,
             self.engine.n_ctx, slots, "" if slots == 1 else "s", groups_on, time.perf_counter() - t0,
         )
         self.ready = True
