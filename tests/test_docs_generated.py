@@ -41,7 +41,7 @@ def test_specq_bench_report_check_exits_1_on_a_stale_table_and_rewrites_it(tmp_p
         else:
             shutil.copy2(src, tmp_path / name)
     readme = tmp_path / "README.md"
-    readme.write_text(readme.read_text().replace("**4.58×**", "**9.99×**"))
+    readme.write_text(readme.read_text().replace("**6.67×**", "**9.99×**"))
     run = lambda *args: subprocess.run([sys.executable, "-m", "specq", "bench", "report", *args], cwd=tmp_path,  # noqa: E731
                                        capture_output=True, text=True, env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"})
     got = run("--check")
@@ -51,7 +51,7 @@ def test_specq_bench_report_check_exits_1_on_a_stale_table_and_rewrites_it(tmp_p
     got = run()
     assert got.returncode == 0, got.stderr
     assert "rendered: README.md" in got.stdout
-    assert "**4.58×**" in readme.read_text() and "9.99" not in readme.read_text()
+    assert "**6.67×**" in readme.read_text() and "9.99" not in readme.read_text()
     assert run("--check").returncode == 0
 
 

@@ -366,24 +366,17 @@ def headline_table(results: list[Result], base: Path) -> str:
     bench_doc = os.path.relpath(REPO / "docs" / "benchmarks.md", base).replace(os.sep, "/")
     quality_doc = os.path.relpath(REPO / "docs" / "quality.md", base).replace(os.sep, "/")
     run = "bench/results/h100-2026-12-07c"  # one machine start: the GPU defaults as shipped (torch speculator)
-    ttft("TTFT, one long prompt (7B / 0.5B random-weight shapes, keep 0.3)", f"{run}/ttft-7b-torchspec.json",
+    ttft("TTFT, 7B / 0.5B random-weight shapes, keep 0.3", f"{run}/ttft-7b-torchspec.json",
          32653, f"[`bench/gpu/ttft.sh`]({bench_doc}#ttft)")
-    ttft("TTFT, one long prompt (same)", f"{run}/ttft-7b-torchspec-128k.json", 130584,
-         f"[`bench/gpu/ttft.sh`]({bench_doc}#ttft)")
-    ttft("TTFT, one long prompt (14B / 0.5B)", f"{run}/ttft-14b-torchspec.json", 32653,
+    ttft("… the same", f"{run}/ttft-7b-torchspec-128k.json", 130584,
          f"[`bench/gpu/ttft.sh`]({bench_doc}#ttft)")
     ttft("TTFT on a 2-core CPU, real pair (Qwen2.5-Coder 1.5B / 0.5B)", "bench/results/cpu-real-4k-both-2026-12-03.json",
          4015, f"[`specq bench ttft`]({bench_doc}#ttft)")
-    serve("Serving 64 distinct ~31K-token documents at once (8 slots, specprefill)",
+    serve("64 distinct ~31K-token documents at once, 8 slots, specprefill",
           f"{run}/serve-specq8-save-repeat-spectorch-32768.json", f"{run}/serve-llama0-32768.json",
           f"[`bench/gpu/serve.sh`]({bench_doc}#serving)")
-    serve("8 documents × 8 questions at 32K, each document's next question sent when its last ended, stored "
-          "documents, mode `auto`", f"{run}/serve-specq8-save-repeat-chunk4096-cache32G-q8-auto-docs-perdoc-32768.json",
+    serve("8 documents × 8 questions at 32K, one after another, mode `auto`", f"{run}/serve-specq8-save-repeat-chunk4096-cache32G-q8-auto-docs-perdoc-32768.json",
           f"{run}/serve-llama0-q8-perdoc-32768.json", f"[`bench/gpu/serve.sh`]({bench_doc}#follow-up-questions-per-doc-arrival-issue-50)")
-    serve("8 documents × 8 questions at 32K at once, stored documents, mode `auto` "
-          "(`SPECQ_AUTO_QUALITY_MIN_TOKENS=8192`: random weights have no quality row)",
-          "bench/results/h200-serve-2026-12-05b/serve-specq8-save-repeat-agroup-1-aquality8192-union0.43x8-cache32G-q8-auto-docs-32768.json",
-          "bench/results/h200-serve-2026-12-05b/serve-llama0-q8-32768.json", f"[`bench/gpu/serve.sh`]({bench_doc}#serving)")
     answers("Answers right, specprefill / baseline (keep 0.3, `border`; 90% lower bound), real pair, CPU",
             "bench/results/quality-cpu-default.json", f"[`specq bench quality`]({quality_doc}#answers-right)")
     answers("… at 30K", "bench/results/quality-cpu-border-group-30000.json",
