@@ -14,7 +14,7 @@ def test_ttft_goal_names_the_scoring_time_the_bar_needs():
     assert "**2.50×**" in row[2] and row[3] == "not met"
     # 3000 / 3 = 1000 ms allowed; the rest (1200 - 500 = 700) stays, so scoring must fit in 300 ms; free: 3000 / 700
     assert "≤ 300 ms" in row[4] and "4.29×" in row[4]
-    met = gt.TtftGoal("x", "r.json", 100, 2.0).row(_get({"r.json": data}))
+    met = gt.TtftGoal("x", "r.json", 100, 2.0).row(_get({"r.json": data}))  # a met goal names nothing
     assert met[3] == "**met**" and met[4] == "–"
 
 

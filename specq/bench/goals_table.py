@@ -94,8 +94,8 @@ class FollowupGoal:
                     f"TTFT p50 {sa['client_ttft_ms_later_questions_p50']:,.0f} / "
                     f"{sb['client_ttft_ms_later_questions_p50']:,.0f} ms: **{ttft:.2f}×**")
         ok = jobs >= self.jobs_bar and ttft <= self.ttft_bar
-        stops = "–" if ok else (f"first questions (full prefills) done at {fa:.1f} s against {fb:.1f} s; "
-                                f"the follow-ups after them {ra:.1f} s against {rb:.1f} s")
+        stops = (f"first questions (full prefills) done at {fa:.1f} s against {fb:.1f} s; "
+                 f"the follow-ups after them {ra:.1f} s against {rb:.1f} s")  # the parts, met or not
         return [f"Per-doc 8 × 8 at 32K (mode {a['workload'].get('mode')})",
                 f"jobs/min ≥ {self.jobs_bar:g}×, TTFT ≤ {self.ttft_bar:g}×", measured,
                 _met(ok) if ok else ("jobs/min " + _met(jobs >= self.jobs_bar) + ", TTFT " + _met(ttft <= self.ttft_bar)),
@@ -150,7 +150,7 @@ def table_rows(goals: list[Any], get: Lookup) -> list[list[str]]:
     return [g.row(get) for g in goals]
 
 
-HEADER = ["goal", "bar", "measured", "status", "what stops it (measured)", "result", "device, code"]
+HEADER = ["goal", "bar", "measured", "status", "what stops it (measured; per-doc: its parts)", "result", "device, code"]
 
 
 _RUN = "bench/results/h100-2026-12-07c"  # one machine start (its README.md: every command)
