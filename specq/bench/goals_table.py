@@ -10,15 +10,15 @@ goal's run). What stops a goal is computed from the same file:
   most that less them ("scoring ≤ N ms"); with scoring free the ratio would be baseline / (specprefill - scoring).
 * Follow-up questions (`bench serve`, per-doc arrival, specq beside llama-server from one machine start): the time
   until every document's first question ended (the full prefills) and the rest (the follow-ups), on each side.
-* Distinct documents at t=0: jobs/min against llama-server's, and the engine TTFT of the job the engine started
-  first against the median job's.
+* Distinct documents at t=0: jobs/min against llama-server's, and, in a one-slot run, the engine TTFT of the job
+  the engine started first against the median job's (a cold start).
 """
 
 from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass
-from typing import Any, Callable, Protocol
+from typing import Callable, Protocol
 
 #: (data, device, code, link text) of a result by its path under the repository (report.py supplies it)
 Lookup = Callable[[str, str], tuple[dict, str, str, str]]
@@ -146,7 +146,7 @@ class DistinctGoal:
                 " · ".join(links), f"{device}, `{code}`"]
 
 
-def table_rows(goals: list[Any], get: Lookup) -> list[list[str]]:
+def table_rows(goals: list[Goal], get: Lookup) -> list[list[str]]:
     return [g.row(get) for g in goals]
 
 
