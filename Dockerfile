@@ -114,8 +114,8 @@ RUN CMAKE_ARGS="-DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=${CUDA_ARCHITECTURES} 
 COPY specq ./specq
 COPY migrations ./migrations
 # gpu-scoring: PyTorch, so the score math runs on the GPU where the K cache lies (docs/engine.md) and the
-# speculator's windows run in its PyTorch forward (SPECQ_SPECULATOR_IMPL auto: 7B TTFT at 32K 3.54x against
-# llama.cpp's 2.66x on an H100); SCORING_EXTRA="" leaves it out (llama.cpp scores, host math: slower, same chunks)
+# speculator's windows run in its PyTorch forward (SPECQ_SPECULATOR_IMPL auto; docs/engine.md says
+# why); SCORING_EXTRA="" leaves it out (llama.cpp scores, host math: slower, same chunks)
 ARG SCORING_EXTRA=gpu-scoring
 RUN pip install ".${SCORING_EXTRA:+[$SCORING_EXTRA]}" && mkdir -p /var/lib/specq
 

@@ -116,7 +116,7 @@ class EngineOptions:
     #: on the CPU; no speculator cache, so a document's next question scores its windows again; its score
     #: math is numpy on the CPU and on the device on a GPU, whatever score_math says). auto: torch where the
     #: models are on a GPU and the forward can run there (PyTorch with CUDA, a GGUF architecture it
-    #: implements), llama otherwise (on an H100, 7B at 32K: TTFT 3.54x against llama.cpp's 2.66x; the CPU's
+    #: implements), llama otherwise (faster on an H100: docs/benchmarks.md "Issue 50's goals"; the CPU's
     #: evidence rows were measured with llama.cpp's). Part of the evidence key (score_math "torch-speculator")
     speculator_impl: SpeculatorImpl = "auto"
     #: bytes of host memory for saved KV states: the speculator's document windows (spec_cache.py)
