@@ -28,7 +28,8 @@ class Goal(Protocol):
     def row(self, get: Lookup) -> list[str]: ...
 
 
-def _ttft_row(data: dict, tokens: int) -> dict:
+def ttft_row(data: dict, tokens: int) -> dict:
+    """The `bench ttft` report's row at `tokens` prompt tokens (ValueError where it has none)."""
     for row in data.get("rows", []):
         if row.get("prompt_tokens") == tokens:
             return row
@@ -51,7 +52,7 @@ class TtftGoal:
 
     def row(self, get: Lookup) -> list[str]:
         data, device, code, link = get(self.rel, "result")
-        r = _ttft_row(data, self.tokens)
+        r = ttft_row(data, self.tokens)
         base = r.get("fastest_baseline_ms", r["baseline_ttft_ms"])
         spec = r["specprefill_ttft_ms"]
         ratio = r.get("ratio") or base / spec

@@ -323,10 +323,10 @@ def _find(results: list[Result], rel: str) -> Result:
 
 
 def _ttft_at(r: Result, tokens: int) -> dict:
-    for row in _ttft_rows(r):
-        if row.get("prompt_tokens") == tokens:
-            return row
-    raise ReportError(f"{r.rel} has no row at {tokens} prompt tokens")
+    try:
+        return goals_table.ttft_row(r.data, tokens)
+    except ValueError:
+        raise ReportError(f"{r.rel} has no row at {tokens} prompt tokens") from None
 
 
 def headline_table(results: list[Result], base: Path) -> str:
